@@ -1,0 +1,1 @@
+"""Element-wise add: the reference, CUDA C kernels through CuPy, and Triton kernels."""

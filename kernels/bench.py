@@ -1,0 +1,235 @@
+"""Timing GPU code honestly, and the ceilings to compare it with.
+
+The method (notebook 00 explains each step):
+
+1. **Count first.** Bytes that must move and flops that must happen, over the *measured* ceilings of
+   this GPU (`ceilings()`), give a floor no kernel can beat.
+2. **Warm up** so compilation, module loading and allocator growth stay out of the numbers.
+3. **Flush L2** before every repetition by writing a buffer larger than L2: otherwise a 32 MB working
+   set is served from a 50-60 MB cache and "bandwidth" exceeds what HBM can deliver.
+4. **Device events** around each repetition: the host clock measures launch, not execution.
+5. **Median and spread** of many repetitions; one number is an anecdote.
+6. **Interleave** the variants being compared (A, B, A, B, ...) so clock and thermal drift hit both
+   equally, and quote their ratio from the same run.
+
+`triton.testing.do_bench` follows steps 2-5 for a single function; `benchmark` below adds step 6, which
+is why the course uses it for every comparison. In CPU mode the same calls fall back to a host timer and
+label the numbers ``cpu-host``: they say nothing about a GPU.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from kernels import runtime
+
+NOT_MEASURED = "not measured: no GPU"
+
+
+@dataclass
+class Timing:
+    """Repeated measurements of one function, in microseconds."""
+
+    name: str
+    times_us: list[float] = field(repr=False)
+    clock: str  # "cuda-events" or "cpu-host"
+
+    @property
+    def median_us(self) -> float:
+        return statistics.median(self.times_us)
+
+    @property
+    def spread_us(self) -> tuple[float, float]:
+        """10th and 90th percentile."""
+        q = statistics.quantiles(self.times_us, n=10, method="inclusive") if len(self.times_us) > 1 else None
+        return (q[0], q[-1]) if q else (self.times_us[0], self.times_us[0])
+
+    @property
+    def min_us(self) -> float:
+        return min(self.times_us)
+
+    def gbps(self, nbytes: float) -> float:
+        return nbytes / (self.median_us * 1e-6) / 1e9
+
+    def tflops(self, flops: float) -> float:
+        return flops / (self.median_us * 1e-6) / 1e12
+
+    def summary(self) -> dict:
+        lo, hi = self.spread_us
+        return {"name": self.name, "clock": self.clock, "median_us": self.median_us, "p10_us": lo,
+                "p90_us": hi, "min_us": self.min_us, "reps": len(self.times_us)}
+
+
+@functools.cache
+def _l2_flush_buffer() -> torch.Tensor:
+    # Twice the L2 size, written (not just read) so every line of L2 is evicted and dirty data is
+    # written back before the timed region, not during it.
+    info = runtime.gpu_info()
+    return torch.empty(2 * info.l2_bytes // 4 + 1, dtype=torch.float32, device="cuda")
+
+
+def flush_l2() -> None:
+    if runtime.ON_GPU:
+        _l2_flush_buffer().fill_(1.0)
+
+
+def benchmark(fns: dict[str, Callable[[], object]], *, reps: int | None = None, warmup: int = 5,
+              flush: bool = True, target_ms: float = 200.0, max_reps: int = 1000) -> dict[str, Timing]:
+    """Time several functions interleaved, each repetition bracketed by device events.
+
+    `reps=None` picks the number of repetitions so the whole run takes about `target_ms` (at least 10).
+    Returns one `Timing` per name, in the order given.
+    """
+    if not runtime.ON_GPU:
+        return _benchmark_host(fns, reps=reps or 3, warmup=min(warmup, 1))
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+    torch.cuda.synchronize()
+    if reps is None:
+        t0 = time.perf_counter()
+        for name in names:
+            flush_l2()
+            fns[name]()
+        torch.cuda.synchronize()
+        per_round_ms = max((time.perf_counter() - t0) * 1e3, 1e-3)
+        reps = int(min(max_reps, max(10, target_ms / per_round_ms)))
+    starts = {n: [torch.cuda.Event(enable_timing=True) for _ in range(reps)] for n in names}
+    ends = {n: [torch.cuda.Event(enable_timing=True) for _ in range(reps)] for n in names}
+    for i in range(reps):
+        # Rotate the order too, so no variant always runs right after the flush's write-back.
+        order = names[i % len(names):] + names[: i % len(names)]
+        for name in order:
+            if flush:
+                flush_l2()
+            starts[name][i].record()
+            fns[name]()
+            ends[name][i].record()
+    # Synchronize the whole device (every stream), not just the timing stream.
+    torch.cuda.synchronize()
+    return {n: Timing(n, [s.elapsed_time(e) * 1e3 for s, e in zip(starts[n], ends[n])], "cuda-events")
+            for n in names}
+
+
+def _benchmark_host(fns, *, reps: int, warmup: int) -> dict[str, Timing]:
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times = {n: [] for n in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - t0) * 1e6)
+    return {n: Timing(n, t, "cpu-host") for n, t in times.items()}
+
+
+def ratio(baseline: Timing, candidate: Timing) -> float:
+    """How many times faster `candidate` is than `baseline`: the median of the per-repetition ratios.
+
+    Pairing repetition i of each removes drift that a ratio of two medians would keep.
+    """
+    pairs = [b / c for b, c in zip(baseline.times_us, candidate.times_us) if c > 0]
+    return statistics.median(pairs)
+
+
+def graph_replay_us(fn: Callable[[], object], *, reps: int = 50, warmup: int = 3) -> Timing:
+    """Capture `fn` (which may launch many kernels) in a CUDA graph and time its replays.
+
+    A graph launch submits all of `fn`'s kernels at once, so what remains is the GPU's own time per
+    kernel, without the host's per-launch overhead.
+    """
+    if not runtime.ON_GPU:
+        raise RuntimeError("CUDA graphs need a GPU")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up off the capture stream, as torch.cuda.graphs recommends
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return benchmark({"graph replay": graph.replay}, reps=reps, flush=False)["graph replay"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Ceilings: what this GPU can actually do, measured, not read off a datasheet.
+
+CACHE_DIR = Path(os.environ.get("KERNELS_CACHE_DIR", Path.home() / ".cache" / "gpu-kernels-course"))
+
+
+def measure_copy_gbps(nbytes: int = 2 * 2**30) -> float:
+    """Device-to-device copy bandwidth, counting bytes read plus bytes written (as every GB/s here does)."""
+    src = torch.randn(nbytes // 4, device="cuda")
+    dst = torch.empty_like(src)
+    t = benchmark({"copy": lambda: dst.copy_(src)}, reps=30, flush=False)["copy"]
+    return t.gbps(2 * src.numel() * 4)
+
+
+def measure_matmul_tflops(n: int = 8192, dtype: torch.dtype = torch.bfloat16) -> float:
+    """Dense n x n x n matrix product through cuBLAS, on random data (zeros run faster than real data)."""
+    a = torch.randn(n, n, device="cuda", dtype=dtype)
+    b = torch.randn(n, n, device="cuda", dtype=dtype)
+    t = benchmark({"matmul": lambda: a @ b}, reps=20, flush=False)["matmul"]
+    return t.tflops(2 * n**3)
+
+
+def ceilings(refresh: bool = False) -> dict | None:
+    """Copy GB/s and bf16 matmul TFLOP/s of this GPU, measured once and cached per GPU and software.
+
+    Returns None in CPU mode.
+    """
+    if not runtime.ON_GPU:
+        return None
+    fp = runtime.fingerprint()
+    key = f"{fp['gpu_slug']}_driver-{fp['driver']}_torch-{fp['torch']}"
+    path = CACHE_DIR / "ceilings.json"
+    cache = json.loads(path.read_text()) if path.exists() else {}
+    if key not in cache or refresh:
+        cache[key] = {
+            "copy_gbps": measure_copy_gbps(),
+            "matmul_bf16_tflops": measure_matmul_tflops(),
+            "fingerprint": fp,
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(cache, indent=1))
+        tmp.replace(path)
+    return cache[key]
+
+
+def floor_us(nbytes: float = 0.0, flops: float = 0.0, ceil: dict | None = None) -> float | None:
+    """The time below which no kernel can go: max(bytes / copy bandwidth, flops / matmul rate)."""
+    ceil = ceil or ceilings()
+    if ceil is None:
+        return None
+    return max(nbytes / (ceil["copy_gbps"] * 1e9), flops / (ceil["matmul_bf16_tflops"] * 1e12)) * 1e6
+
+
+def table(rows: list[dict], columns: list[str] | None = None, floatfmt: str = ".1f") -> str:
+    """A plain-text table (for printing in notebooks and logs)."""
+    if not rows:
+        return "(no rows)"
+    columns = columns or list(rows[0])
+
+    def cell(v):
+        if isinstance(v, float):
+            return format(v, floatfmt)
+        return "" if v is None else str(v)
+
+    cells = [[cell(r.get(c)) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)

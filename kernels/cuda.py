@@ -1,0 +1,106 @@
+"""CUDA C through CuPy: compiling the course's `.cu` files and launching them on PyTorch tensors.
+
+The CUDA C lives in real `.cu` files next to their wrappers, so an editor highlights it, `nvcc` compiles
+it in CI (no GPU needed) and the same text is what CuPy compiles at run time with NVRTC.
+
+Launching on PyTorch tensors takes two decisions worth seeing once:
+
+* **Pointers, not arrays.** CuPy has no bfloat16 dtype, so instead of converting tensors we pass their
+  device addresses (`tensor.data_ptr()`) as 64-bit integers; the kernel's `const T*` parameter receives
+  them. The wrapper, not CuPy, is then responsible for shapes, dtypes and contiguity (`kernels.validate`).
+* **PyTorch's stream.** The kernel is launched on `torch.cuda.current_stream()`, so it is ordered with
+  the PyTorch work before and after it, and is captured when that stream is recording a CUDA graph.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kernels import runtime
+
+KERNELS_DIR = Path(__file__).resolve().parent
+
+
+def _site_packages_cuda_dirs() -> list[Path]:
+    """CUDA toolkit pieces installed as pip wheels (nvidia-cuda-nvcc, nvidia-cuda-runtime, ...)."""
+    found = []
+    for entry in map(Path, sys.path):
+        for sub in ("nvidia/cu13", "nvidia/cuda_runtime", "nvidia/cuda_nvcc"):
+            if (entry / sub).is_dir():
+                found.append(entry / sub)
+    return found
+
+
+def cuda_include_dirs() -> list[str]:
+    """Directories holding cuda_fp16.h and cuda_bf16.h, the toolkit first."""
+    candidates = []
+    for var in ("CUDA_PATH", "CUDA_HOME"):
+        if os.environ.get(var):
+            candidates.append(Path(os.environ[var]) / "include")
+    candidates.append(Path("/usr/local/cuda/include"))
+    candidates += [d / "include" for d in _site_packages_cuda_dirs()]
+    dirs = []
+    for d in candidates:
+        if (d / "cuda_fp16.h").is_file() and str(d) not in dirs:
+            dirs.append(str(d))
+    return dirs
+
+
+def nvcc_path() -> str | None:
+    """`nvcc` from PATH, or from the nvidia-cuda-nvcc wheel that the dev install brings."""
+    on_path = shutil.which("nvcc")
+    if on_path:
+        return on_path
+    for d in _site_packages_cuda_dirs():
+        if (d / "bin" / "nvcc").is_file():
+            return str(d / "bin" / "nvcc")
+    return None
+
+
+def source_path(relative: str) -> Path:
+    """Absolute path of a course `.cu` file, e.g. source_path('add/add_vectorized.cu')."""
+    path = KERNELS_DIR / relative
+    if not path.is_file():
+        raise FileNotFoundError(path)
+    return path
+
+
+@functools.cache
+def _module_from_file(path: Path):
+    import cupy
+
+    options = ("-std=c++17", f"-I{path.parent}", *(f"-I{d}" for d in cuda_include_dirs()))
+    return cupy.RawModule(code=path.read_text(), options=options)
+
+
+def module_from_source(code: str, include_dir: Path | None = None):
+    """A CuPy RawModule from CUDA C text (used by labs, where the student's code is a string)."""
+    runtime.require_cupy()
+    import cupy
+
+    includes = ([f"-I{include_dir}"] if include_dir else []) + [f"-I{d}" for d in cuda_include_dirs()]
+    return cupy.RawModule(code=code, options=("-std=c++17", *includes))
+
+
+def load_kernel(relative: str, name: str):
+    """The `extern "C"` kernel `name` from the course's `.cu` file `relative` (compiled once, cached)."""
+    runtime.require_cupy()
+    return _module_from_file(source_path(relative)).get_function(name)
+
+
+def pointer(t: torch.Tensor) -> np.uint64:
+    return np.uint64(t.data_ptr())
+
+
+def launch(kernel, grid: int, block: int, args: tuple, device: torch.device) -> None:
+    """Launch a CuPy kernel on PyTorch's current stream of `device`."""
+    import cupy
+
+    with cupy.cuda.Device(device.index or 0), cupy.cuda.Stream.from_external(torch.cuda.current_stream(device)):
+        kernel((grid,), (block,), args)

@@ -1,0 +1,190 @@
+"""Where the course's code runs: on a CUDA GPU, or on the CPU through the Triton interpreter.
+
+The mode is decided once, when `kernels` is first imported, and everything else asks this module:
+
+* **GPU mode** -- a CUDA device is visible. Triton compiles real kernels, CuPy runs CUDA C, timings use
+  device events.
+* **CPU mode** -- no CUDA device (or ``KERNELS_MODE=cpu``). ``TRITON_INTERPRET=1`` is set *before*
+  Triton is imported, so every ``@triton.jit`` function runs in Triton's NumPy interpreter. CuPy kernels
+  cannot run (they need a driver); their cells say so. Performance is "not measured".
+
+The interpreter only understands that setting if it is in the environment before the first
+``@triton.jit`` decorator executes; that is why ``kernels/__init__.py`` imports this module first and why
+no notebook should import ``triton`` before ``kernels``.
+"""
+from __future__ import annotations
+
+import datetime
+import functools
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def _decide_mode() -> str:
+    forced = os.environ.get("KERNELS_MODE", "").strip().lower()
+    if forced not in ("", "gpu", "cpu"):
+        raise ValueError(f"KERNELS_MODE must be 'gpu' or 'cpu', not {forced!r}")
+    if forced == "cpu" or os.environ.get("TRITON_INTERPRET") == "1":
+        return "cpu"
+    import torch  # torch does not import triton, so the interpreter switch below is still in time
+
+    if torch.cuda.is_available():
+        return "gpu"
+    if forced == "gpu":
+        raise RuntimeError("KERNELS_MODE=gpu, but torch sees no CUDA device")
+    return "cpu"
+
+
+MODE: str = _decide_mode()
+ON_GPU: bool = MODE == "gpu"
+DEVICE: str = "cuda" if ON_GPU else "cpu"
+
+if not ON_GPU:
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(
+            "triton was imported before kernels, so the CPU interpreter cannot be switched on. "
+            "Restart the kernel and run `import kernels` before `import triton`."
+        )
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+def pick(gpu: T, cpu: T) -> T:
+    """The problem size (or any setting) for the current mode.
+
+    The interpreter's cost grows with the number of programs and loop trips, so CPU sizes are small
+    and its blocks large; GPU sizes must fill the chip and exceed L2.
+    """
+    return gpu if ON_GPU else cpu
+
+
+@functools.cache
+def cupy_status() -> tuple[bool, str]:
+    """(can CuPy kernels run here?, one sentence saying why not)."""
+    if not ON_GPU:
+        return False, "CuPy kernels need an NVIDIA GPU; CPU mode runs only the Triton cells."
+    try:
+        import cupy
+    except ImportError as exc:  # pragma: no cover - depends on the machine
+        return False, f"CuPy is not installed ({exc}); `pip install cupy-cuda13x` (driver >= 580) or cupy-cuda12x."
+    try:
+        cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # noqa: BLE001 - CuPy raises its own CUDARuntimeError subclasses
+        text = str(exc)
+        if "InsufficientDriver" in text:
+            return False, (
+                "The NVIDIA driver is older than this CuPy's CUDA: install cupy-cuda12x instead of cupy-cuda13x."
+            )
+        return False, f"CuPy cannot reach the GPU: {text}"
+    return True, "CuPy can run CUDA C kernels on this GPU."
+
+
+def require_cupy() -> None:
+    """Raise a clear error where CuPy kernels cannot run (used by every CuPy wrapper)."""
+    ok, why = cupy_status()
+    if not ok:
+        raise RuntimeError(why)
+
+
+def gpu_slug(name: str) -> str:
+    """Key of a GPU model in the expected-results tables: 'NVIDIA H100 80GB HBM3' -> 'h100-80gb-hbm3'."""
+    name = re.sub(r"^nvidia\s+", "", name.strip(), flags=re.IGNORECASE)
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    name: str
+    slug: str
+    compute_capability: str
+    sm_count: int
+    memory_gib: float
+    l2_bytes: int
+
+
+@functools.cache
+def gpu_info() -> GpuInfo | None:
+    if not ON_GPU:
+        return None
+    import torch
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return GpuInfo(
+        name=props.name,
+        slug=gpu_slug(props.name),
+        compute_capability=f"{props.major}.{props.minor}",
+        sm_count=props.multi_processor_count,
+        memory_gib=round(props.total_memory / 2**30, 1),
+        l2_bytes=props.L2_cache_size,
+    )
+
+
+def _driver_version() -> str | None:
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run(
+                [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=10, check=True,
+            ).stdout.strip().splitlines()
+            if out:
+                return out[0].strip()
+        except (subprocess.SubprocessError, OSError):
+            pass
+    return None
+
+
+def _version(module: str) -> str | None:
+    try:
+        return __import__(module).__version__
+    except Exception:  # noqa: BLE001 - a broken install should show as missing, not crash the fingerprint
+        return None
+
+
+@functools.cache
+def _static_fingerprint() -> dict:
+    import torch
+
+    info = gpu_info()
+    fp = {
+        "mode": MODE,
+        "gpu": info.name if info else None,
+        "gpu_slug": info.slug if info else "cpu",
+        "compute_capability": info.compute_capability if info else None,
+        "sm_count": info.sm_count if info else None,
+        "gpu_memory_gib": info.memory_gib if info else None,
+        "l2_mib": round(info.l2_bytes / 2**20, 1) if info else None,
+        "driver": _driver_version() if info else None,
+        "cuda": torch.version.cuda,
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "cupy": _version("cupy"),
+        "python": platform.python_version(),
+        "cpu": platform.processor() or platform.machine(),
+        "hostname": platform.node(),
+    }
+    return fp
+
+
+def fingerprint() -> dict:
+    """The environment a number was measured in: store it beside every committed result."""
+    fp = dict(_static_fingerprint())
+    fp["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return fp
+
+
+def describe() -> str:
+    """One line saying where we are running, for the top of every notebook."""
+    fp = _static_fingerprint()
+    if ON_GPU:
+        return (f"GPU mode: {fp['gpu']} (sm_{fp['compute_capability'].replace('.', '')}, {fp['sm_count']} SMs), "
+                f"torch {fp['torch']}, triton {fp['triton']}, cupy {fp['cupy']}, CUDA {fp['cuda']}")
+    return (f"CPU mode: Triton interpreter (TRITON_INTERPRET=1), torch {fp['torch']}, triton {fp['triton']}; "
+            "CuPy cells and timings need a GPU")
