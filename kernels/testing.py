@@ -61,7 +61,11 @@ class Comparison:
 
 
 def _unravel(flat_index: int, shape) -> list[int]:
-    return [int(i) for i in torch.unravel_index(torch.tensor(flat_index), tuple(shape))] if len(shape) else []
+    index = []
+    for size in reversed(tuple(shape)):
+        index.append(flat_index % size)
+        flat_index //= size
+    return index[::-1]
 
 
 def _fmt_index(index: list[int]) -> str:
@@ -81,9 +85,10 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, *, atol: float, rtol: 
         return Comparison(False, f"wrong shape: got {tuple(actual.shape)}, expected {tuple(expected.shape)}",
                           expected.numel(), expected.numel(), 0, 0, float("inf"), float("inf"),
                           None, None, None, None)
-    got = actual.detach().to("cpu", torch.float64).flatten()
-    want = expected.detach().to("cpu", torch.float64).flatten()
-    bound = atol + rtol * (want.abs() if scale is None else scale.detach().to("cpu", torch.float64).flatten())
+    # Compare in float64 on the tensors' device: a 64M-element GPU output need not travel to the host.
+    want = expected.detach().to(torch.float64).flatten()
+    got = actual.detach().to(want.device, torch.float64).flatten()
+    bound = atol + rtol * (want.abs() if scale is None else scale.detach().to(want.device, torch.float64).flatten())
     err = (got - want).abs()
     # NaN compares false, so `err <= bound` is False wherever got is NaN: NaN never passes.
     bad = ~(err <= bound)

@@ -1,0 +1,14 @@
+"""The lab specifications, by lab id (the notebook name without `_lab.ipynb`)."""
+from __future__ import annotations
+
+import importlib
+
+LAB_MODULES = {
+    "01_elementwise_add": "grading.labs.lab01_elementwise_add",
+}
+
+
+def get_lab(lab_id: str):
+    if lab_id not in LAB_MODULES:
+        raise KeyError(f"unknown lab {lab_id!r}; known labs: {', '.join(LAB_MODULES)}")
+    return importlib.import_module(LAB_MODULES[lab_id]).LAB
