@@ -15,6 +15,7 @@ import secrets
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from grading import report as report_mod
@@ -67,6 +68,8 @@ def main(argv=None) -> int:
     parser.add_argument("--cpu", action="store_true", help="force CPU mode (Triton interpreter) even on a GPU")
     parser.add_argument("--seed", type=int, help="reproduce a run (default: a fresh secret seed per lab)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per lab")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="labs graded at once (CPU mode only: on a GPU, concurrent labs would distort timings)")
     parser.add_argument("--write-expected", action="store_true",
                         help="(instructors, on a GPU, grading solutions/) record the timings in data/expected/")
     args = parser.parse_args(argv)
@@ -78,11 +81,13 @@ def main(argv=None) -> int:
     from tqdm.auto import tqdm
 
     from kernels import runtime
-    labs = []
-    for nb in tqdm(notebooks, desc="grading", unit="lab"):
-        lab = grade_one(nb, args.seed if args.seed is not None else secrets.randbits(31), args.timeout, args.cpu)
+    jobs = args.jobs if (args.cpu or not runtime.ON_GPU) else 1
+    seeds = [args.seed if args.seed is not None else secrets.randbits(31) for _ in notebooks]
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:  # each lab is its own process anyway
+        futures = [pool.submit(grade_one, nb, seed, args.timeout, args.cpu) for nb, seed in zip(notebooks, seeds)]
+        labs = [f.result() for f in tqdm(futures, desc="grading", unit="lab")]
+    for lab in labs:
         lab["score"] = report_mod.score_lab(lab)
-        labs.append(lab)
     fingerprint = next((lab["fingerprint"] for lab in labs if "fingerprint" in lab), runtime.fingerprint())
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "fingerprint": fingerprint, "labs": labs}

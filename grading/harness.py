@@ -222,10 +222,6 @@ def _run_case(fn, spec: GradedFunction, case: Case, seed: int, profile: bool = F
     if seen.forbidden_ops:
         return CaseResult(case.label, False, "computes with PyTorch ops instead of its own kernel: "
                           + ", ".join(seen.forbidden_ops[:4]))
-    if spec.backend == "triton" and case.shape and min(case.shape) > 0 and seen.triton_launches == 0:
-        return CaseResult(case.label, False, "launched no Triton kernel")
-    if seen.cuda_kernels and all(_is_torch_kernel(k) for k in seen.cuda_kernels):
-        return CaseResult(case.label, False, "launched only PyTorch kernels: " + ", ".join(seen.cuda_kernels[:3]))
     if not isinstance(result, torch.Tensor):
         return CaseResult(case.label, False, f"returned {type(result).__name__}, expected the output tensor")
     if result.data_ptr() != out.data_ptr() and out.numel():
@@ -248,6 +244,11 @@ def _run_case(fn, spec: GradedFunction, case: Case, seed: int, profile: bool = F
                               f"{_size_context(case)}: not bit-identical to PyTorch: {differ.numel()} elements differ, "
                               f"first at {i} (PyTorch {want.view(-1)[i].item():.6g}, "
                               f"yours {result.view(-1)[i].item():.6g})", cmp.as_dict())
+    # Right answer, but from where? A graded function must compute with its own kernel.
+    if spec.backend == "triton" and case.shape and min(case.shape) > 0 and seen.triton_launches == 0:
+        return CaseResult(case.label, False, "launched no Triton kernel")
+    if seen.cuda_kernels and all(_is_torch_kernel(k) for k in seen.cuda_kernels):
+        return CaseResult(case.label, False, "launched only PyTorch kernels: " + ", ".join(seen.cuda_kernels[:3]))
     return CaseResult(case.label, True, "", cmp.as_dict())
 
 
