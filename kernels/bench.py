@@ -7,8 +7,10 @@ The method (notebook 00 explains each step):
 2. **Warm up** so compilation, module loading and allocator growth stay out of the numbers.
 3. **Flush L2** before every repetition by reading a buffer larger than L2: otherwise a 32 MB working
    set is served from a 50-60 MB cache and "bandwidth" exceeds what HBM can deliver.
-4. **Device events** around each repetition: the host clock measures launch, not execution. The GPU
-   is kept busy while the host queues the repetitions, so no event pair includes host launch time.
+4. **Device events** around each repetition: the host clock measures launch, not execution. A spin
+   kernel before each start event keeps the GPU busy while the host queues the kernel, so no event
+   pair includes host launch time. (For launch-bound code, where host time *is* the cost, use
+   `host_loop_us`: back-to-back calls, one synchronization, wall time per call.)
 5. **Median and spread** of many repetitions; one number is an anecdote.
 6. **Interleave** the variants being compared (A, B, A, B, ...) so clock and thermal drift hit both
    equally, and quote their ratio from the same run.
@@ -86,11 +88,16 @@ def flush_l2() -> None:
         _l2_flush_buffer().sum()
 
 
-def _let_the_host_run_ahead() -> None:
-    # Without this, the first timed repetitions start on an idle GPU, and their events include the
-    # host's time to launch the kernel (1.5-2x the median for a Triton kernel, notebook 00). A spin
-    # kernel of ~50 ms keeps the GPU busy while the host queues the repetitions behind it.
-    torch.cuda._sleep(100_000_000)
+# GPU clock cycles (about 2 GHz on an H100/H200) of the spin kernel queued before each repetition.
+GUARD_CYCLES = 200_000
+
+
+def _guard() -> None:
+    # The start event must not be reached before the host has queued the kernel behind it, or the
+    # events time the host's launch path (a Python wrapper: 10-30 us) instead of the kernel. Seen on
+    # an H200: a 1-element CuPy add "took" 28 us. A ~100 us spin queued ahead of the start event keeps
+    # the GPU busy while the host catches up, so small kernels show their device time.
+    torch.cuda._sleep(GUARD_CYCLES)
 
 
 def benchmark(fns: dict[str, Callable[[], object]], *, reps: int | None = None, warmup: int = 5,
@@ -117,13 +124,13 @@ def benchmark(fns: dict[str, Callable[[], object]], *, reps: int | None = None, 
         reps = int(min(max_reps, max(10, target_ms / per_round_ms)))
     starts = {n: [torch.cuda.Event(enable_timing=True) for _ in range(reps)] for n in names}
     ends = {n: [torch.cuda.Event(enable_timing=True) for _ in range(reps)] for n in names}
-    _let_the_host_run_ahead()
     for i in range(reps):
-        # Rotate the order too, so no variant always runs right after the flush's write-back.
+        # Rotate the order too, so no variant always runs right after another's memory traffic.
         order = names[i % len(names):] + names[: i % len(names)]
         for name in order:
             if flush:
                 flush_l2()
+            _guard()
             starts[name][i].record()
             fns[name]()
             ends[name][i].record()
@@ -146,6 +153,22 @@ def _benchmark_host(fns, *, reps: int, warmup: int) -> dict[str, Timing]:
     return {n: Timing(n, t, "cpu-host") for n, t in times.items()}
 
 
+def host_loop_us(fn: Callable[[], object], *, iters: int = 2000, warmup: int = 10) -> float:
+    """Wall time per call of `fn` called back to back, synchronized only at the end (seed 001's clock).
+
+    For small work this measures how fast the host can launch, which is what an eager decode step pays.
+    """
+    for _ in range(warmup):
+        fn()
+    sync = torch.cuda.synchronize if runtime.ON_GPU else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / iters * 1e6
+
+
 def ratio(baseline: Timing, candidate: Timing) -> float:
     """How many times faster `candidate` is than `baseline`: the median of the per-repetition ratios.
 
@@ -155,12 +178,8 @@ def ratio(baseline: Timing, candidate: Timing) -> float:
     return statistics.median(pairs)
 
 
-def graph_replay_us(fn: Callable[[], object], *, reps: int = 50, warmup: int = 3) -> Timing:
-    """Capture `fn` (which may launch many kernels) in a CUDA graph and time its replays.
-
-    A graph launch submits all of `fn`'s kernels at once, so what remains is the GPU's own time per
-    kernel, without the host's per-launch overhead.
-    """
+def capture_graph(fn: Callable[[], object], *, warmup: int = 3) -> "torch.cuda.CUDAGraph":
+    """Capture `fn` (which may launch many kernels, PyTorch's, Triton's or CuPy's) in a CUDA graph."""
     if not runtime.ON_GPU:
         raise RuntimeError("CUDA graphs need a GPU")
     side = torch.cuda.Stream()
@@ -172,6 +191,16 @@ def graph_replay_us(fn: Callable[[], object], *, reps: int = 50, warmup: int = 3
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
+    return graph
+
+
+def graph_replay_us(fn: Callable[[], object], *, reps: int = 50) -> Timing:
+    """Device time of one replay of `fn` captured in a CUDA graph.
+
+    A graph launch submits all of `fn`'s kernels at once, so what remains is the GPU's own time per
+    kernel, without the host's per-launch overhead.
+    """
+    graph = capture_graph(fn)
     return benchmark({"graph replay": graph.replay}, reps=reps, flush=False)["graph replay"]
 
 

@@ -60,8 +60,10 @@ def bandwidth_sweep(sizes, dtype=torch.float16, impls: dict | None = None, seed:
 def decode_residual_stream(layers: int = 32, width: int = 2560, dtype=torch.float16, seed: int = 0) -> dict:
     """Seed 001's decode step: `layers` residual updates h = mlp + attn + h of one token (1 x width).
 
-    Four ways: eager PyTorch (2 adds = 2 launches per layer), the fused kernel eager (1 launch per
-    layer), and both captured in a CUDA graph (one launch for the whole stack). Device time per step.
+    Eager PyTorch (2 adds = 2 launches per layer), the fused kernels eager (1 launch per layer), and
+    both captured in a CUDA graph (one launch for the whole stack). A decode step of one token is
+    launch-bound, so each way is timed as the caller sees it: wall time per step, steps back to back,
+    one synchronization at the end (`bench.host_loop_us`).
     """
     if not runtime.ON_GPU:
         return {}
@@ -70,13 +72,7 @@ def decode_residual_stream(layers: int = 32, width: int = 2560, dtype=torch.floa
     attn = [random_tensor((1, width), dtype, "cuda", g) for _ in range(layers)]
     mlp = [random_tensor((1, width), dtype, "cuda", g) for _ in range(layers)]
 
-    def eager_torch():
-        h = h0
-        for a, m in zip(attn, mlp):
-            h = reference.residual_add(h, a, m)
-        return h
-
-    def fused(kernel):
+    def stack(kernel):
         def step():
             h = h0
             for a, m in zip(attn, mlp):
@@ -84,21 +80,29 @@ def decode_residual_stream(layers: int = 32, width: int = 2560, dtype=torch.floa
             return h
         return step
 
-    steps = {"torch eager (2 adds/layer)": eager_torch, "triton fused eager": fused(triton_add.residual_add)}
+    kernels = {"torch": reference.residual_add, "triton fused": triton_add.residual_add}
     if runtime.cupy_status()[0]:
-        steps["cupy fused eager"] = fused(cupy_add.residual_add)
-    timings = bench.benchmark(steps, flush=False)
-    result = {name: t.summary() for name, t in timings.items()}
-    result["torch graph replay"] = bench.graph_replay_us(eager_torch).summary()
-    result["triton fused graph replay"] = bench.graph_replay_us(fused(triton_add.residual_add)).summary()
-    # Bit-for-bit: the fused kernel must give the unfused model's exact hidden state after all layers.
-    result["fused equals torch bitwise"] = bool(torch.equal(fused(triton_add.residual_add)(), eager_torch()))
-    result.update(layers=layers, width=width, dtype=str(dtype).removeprefix("torch."))
-    return result
+        kernels["cupy fused"] = cupy_add.residual_add
+    launches_per_layer = {"torch": 2, "triton fused": 1, "cupy fused": 1}
+    ways = {}
+    for name, kernel in kernels.items():
+        step = stack(kernel)
+        ways[f"{name} eager"] = {"us_per_step": bench.host_loop_us(step, iters=500),
+                                 "launches": launches_per_layer[name] * layers}
+        graph = bench.capture_graph(step)
+        ways[f"{name} graph replay"] = {"us_per_step": bench.host_loop_us(graph.replay, iters=500), "launches": 1}
+    # Bit for bit: the fused kernel must give the unfused model's exact hidden state after all layers.
+    bitwise = bool(torch.equal(stack(triton_add.residual_add)(), stack(reference.residual_add)()))
+    return {"ways": ways, "fused equals torch bitwise": bitwise, "layers": layers, "width": width,
+            "dtype": str(dtype).removeprefix("torch.")}
 
 
 def fused_vs_two_adds(shape, dtype=torch.float16, seed: int = 0) -> dict:
-    """One fused residual add against PyTorch's two adds, device time (events), for one shape."""
+    """One fused residual add against PyTorch's two adds, device time (events), for one shape.
+
+    `gbps` counts the 4 tensors a fused pass must move, for every row; PyTorch's two adds actually move
+    6 (the intermediate is written and read back), which is why they are slower.
+    """
     if not runtime.ON_GPU:
         return {}
     g = generator(seed, "cuda")
@@ -126,8 +130,10 @@ def performance_targets(ceilings: dict, seed: int = 0) -> list[dict]:
         t = bench.benchmark({name: (lambda fn=fn: fn(a, b, out)) for name, fn in add_implementations().items()})
         for name in ("cupy vectorized", "triton", "cupy naive", "torch"):
             gbps = t[name].gbps(3 * a.numel() * a.element_size())
-            checks.append({"target": f"add {name} {str(dtype)[6:]} 64M: >= 95% of copy",
-                           "value": gbps / copy, "threshold": 0.95 if name in ("cupy vectorized", "triton") else None,
+            graded = name in ("cupy vectorized", "triton")
+            checks.append({"target": f"add {name} {str(dtype)[6:]} 64M: " + (">= 95% of copy" if graded else
+                                                                           "fraction of copy (for contrast)"),
+                           "value": gbps / copy, "threshold": 0.95 if graded else None,
                            "gbps": gbps, "median_us": t[name].median_us})
         del a, b, out
     fused = fused_vs_two_adds((TARGET_N,), torch.float16, seed)
@@ -140,9 +146,9 @@ def performance_targets(ceilings: dict, seed: int = 0) -> list[dict]:
             checks.append({"target": f"residual add {name} fp16 64M: >= 1.4x two torch adds",
                            "value": row["speedup_vs_torch"], "threshold": 1.4})
     decode = decode_residual_stream()
-    eager = decode["torch eager (2 adds/layer)"]["median_us"]
-    graph = decode["torch graph replay"]["median_us"]
-    checks.append({"target": "64 decode-size (1x2560 fp16) adds: graph replay >= 4x eager",
+    eager = decode["ways"]["torch eager"]["us_per_step"]
+    graph = decode["ways"]["torch graph replay"]["us_per_step"]
+    checks.append({"target": "64 decode-size (1x2560 fp16) adds: graph replay >= 4x eager (wall time per step)",
                    "value": eager / graph, "threshold": 4.0, "eager_us": eager, "graph_us": graph})
     for c in checks:
         c["pass"] = None if c["threshold"] is None else bool(c["value"] >= c["threshold"])
