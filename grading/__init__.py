@@ -13,7 +13,7 @@ def _status_line(result) -> str:
     return head + (f" -- {result.message}" if result.message else "")
 
 
-def check(lab_id: str, name: str, fn, *, seed: int | None = None):
+def check(lab_id: str, name: str, fn, *, seed: int | None = None) -> None:
     """Run the grader's correctness checks for one function and print them (what the grader will say)."""
     from grading.harness import check_function
     from grading.labs import get_lab
@@ -23,21 +23,20 @@ def check(lab_id: str, name: str, fn, *, seed: int | None = None):
         mark = f"{GREEN}PASS{RESET}" if case.ok else f"{RED}FAIL{RESET}"
         print(f"  {mark}  {case.case}" + ("" if case.ok or not case.reason else f": {case.reason}"))
     print(_status_line(result))
-    return result
 
 
-def check_performance(lab_id: str, name: str, fn, *, seed: int | None = None):
+def check_performance(lab_id: str, name: str, fn, *, seed: int | None = None) -> None:
     """Time one function against the course's kernel and PyTorch, and print it against the expected table."""
     from grading.harness import check_function
     from grading.labs import get_lab
 
     if not runtime.ON_GPU:
         print(f"{name}: performance {bench.NOT_MEASURED}")
-        return None
+        return
     result = check_function(get_lab(lab_id), name, fn, seed=seed, perf=True)
     if result.status != "pass":
         print(_status_line(result))
-        return result
+        return
     rows = []
     for p in result.perf:
         exp = p.expected
@@ -46,4 +45,3 @@ def check_performance(lab_id: str, name: str, fn, *, seed: int | None = None):
                      "% floor": p.percent_of_floor, "tier": p.tier,
                      f"expected ref ({runtime.gpu_info().slug})": exp["reference_us"] if exp else None})
     print(bench.table(rows, floatfmt=".2f"))
-    return result
