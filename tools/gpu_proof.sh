@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The proof on the GPU, in phases that each fit a 10-minute device call:
 #   tests      the whole test suite in GPU mode (CuPy kernels, timing helpers, grader with performance)
-#   bench      python -m kernels.add.benchmark -> data/results/<gpu>/01_elementwise_add.json
+#   bench      python -m kernels.<module>.benchmark -> data/results/<gpu>/<lab>.json
 #   notebooks  execute notebooks and solutions in place (the outputs that are committed)
 #   grade      grade solutions/ and labs/, record data/expected/ from the solutions' timings
 # Offline GPU hosts get nbclient/ipykernel/nbval as wheels in .whl/ (../shared/scripts/offline-wheels.sh).
@@ -22,7 +22,9 @@ for phase in "$@"; do
   echo "=== $phase"
   case $phase in
     tests) python3 -m pytest tests -q -p no:cacheprovider 2>&1 | tee "$OUT/tests-$slug.log" || status=1 ;;
-    bench) python3 -m kernels.add.benchmark 2>&1 | tee "$OUT/bench-$slug.log" || status=1 ;;
+    bench) for module in add rmsnorm; do
+             python3 -m "kernels.$module.benchmark" 2>&1 | tee "$OUT/bench-$module-$slug.log" || status=1
+           done ;;
     notebooks) python3 tools/execute_notebooks.py notebooks/*.ipynb solutions/*.ipynb || status=1 ;;
     grade)
       python3 -m grading solutions --out "data/results/$slug/grading-solutions" --write-expected || status=1
