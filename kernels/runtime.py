@@ -45,6 +45,10 @@ def _decide_mode() -> str:
 
 MODE: str = _decide_mode()
 ON_GPU: bool = MODE == "gpu"
+# What forced CPU mode, if anything (read before the line below sets TRITON_INTERPRET itself).
+CPU_FORCED_BY: str | None = None if ON_GPU else (
+    "KERNELS_MODE=cpu" if os.environ.get("KERNELS_MODE", "").strip().lower() == "cpu"
+    else "TRITON_INTERPRET=1" if os.environ.get("TRITON_INTERPRET") == "1" else None)
 DEVICE: str = "cuda" if ON_GPU else "cpu"
 
 if not ON_GPU:
@@ -188,3 +192,113 @@ def describe() -> str:
                 f"torch {fp['torch']}, triton {fp['triton']}, cupy {fp['cupy']}, CUDA {fp['cuda']}")
     return (f"CPU mode: Triton interpreter (TRITON_INTERPRET=1), torch {fp['torch']}, triton {fp['triton']}; "
             "CuPy cells and timings need a GPU")
+
+
+# ----------------------------------------------------------------------------------------------------
+# The setup check at the top of every notebook: where am I, with what, and what to fix.
+
+
+def _tf32_flags() -> dict:
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():  # newer torch may flag the allow_tf32 attributes as legacy
+        warnings.simplefilter("ignore")
+        return {"torch.backends.cuda.matmul.allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+                "torch.backends.cudnn.allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+                "float32_matmul_precision": torch.get_float32_matmul_precision()}
+
+
+def _cupy_package() -> str | None:
+    """The installed CuPy wheel's name (cupy-cuda13x, cupy-cuda12x, ...), or None."""
+    from importlib import metadata
+
+    try:
+        names = metadata.packages_distributions().get("cupy") or []
+    except Exception:  # noqa: BLE001 - broken metadata must not break the setup check
+        return None
+    return sorted(names)[0] if names else None
+
+
+def setup_facts() -> dict:
+    """What the setup check looks at (a plain dict, so `setup_advice` can be tested with made-up facts)."""
+    import torch
+
+    fp = _static_fingerprint()
+    has_smi = shutil.which("nvidia-smi") is not None
+    return {
+        "mode": MODE,
+        "forced": CPU_FORCED_BY,
+        "gpu": fp["gpu"],
+        "compute_capability": fp["compute_capability"],
+        "nvidia_smi": has_smi,
+        "driver": fp["driver"] if ON_GPU else (_driver_version() if has_smi else None),
+        "torch": fp["torch"],
+        "torch_cuda": torch.version.cuda,
+        "triton": fp["triton"],
+        "cupy": fp["cupy"],
+        "cupy_package": _cupy_package() if fp["cupy"] else None,
+        "cupy_ok": cupy_status()[0],
+        "cupy_why": cupy_status()[1],
+        "tf32": _tf32_flags(),
+        "python": platform.python_version(),
+        "executable": sys.executable,
+    }
+
+
+def setup_advice(facts: dict) -> list[str]:
+    """One sentence per problem found, saying what to do; [] when everything the course uses can run."""
+    advice = []
+    if facts["triton"] is None:
+        advice.append("Triton is missing: run `make setup` (or `pip install triton`); without it no Triton "
+                      "cell runs.")
+    if facts["mode"] == "gpu":
+        if not facts["cupy_ok"]:
+            if facts["cupy"] is None:
+                advice.append("CuPy is not installed: `pip install cupy-cuda13x` (NVIDIA driver 580 or newer) or "
+                              "`pip install cupy-cuda12x` (older drivers); until then only the Triton cells run.")
+            elif "older than this CuPy" in facts["cupy_why"]:
+                advice.append(f"The NVIDIA driver ({facts['driver'] or 'version unknown'}) is too old for "
+                              f"{facts['cupy_package'] or 'this CuPy'} (CUDA 13 needs driver 580 or newer): "
+                              "`pip uninstall cupy-cuda13x` then `pip install cupy-cuda12x`.")
+            else:
+                advice.append(f"{facts['cupy_why']} Until that is fixed, only the Triton cells run.")
+        return advice
+    # CPU mode: on purpose, by a broken install, or because there is no GPU.
+    if facts["forced"] and facts["nvidia_smi"]:
+        advice.append(f"{facts['forced']} forces CPU mode: unset it and restart the kernel to use a GPU.")
+    elif facts["nvidia_smi"] and facts["torch_cuda"] is None:
+        advice.append(f"This machine has an NVIDIA GPU but torch {facts['torch']} is a CPU-only build: install "
+                      "a CUDA build of torch (then `make setup`) to use the GPU.")
+    elif facts["nvidia_smi"]:
+        advice.append(f"torch (built for CUDA {facts['torch_cuda']}) sees no GPU although nvidia-smi is "
+                      f"present (driver {facts['driver'] or 'unknown'}): the driver may be too old for this "
+                      "torch, or CUDA_VISIBLE_DEVICES hides the GPU.")
+    else:
+        advice.append("No NVIDIA GPU here: the Triton cells run on the CPU in Triton's interpreter (small "
+                      "sizes); the CuPy and timing cells say that they need a GPU.")
+    return advice
+
+
+def setup_report(facts: dict | None = None) -> str:
+    """The setup check printed at the top of every notebook: mode, versions, TF32 flags, CuPy, and advice."""
+    f = setup_facts() if facts is None else facts
+    lines = [describe() if facts is None else f"{f['mode'].upper()} mode"]
+    if f["gpu"]:
+        lines.append(f"  GPU      {f['gpu']}, compute capability {f['compute_capability']}, "
+                     f"driver {f['driver'] or 'unknown'}")
+    lines.append(f"  python   {f['python']} ({f['executable']})")
+    lines.append(f"  torch    {f['torch']} " + (f"(CUDA {f['torch_cuda']})" if f["torch_cuda"] else "(CPU-only build)"))
+    lines.append(f"  triton   {f['triton'] or 'NOT INSTALLED'}")
+    cupy = f"{f['cupy']} ({f['cupy_package']})" if f["cupy"] and f["cupy_package"] else (f["cupy"] or "not installed")
+    lines.append(f"  cupy     {cupy}: " + ("can run CUDA C kernels here" if f["cupy_ok"] else "cannot run here"))
+    tf32 = f["tf32"]
+    lines.append(f"  TF32     cuda.matmul.allow_tf32={tf32['torch.backends.cuda.matmul.allow_tf32']}, "
+                 f"cudnn.allow_tf32={tf32['torch.backends.cudnn.allow_tf32']}, "
+                 f"float32 matmul precision '{tf32['float32_matmul_precision']}'")
+    advice = setup_advice(f)
+    if not advice:
+        lines.append("  setup OK: every cell of the course runs here.")
+    lines += [f"  -> {a}" for a in advice]
+    return "\n".join(lines)
