@@ -1,10 +1,41 @@
 """The course's grader. In a notebook: `grading.check("01_elementwise_add", "add", add)`;
-from a shell: `python -m grading` (see grading/cli.py and grading/README.md)."""
+from a shell: `python -m grading` (see grading/cli.py and grading/README.md).
+
+The notebook check cells print the grader's own result (`grading.harness.check_function`, the data behind
+the JSON and Markdown reports) as compact colour-coded tables: one row per dtype and one column per shape
+for correctness, then one row per configuration for performance (GPU only).
+"""
 from __future__ import annotations
+
+import re
 
 from kernels import bench, runtime
 
 GREEN, RED, YELLOW, RESET = "\033[32m", "\033[31m", "\033[33m", "\033[0m"
+TIER_COLOUR = {"A": GREEN, "B": GREEN, "C": YELLOW, "D": YELLOW, "F": RED}
+MAX_FAILURES_SHOWN = 4
+_ANSI = re.compile(r"\033\[[0-9;]*m")
+
+
+def _paint(colour: str, text: str) -> str:
+    return f"{colour}{text}{RESET}"
+
+
+def _width(text: str) -> int:
+    return len(_ANSI.sub("", text))
+
+
+def _table(header: list[str], rows: list[list[str]], indent: str = "  ", left: tuple[int, ...] = (0,)) -> list[str]:
+    """Columns in `left` left-aligned, the others right-aligned; widths ignore colour codes."""
+    widths = [max(_width(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    left = {i % len(header) for i in left}
+
+    def line(cells):
+        parts = [c + " " * (w - _width(c)) if i in left else " " * (w - _width(c)) + c
+                 for i, (c, w) in enumerate(zip(cells, widths))]
+        return (indent + "  ".join(parts)).rstrip()
+
+    return [line(header)] + [line(r) for r in rows]
 
 
 def _status_line(result) -> str:
@@ -13,15 +44,76 @@ def _status_line(result) -> str:
     return head + (f" -- {result.message}" if result.message else "")
 
 
+def _column(case) -> str:
+    size = "x".join(map(str, case.shape)) or "scalar"
+    return size if case.layout == "contiguous" else f"{size} {case.layout}"
+
+
+def _dtype(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def correctness_lines(spec, result) -> list[str]:
+    """The correctness cases of `result` (a FunctionResult) as a dtype x shape table, then each failure
+    with the error figures of the grader's report."""
+    if not result.cases:
+        return []
+    by_label = {c.case: c for c in result.cases}
+    columns = list(dict.fromkeys(_column(case) for case in spec.cases))
+    dtypes = list(dict.fromkeys(case.dtype for case in spec.cases))
+    grid = {(_dtype(case.dtype), _column(case)): by_label.get(case.label) for case in spec.cases}
+    rows = []
+    for dtype in map(_dtype, dtypes):
+        row = [dtype]
+        for col in columns:
+            res = grid.get((dtype, col))
+            row.append("-" if res is None else _paint(GREEN, "PASS") if res.ok else _paint(RED, "FAIL"))
+        rows.append(row)
+    lines = _table([f"{result.name}: n", *columns], rows)
+    failures = [c for c in result.cases if not c.ok]
+    for c in failures[:MAX_FAILURES_SHOWN]:
+        cmp = c.comparison or {}
+        figures = "" if cmp.get("max_abs_err") is None else \
+            f" [max abs err {_fmt(cmp['max_abs_err'], '.3g')}, max rel err {_fmt(cmp.get('max_rel_err'), '.3g')}]"
+        lines.append(f"  {_paint(RED, 'FAIL')}  {c.case}: {c.reason}{figures}")
+    if len(failures) > MAX_FAILURES_SHOWN:
+        lines.append(f"  ... and {len(failures) - MAX_FAILURES_SHOWN} more failing cases")
+    return lines
+
+
+def performance_lines(result) -> list[str]:
+    """The performance configurations of `result`, with the columns of the grader's report."""
+    slug = runtime.gpu_info().slug if runtime.gpu_info() else "this GPU"
+    rows, notes = [], False
+    for p in result.perf:
+        exp = p.expected
+        spread = "-" if not p.spread_us else f"{p.spread_us[0]:.1f}-{p.spread_us[1]:.1f}"
+        tier = p.tier or "-"
+        rows.append([p.config, _fmt(p.student_us, ".2f"), spread, _fmt(p.reference_us, ".2f"),
+                     _fmt(p.torch_us, ".2f"), _fmt(p.ratio_to_reference, ".2f") + "x", _fmt(p.gbps, ".0f"),
+                     _fmt(p.percent_of_floor, ".0f"), _paint(TIER_COLOUR.get(tier, RESET), tier),
+                     f"{exp['reference_us']:.2f} ({exp['status']})" if exp else "no row", p.note])
+        notes = notes or bool(p.note)
+    header = ["config", "yours us", "p10-p90", "reference us", "torch us", "vs reference", "GB/s", "% floor",
+              "tier", f"expected ref us ({slug})", "note"]
+    if not notes:
+        header, rows = header[:-1], [r[:-1] for r in rows]
+    return _table(header, rows, indent="", left=(0, -1) if notes else (0,))
+
+
 def check(lab_id: str, name: str, fn, *, seed: int | None = None) -> None:
     """Run the grader's correctness checks for one function and print them (what the grader will say)."""
     from grading.harness import check_function
     from grading.labs import get_lab
 
-    result = check_function(get_lab(lab_id), name, fn, seed=seed, perf=False)
-    for case in result.cases:
-        mark = f"{GREEN}PASS{RESET}" if case.ok else f"{RED}FAIL{RESET}"
-        print(f"  {mark}  {case.case}" + ("" if case.ok or not case.reason else f": {case.reason}"))
+    lab = get_lab(lab_id)
+    result = check_function(lab, name, fn, seed=seed, perf=False)
+    for line in correctness_lines(lab.function(name), result):
+        print(line)
     print(_status_line(result))
 
 
@@ -37,11 +129,4 @@ def check_performance(lab_id: str, name: str, fn, *, seed: int | None = None) ->
     if result.status != "pass":
         print(_status_line(result))
         return
-    rows = []
-    for p in result.perf:
-        exp = p.expected
-        rows.append({"config": p.config, "yours us": p.student_us, "reference us": p.reference_us,
-                     "torch us": p.torch_us, "vs reference": p.ratio_to_reference, "GB/s": p.gbps,
-                     "% floor": p.percent_of_floor, "tier": p.tier,
-                     f"expected ref ({runtime.gpu_info().slug})": exp["reference_us"] if exp else None})
-    print(bench.table(rows, floatfmt=".2f"))
+    print("\n".join(performance_lines(result)))
