@@ -57,7 +57,8 @@ def bandwidth_sweep(sizes, dtype=torch.float16, impls: dict | None = None, seed:
     return rows
 
 
-def decode_residual_stream(layers: int = 32, width: int = 2560, dtype=torch.float16, seed: int = 0) -> dict:
+def decode_residual_stream(layers: int = 32, width: int = 2560, dtype=torch.float16, seed: int = 0,
+                           progress: bool = True) -> dict:
     """Seed 001's decode step: `layers` residual updates h = mlp + attn + h of one token (1 x width).
 
     Eager PyTorch (2 adds = 2 launches per layer), the fused kernels eager (1 launch per layer), and
@@ -84,8 +85,10 @@ def decode_residual_stream(layers: int = 32, width: int = 2560, dtype=torch.floa
     if runtime.cupy_status()[0]:
         kernels["cupy fused"] = cupy_add.residual_add
     launches_per_layer = {"torch": 2, "triton fused": 1, "cupy fused": 1}
+    from tqdm.auto import tqdm
+
     ways = {}
-    for name, kernel in kernels.items():
+    for name, kernel in tqdm(list(kernels.items()), desc="decode step, eager and graph", disable=not progress):
         step = stack(kernel)
         ways[f"{name} eager"] = {"us_per_step": bench.host_loop_us(step, iters=500),
                                  "launches": launches_per_layer[name] * layers}
@@ -119,12 +122,14 @@ def fused_vs_two_adds(shape, dtype=torch.float16, seed: int = 0) -> dict:
     return {"shape": list(shape), "dtype": str(dtype).removeprefix("torch."), "rows": rows}
 
 
-def performance_targets(ceilings: dict, seed: int = 0) -> list[dict]:
+def performance_targets(ceilings: dict, seed: int = 0, progress: bool = True) -> list[dict]:
     """The Foundation issue's targets, each measured as a ratio in this run."""
+    from tqdm.auto import tqdm
+
     g = generator(seed, "cuda")
     copy = ceilings["copy_gbps"]
     checks = []
-    for dtype in (torch.float16, torch.float32):
+    for dtype in tqdm((torch.float16, torch.float32), desc="targets: add at 64M", disable=not progress):
         a, b = random_tensor((TARGET_N,), dtype, "cuda", g), random_tensor((TARGET_N,), dtype, "cuda", g)
         out = torch.empty_like(a)
         t = bench.benchmark({name: (lambda fn=fn: fn(a, b, out)) for name, fn in add_implementations().items()})
