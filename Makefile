@@ -3,12 +3,16 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The browser test (tests/browser) drives JupyterLab in this chromium; BROWSER_TEST=0 leaves it out.
+CHROMIUM ?= /usr/bin/chromium
+BROWSER_TEST ?= 1
+ARTIFACTS := build/test-artifacts/browser
 
-.PHONY: setup grade test lab labs
+.PHONY: setup grade test lab labs browser
 
 $(STAMP): pyproject.toml constraints.txt
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -17,13 +21,34 @@ setup: $(STAMP)
 grade: $(STAMP)
 	$(BIN)/python -m grading labs --out grading-reports
 
-# Kernel, grader and lab tests, and every notebook executed by nbval (CPU: Triton interpreter).
-test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadfile tests notebooks solutions --nbval-lax --nbval-current-env
+# Kernel, grader and lab tests, every notebook executed by nbval (CPU: Triton interpreter), and the
+# browser test: JupyterLab runs the lab and its solution in headless chromium (screenshots in $(ARTIFACTS)).
+test: $(STAMP) $(if $(filter 1,$(BROWSER_TEST)),browser)
+	@rm -rf $(ARTIFACTS)
+	@status=0; $(BIN)/python -m pytest -n 2 --dist loadfile tests notebooks solutions --nbval-lax --nbval-current-env --durations=8 \
+		$(if $(filter 1,$(BROWSER_TEST)),,-m "not browser") || status=$$?; \
+	for f in $(ARTIFACTS)/*.png; do [ -e "$$f" ] && echo "browser test screenshot: $$f"; done; \
+	$(if $(filter 1,$(BROWSER_TEST)),,echo "BROWSER_TEST=$(BROWSER_TEST): the browser test was left out (deselected above)";) \
+	exit $$status
 
-# JupyterLab on the course, with this environment's Python as the kernel.
+# Debian's chromium for the browser test, installed once (apt-get, as root or through sudo -n). Playwright
+# never downloads a browser: the test launches this one.
+browser:
+	@if [ -x "$(CHROMIUM)" ]; then exit 0; fi; \
+	if [ "$(CHROMIUM)" != /usr/bin/chromium ] || ! command -v apt-get >/dev/null 2>&1; then \
+		echo "The browser test needs chromium at $(CHROMIUM): install it, or set CHROMIUM=/path/to/chromium," \
+			"or run 'make test BROWSER_TEST=0' to leave the browser test out." >&2; exit 1; fi; \
+	if [ "$$(id -u)" = 0 ]; then sudo=; else sudo="sudo -n"; fi; \
+	echo "installing Debian's chromium for the browser test (apt-get)"; \
+	$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends \
+		chromium >/dev/null || { echo "Could not install chromium (root or passwordless sudo needed):" \
+		"install it yourself, or run 'make test BROWSER_TEST=0'." >&2; exit 1; }
+
+# JupyterLab on the course, with this environment's Python as the kernel: the "python3" kernel spec that
+# ipykernel installs into .venv names `python`, which Jupyter runs as the server's own interpreter, and
+# JUPYTER_PREFER_ENV_PATH=1 puts .venv's kernel specs before any in your home directory.
 lab: $(STAMP)
-	$(BIN)/jupyter lab --notebook-dir=.
+	JUPYTER_PREFER_ENV_PATH=1 $(BIN)/jupyter lab --notebook-dir=. $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # Regenerate labs/ from solutions/ (instructors: after editing a solution notebook).
 labs: $(STAMP)
