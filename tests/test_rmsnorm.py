@@ -80,6 +80,7 @@ BAD = [
     ("eps negative", lambda x, w: (x, w, -1e-6), ValueError, "eps must be a positive"),
     ("int dtype", lambda x, w: (x.int(), w.int(), 1e-6), TypeError, "supported"),
     ("dtype mismatch", lambda x, w: (x, w.double(), 1e-6), TypeError, "dtype"),
+    ("weight dtype differs", lambda x, w: (x, w.bfloat16(), 1e-6), TypeError, "reads both as x's dtype"),
     ("column-strided", lambda x, w: (x.t().contiguous().t(), w, 1e-6), ValueError, "last dimension must be contiguous"),
 ]
 

@@ -15,9 +15,11 @@ from kernels.rmsnorm.validate import check_rmsnorm_args, rows_view
 from kernels.validate import FLOAT_DTYPES
 
 FP8_DTYPES = (torch.float8_e4m3fn,)
-# Elements one program holds: enough work per program on a GPU; on the CPU the interpreter's cost
-# grows with the number of programs, so it gets few, large ones.
-TILE_ELEMENTS = runtime.pick(gpu=8192, cpu=65536)
+# Elements one program holds: a 4096-element tile (several narrow rows, or one wide row) with a warp
+# per 512 elements of real data measured best on an H200 (a sweep of ROWS x num_warps at 64M elements,
+# kernels/rmsnorm/PERFORMANCE.md). On the CPU the interpreter's cost grows with the number of programs,
+# so it gets few, large ones.
+TILE_ELEMENTS = runtime.pick(gpu=4096, cpu=65536)
 
 
 def _tile(rows: int, width: int, rows_per_program: int | None = None, num_warps: int | None = None
@@ -27,7 +29,8 @@ def _tile(rows: int, width: int, rows_per_program: int | None = None, num_warps:
     if rows_per_program is None:
         rows_per_program = max(1, min(triton.next_power_of_2(rows), TILE_ELEMENTS // block))
     if num_warps is None:
-        num_warps = runtime.pick(gpu=max(1, min(16, rows_per_program * block // 512)), cpu=1)
+        warps = max(1, min(16, rows_per_program * width // 512))
+        num_warps = runtime.pick(gpu=1 << (warps.bit_length() - 1), cpu=1)  # a power of two, rounded down
     return rows_per_program, block, num_warps
 
 
@@ -101,6 +104,8 @@ def rms_norm_fp8(x: torch.Tensor, x_scale: float, w: torch.Tensor, eps: float = 
                         f"{getattr(x, 'dtype', type(x).__name__)}")
     if not x_scale > 0:
         raise ValueError(f"rms_norm_fp8: x_scale must be positive, got {x_scale}")
+    if out_dtype not in FLOAT_DTYPES:
+        raise TypeError(f"rms_norm_fp8: out_dtype must be one of float32, float16, bfloat16, not {out_dtype}")
     check_rmsnorm_args("rms_norm_fp8", x, w, eps, None, device_type=runtime.DEVICE,
                        dtypes=FLOAT_DTYPES + FP8_DTYPES)
     out = torch.empty(x.shape, dtype=out_dtype, device=x.device)

@@ -21,6 +21,9 @@ def check_rmsnorm_args(op: str, x: torch.Tensor, w: torch.Tensor, eps: float, ou
     if x.dtype not in dtypes:
         raise TypeError(f"{op}: x has dtype {str(x.dtype).removeprefix('torch.')}; supported: "
                         + ", ".join(str(d).removeprefix("torch.") for d in dtypes))
+    if w.dtype != x.dtype and x.dtype in FLOAT_DTYPES:  # an fp8 x comes with a higher-precision w
+        raise TypeError(f"{op}: w is {str(w.dtype).removeprefix('torch.')} but x is "
+                        f"{str(x.dtype).removeprefix('torch.')}; the kernel reads both as x's dtype")
     if x.device != w.device:
         raise ValueError(f"{op}: x is on {x.device} but w is on {w.device}")
     if x.stride(-1) != 1 and x.shape[-1] > 1:
