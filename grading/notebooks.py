@@ -11,15 +11,17 @@ Every code cell of a lab that matters carries nbgrader metadata (schema 3):
   `setup` hold what the solution cells depend on (imports, constants); the grader takes them from the
   source notebook, not from the student's copy, and runs no other locked cell.
 
-`solutions/` is the single source; `python -m grading.make_labs` writes `labs/` from it.
+`solutions/` is the single source; `python -m grading.make_labs` writes `labs/` from it, with an
+nbgrader checksum in every nbgrader cell (`grading.integrity`), as `nbgrader generate_assignment` does.
 """
 from __future__ import annotations
 
 import copy
+import json
 import re
 from pathlib import Path
 
-import nbformat
+from grading.integrity import add_checksums, checksum_status
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 STUB = ["# YOUR CODE HERE", "raise NotImplementedError()"]
@@ -70,14 +72,32 @@ def strip_solution_markers(source: str) -> str:
     return "\n".join(line for line in source.splitlines() if line.strip() not in (BEGIN, END))
 
 
-def make_lab(solution_nb) -> nbformat.NotebookNode:
-    """The student's lab: solution regions stubbed, outputs cleared."""
+def read_notebook(path: Path) -> dict:
+    """A notebook as plain JSON, each cell's source joined into one string.
+
+    The grader reads notebooks this way instead of with nbformat, whose import (it validates with
+    jsonschema) costs seconds in every worker process. A file that is not a notebook raises ValueError.
+    """
+    nb = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        raise ValueError(f"{path} is not a Jupyter notebook (no list of cells)")
+    for cell in nb["cells"]:
+        if isinstance(cell.get("source"), list):
+            cell["source"] = "".join(cell["source"])
+        cell.setdefault("source", "")
+        cell.setdefault("cell_type", "raw")
+    return nb
+
+
+def make_lab(solution_nb):
+    """The student's lab: solution regions stubbed, outputs cleared, nbgrader checksums written."""
     lab = copy.deepcopy(solution_nb)
     for cell in lab.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
         if role(cell) == "solution":
             cell.source = stub_solution_regions(cell.source)
+    add_checksums(lab)
     return lab
 
 
@@ -85,13 +105,19 @@ def lab_path_for(solution_path: Path) -> Path:
     return LABS_DIR / solution_path.name
 
 
-def source_path_for(lab_notebook: Path) -> Path:
-    """The solution notebook a student's lab was generated from (by file name)."""
-    return SOLUTIONS_DIR / lab_notebook.name
+def source_path_for(lab_notebook: Path, lab_id: str | None = None) -> Path:
+    """The solution notebook a student's lab was generated from (by lab id, else by file name)."""
+    return SOLUTIONS_DIR / (f"{lab_id}_lab.ipynb" if lab_id else lab_notebook.name)
 
 
-def lab_id_of(path: Path) -> str:
-    return re.sub(r"_lab$", "", path.stem)
+def lab_id_of(path: Path, known=None) -> str:
+    """The lab a notebook belongs to: its name without `_lab`; with `known` lab ids, also a renamed
+    copy such as `01_elementwise_add_lab (1).ipynb` or `01_elementwise_add_lab-alice.ipynb`."""
+    exact = re.sub(r"_lab$", "", path.stem)
+    if known is None or exact in known:
+        return exact
+    matches = [lab for lab in known if path.stem.startswith(lab)]
+    return max(matches, key=len) if matches else exact
 
 
 def _code_lines(source: str) -> str:
@@ -99,30 +125,52 @@ def _code_lines(source: str) -> str:
     return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
 
 
+def locked_cell_status(student_nb, source_nb) -> list[dict]:
+    """Per locked cell of the source: `ok`, `modified` or `deleted`, and whether the student's copy
+    still matches the nbgrader checksum it carries (None: no checksum, e.g. a solution notebook)."""
+    student_cells = {grade_id(c): c for c in student_nb["cells"] if grade_id(c)}
+    status = []
+    for cell in source_nb["cells"]:
+        if cell["cell_type"] != "code" or role(cell) not in ("check", "locked"):
+            continue
+        gid = grade_id(cell)
+        mine = student_cells.get(gid)
+        if mine is None:
+            status.append({"grade_id": gid, "status": "deleted", "checksum_ok": None})
+            continue
+        checksum_ok = checksum_status(mine)
+        modified = mine["source"] != cell["source"] or checksum_ok is False or role(mine) != role(cell)
+        status.append({"grade_id": gid, "status": "modified" if modified else "ok", "checksum_ok": checksum_ok})
+    return status
+
+
 def solution_module(student_nb, source_nb) -> tuple[str, list[str]]:
     """(Python source of the graded module, notes about the student's notebook).
 
     Locked set-up cells come from the source; solution cells from the student (matched by grade_id);
-    check cells, other locked cells and free cells are left out.
+    check cells, other locked cells and free cells are left out. The roles come from the source: a
+    student cannot turn a locked cell into a solution cell by editing its metadata.
     """
-    student_cells = {grade_id(c): c for c in student_nb.cells if grade_id(c)}
+    student_cells = {grade_id(c): c for c in student_nb["cells"] if grade_id(c)}
     notes, parts = [], []
-    for cell in source_nb.cells:
-        if cell.cell_type != "code":
+    for cell in source_nb["cells"]:
+        if cell["cell_type"] != "code":
             continue
         kind, gid = role(cell), grade_id(cell)
         if kind == "locked" and gid.startswith("setup"):
-            parts.append(strip_solution_markers(cell.source))
+            parts.append(strip_solution_markers(cell["source"]))
         elif kind == "solution":
             mine = student_cells.get(gid)
             if mine is None:
                 notes.append(f"solution cell {gid} is missing from the notebook")
                 continue
-            parts.append(mine.source)
-        if kind in ("check", "locked"):
-            mine = student_cells.get(gid)
-            if mine is None:
-                notes.append(f"locked cell {gid} was deleted (the grader used the original)")
-            elif mine.source != cell.source:
-                notes.append(f"locked cell {gid} was modified (the grader used the original)")
+            if checksum_status(mine) is True:
+                notes.append(f"solution cell {gid} is unchanged from the lab (not attempted)")
+            parts.append(mine["source"])
+    for entry in locked_cell_status(student_nb, source_nb):
+        if entry["status"] == "deleted":
+            notes.append(f"locked cell {entry['grade_id']} was deleted (the grader used the original)")
+        elif entry["status"] == "modified":
+            why = " (its nbgrader checksum does not match)" if entry["checksum_ok"] is False else ""
+            notes.append(f"locked cell {entry['grade_id']} was modified (the grader used the original){why}")
     return "\n\n".join(_code_lines(p) for p in parts) + "\n", notes
