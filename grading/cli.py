@@ -1,26 +1,40 @@
-"""`python -m grading [PATH ...]`: grade lab notebooks and write a JSON and a Markdown report.
+"""`python -m grading`: grade lab notebooks and write JSON and Markdown reports.
 
-PATH is a lab notebook or a folder of them (default: labs/). Each lab is graded in its own process with
-a timeout, using the solution cells of the student's notebook, the locked cells of the source notebook
-in solutions/, and a fresh secret seed (or --seed, to reproduce a run). Reports go to --out (default
-grading-reports/ under the current directory); nothing is written next to the notebooks.
+Two ways to call it:
+
+  python -m grading [PATH ...]           a student: grade these notebooks (or folders of them; default
+                                         labs/) -> OUT/report.json and OUT/report.md
+  python -m grading --submissions DIR    an instructor: DIR holds one folder per student; each student's
+                                         lab notebooks are graded -> OUT/students/<student>/report.{json,md}
+                                         and OUT/summary.{csv,md,json} (students x labs). Resumable: a lab
+                                         whose notebook, source and grader are unchanged since the last
+                                         run (same content hash) is not graded again (--force: regrade).
+
+Each lab is graded in its own worker process, with the solution cells of the student's notebook, the
+locked cells of the source notebook in solutions/, and a fresh secret seed (or --seed, to reproduce a
+run). A step that hangs, a crash, an out-of-memory or a corrupted CUDA context costs that function, and
+the rest of the lab is graded in a new process; other labs are unaffected (grading/runner.py). Reports
+are written atomically; Ctrl-C or SIGTERM writes a report marked partial (exit status 130). Nothing is
+written next to the notebooks.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
 import json
-import os
 import secrets
-import subprocess
+import signal
 import sys
-import tempfile
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from grading import report as report_mod
+from grading.integrity import content_hash, grader_version
 from grading.labs import LAB_MODULES
 from grading.notebooks import lab_id_of, source_path_for
+from grading.runner import STOP, Options, grade_lab, interrupted_lab, options_dict
+
+EXIT_INTERRUPTED = 130
 
 
 def find_notebooks(paths: list[Path], only_lab: str | None) -> list[Path]:
@@ -32,84 +46,296 @@ def find_notebooks(paths: list[Path], only_lab: str | None) -> list[Path]:
             found.append(p)
         else:
             raise SystemExit(f"grading: {p} is neither a folder nor a .ipynb notebook")
-    found = [nb for nb in found if only_lab is None or lab_id_of(nb) == only_lab]
-    unknown = [nb.name for nb in found if lab_id_of(nb) not in LAB_MODULES]
+    found = [nb for nb in found if only_lab is None or lab_id_of(nb, LAB_MODULES) == only_lab]
+    unknown = [nb.name for nb in found if lab_id_of(nb, LAB_MODULES) not in LAB_MODULES]
     if unknown:
         raise SystemExit(f"grading: no lab spec for {', '.join(unknown)} (known: {', '.join(LAB_MODULES)})")
     return found
 
 
-def grade_one(notebook: Path, seed: int, timeout: float, cpu: bool) -> dict:
-    lab_id = lab_id_of(notebook)
-    notebook = notebook.resolve()  # the worker runs in a scratch directory
-    source = source_path_for(notebook)
-    base = {"lab": lab_id, "notebook": str(notebook), "seed": seed, "functions": [], "notes": []}
-    with tempfile.TemporaryDirectory(prefix="grading-") as tmp:
-        out = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "grading.worker", "--notebook", str(notebook), "--source", str(source),
-               "--lab", lab_id, "--seed", str(seed), "--out", str(out)] + (["--cpu"] if cpu else [])
+def student_notebooks(folder: Path, only_lab: str | None) -> dict[str, tuple[Path, list[str]]]:
+    """A student's lab notebooks by lab id (any depth, checkpoints ignored), with notes on duplicates."""
+    by_lab: dict[str, list[Path]] = {}
+    for nb in sorted(folder.rglob("*.ipynb")):
+        if ".ipynb_checkpoints" in nb.parts:
+            continue
+        lab_id = lab_id_of(nb, LAB_MODULES)
+        if lab_id in LAB_MODULES and (only_lab is None or lab_id == only_lab):
+            by_lab.setdefault(lab_id, []).append(nb)
+    chosen = {}
+    for lab_id, nbs in by_lab.items():
+        exact = [nb for nb in nbs if nb.name == f"{lab_id}_lab.ipynb"]
+        pick = exact[0] if exact else max(nbs, key=lambda p: p.stat().st_mtime)
+        notes = [] if len(nbs) == 1 else [
+            f"several notebooks for this lab ({', '.join(str(nb.relative_to(folder)) for nb in nbs)}): graded "
+            f"{pick.relative_to(folder)}"]
+        chosen[lab_id] = (pick, notes)
+    return chosen
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write, then rename: a reader (or a crash) never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def run_tasks(tasks: list[tuple], opts: Options, jobs: int, *, skipped: int = 0, on_result=None) -> tuple[dict, bool]:
+    """Grade (key, notebook, lab_id, seed) tasks in a thread pool (each lab is its own process), calling
+    `on_result(key, lab)` in this thread as each lab is done.
+
+    Returns ({key: lab result}, interrupted). On Ctrl-C or SIGTERM the running workers are stopped and
+    every lab not graded yet comes back marked interrupted (and goes through `on_result` too).
+    """
+    from tqdm.auto import tqdm
+
+    STOP.clear()
+    results: dict = {}
+    interrupted = False
+
+    def finish(key, lab):
+        results[key] = lab
+        if on_result is not None:
+            on_result(key, lab)
+
+    bar = tqdm(total=len(tasks) + skipped, initial=skipped, desc="grading", unit="lab", file=sys.stderr)
+    handlers = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                                  cwd=tmp, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        except subprocess.TimeoutExpired:
-            return {**base, "error": f"timed out after {timeout:.0f} s (an infinite loop or a hung kernel?)"}
-        if out.exists():
-            return json.loads(out.read_text())
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
-        return {**base, "error": f"the grading process died (exit code {proc.returncode}): {tail}"}
+            handlers[sig] = signal.signal(sig, _raise_interrupt)
+        except ValueError:  # not the main thread: leave signals alone
+            pass
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    futures = {pool.submit(grade_lab, nb, lab_id, seed, opts): (key, nb, lab_id, seed)
+               for key, nb, lab_id, seed in tasks}
+    try:
+        for future in as_completed(futures):
+            key, nb, lab_id, seed = futures[future]
+            finish(key, _result(future, nb, lab_id, seed))
+            bar.update(1)
+            bar.set_postfix_str(str(key[0] if isinstance(key, tuple) else nb.parent.name)[:30])
+    except KeyboardInterrupt:
+        interrupted = True
+        for sig in handlers:
+            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not stop the reports being written
+        STOP.set()
+        for future in futures:
+            future.cancel()
+    finally:
+        pool.shutdown(wait=True)
+        bar.close()
+    for future, (key, nb, lab_id, seed) in futures.items():
+        if key not in results:
+            done = future.done() and not future.cancelled()
+            finish(key, _result(future, nb, lab_id, seed) if done else interrupted_lab(nb, lab_id, seed))
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+    return results, interrupted
+
+
+def _result(future, nb: Path, lab_id: str, seed: int) -> dict:
+    try:
+        return future.result()
+    except Exception as exc:  # noqa: BLE001 - a bug in the grader must not lose the other labs
+        lab = interrupted_lab(nb, lab_id, seed)
+        lab.pop("interrupted")
+        lab["error"] = f"the grader failed on this lab: {type(exc).__name__}: {exc}"
+        for f in lab["functions"]:
+            f["message"] = lab["error"]
+        return lab
+
+
+def _report(labs: list[dict], opts: Options, partial: bool, **extra) -> dict:
+    from kernels import runtime
+
+    fingerprint = next((lab["fingerprint"] for lab in labs if "fingerprint" in lab), None) or runtime.fingerprint()
+    return {"schema": report_mod.REPORT_SCHEMA, **extra, "date": _now(), "partial": partial,
+            "grader_version": grader_version(), "options": options_dict(opts), "fingerprint": fingerprint,
+            "labs": labs}
+
+
+def write_report(folder: Path, report: dict) -> None:
+    write_atomically(folder / "report.json", json.dumps(report_mod.json_safe(report), indent=1, default=str))
+    write_atomically(folder / "report.md", report_mod.markdown(report))
+
+
+def _seed(args) -> int:
+    return args.seed if args.seed is not None else secrets.randbits(31)
+
+
+def _print_explanations(labs: list[dict], stream) -> None:
+    for lab in labs:
+        text = report_mod.explain(lab)
+        if text:
+            print(text, file=stream)
+
+
+def grade_paths(args, opts: Options, jobs: int) -> int:
+    notebooks = find_notebooks(args.paths, args.lab)
+    if not notebooks:
+        print("grading: no *_lab.ipynb notebooks found", file=sys.stderr)
+        return 1
+    tasks = [(i, nb, lab_id_of(nb, LAB_MODULES), _seed(args)) for i, nb in enumerate(notebooks)]
+    results, interrupted = run_tasks(tasks, opts, jobs)
+    labs = [results[i] for i in range(len(tasks))]
+    for lab in labs:
+        lab["score"] = report_mod.score_lab(lab)
+    report = _report(labs, opts, interrupted)
+    write_report(args.out, report)
+    out = sys.stderr if args.json else sys.stdout
+    if args.explain:
+        _print_explanations(labs, out)
+    if args.json:
+        print(json.dumps(report_mod.json_safe(report), indent=1, default=str))
+    else:
+        for lab in labs:
+            s = lab["score"]
+            print(f"{lab['lab']}: {s['points']}/{s['max_points']} points, grade {s['grade']}"
+                  + (f"  [{lab['error']}]" if lab.get("error") else ""))
+        print(f"report: {args.out / 'report.md'}" + (" (PARTIAL: interrupted)" if interrupted else ""))
+    if interrupted:
+        return EXIT_INTERRUPTED
+    if args.write_expected:
+        from grading import expected
+        from grading.labs import get_lab
+        if report["fingerprint"].get("mode") != "gpu":
+            print("grading: --write-expected needs a GPU", file=sys.stderr)
+            return 1
+        for lab in labs:
+            path = expected.write(lab["lab"], get_lab(lab["lab"]).title, lab["functions"], report["fingerprint"],
+                                  source=str(args.out / "report.json"))
+            print(f"wrote {path}")
+    return 0
+
+
+def _previous_labs(path: Path) -> dict[str, dict]:
+    """The labs of an earlier per-student report that were really graded (not interrupted)."""
+    try:
+        report = json.loads(path.read_text())
+        return {lab["lab"]: lab for lab in report.get("labs", []) if not lab.get("interrupted")}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def grade_submissions(args, opts: Options, jobs: int) -> int:
+    root: Path = args.submissions
+    if not root.is_dir():
+        print(f"grading: {root} is not a folder", file=sys.stderr)
+        return 1
+    students = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+    found = {d.name: student_notebooks(d, args.lab) for d in students}
+    lab_ids = sorted({lab_id for nbs in found.values() for lab_id in nbs} | ({args.lab} if args.lab else set()))
+    reports_dir = args.out / "students"
+    hash_options = opts.result_options()  # not the seed: a result under any seed is a valid grade
+    final: dict[str, dict[str, dict | None]] = {s: {lab_id: None for lab_id in lab_ids} for s in found}
+    previous = {s: _previous_labs(reports_dir / s / "report.json") for s in found}
+    tasks, meta, skipped = [], {}, 0
+    for student, nbs in found.items():
+        for lab_id, (nb, notes) in nbs.items():
+            digest = content_hash(nb, source_path_for(nb, lab_id), hash_options)
+            prev = previous[student].get(lab_id)
+            if prev is not None and prev.get("content_hash") == digest and not args.force:
+                final[student][lab_id] = prev
+                skipped += 1
+                continue
+            tasks.append(((student, lab_id), nb, lab_id, _seed(args)))
+            meta[(student, lab_id)] = (digest, notes)
+    pending = {s: {lab_id for (student, lab_id) in meta if student == s} for s in found}
+
+    def write_student(student: str) -> None:
+        labs = [lab for lab in final[student].values() if lab is not None]
+        if not labs:
+            return  # handed in nothing: the summary says "missing"
+        if student not in touched and (reports_dir / student / "report.json").exists():
+            return  # nothing new for this student: the earlier report stays as it was
+        write_report(reports_dir / student, _report(labs, opts, any(lab.get("interrupted") for lab in labs),
+                                                    student=student))
+
+    touched: set[str] = set()
+
+    def on_result(key, lab) -> None:
+        student, lab_id = key
+        digest, notes = meta[key]
+        lab["student"] = student
+        lab["notes"] = notes + lab.get("notes", [])
+        lab["score"] = report_mod.score_lab(lab)
+        prev = previous[student].get(lab_id)
+        if not lab.get("interrupted"):
+            lab["content_hash"] = digest
+            touched.add(student)
+            final[student][lab_id] = lab
+        elif not (prev is not None and prev.get("content_hash") == digest):
+            final[student][lab_id] = lab  # else an earlier result for the same submission beats nothing
+        pending[student].discard(lab_id)
+        if not pending[student]:
+            write_student(student)  # as soon as the student is done: an interrupted run keeps it
+
+    for student in found:
+        if not pending[student]:
+            write_student(student)
+    results, interrupted = run_tasks(tasks, opts, jobs, skipped=skipped, on_result=on_result)
+    partial = any(lab is not None and lab.get("interrupted") for labs in final.values() for lab in labs.values())
+    summary = report_mod.summary(final, lab_ids, date=_now(), partial=partial, grader_version=grader_version())
+    write_atomically(args.out / "summary.json", json.dumps(report_mod.json_safe(summary), indent=1, default=str))
+    write_atomically(args.out / "summary.csv", report_mod.summary_csv(summary))
+    write_atomically(args.out / "summary.md", report_mod.summary_markdown(summary))
+    out = sys.stderr if args.json else sys.stdout
+    if args.explain:
+        _print_explanations([lab for lab in results.values()], out)
+    if args.json:
+        print(json.dumps(report_mod.json_safe(summary), indent=1, default=str))
+    else:
+        print(f"{len(found)} students, {len(tasks)} labs graded, {skipped} unchanged since the last run (skipped)")
+        print(f"summary: {args.out / 'summary.md'}" + (" (PARTIAL: interrupted)" if partial else ""))
+    return EXIT_INTERRUPTED if interrupted else 0
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grading", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", nargs="*", type=Path, default=[Path("labs")])
+    parser.add_argument("--submissions", type=Path, metavar="DIR",
+                        help="grade DIR/<student>/ for every student (instructors)")
     parser.add_argument("--out", type=Path, default=Path("grading-reports"), help="report folder")
     parser.add_argument("--lab", help="grade only this lab id, e.g. 01_elementwise_add")
     parser.add_argument("--cpu", action="store_true", help="force CPU mode (Triton interpreter) even on a GPU")
     parser.add_argument("--seed", type=int, help="reproduce a run (default: a fresh secret seed per lab)")
-    parser.add_argument("--timeout", type=float, default=900, help="seconds per lab")
+    parser.add_argument("--json", action="store_true", help="print the report (or summary) as JSON on stdout")
+    parser.add_argument("--explain", action="store_true",
+                        help="print each failing check's inputs and worst elements")
+    parser.add_argument("--force", action="store_true", help="with --submissions: regrade unchanged labs too")
+    parser.add_argument("--no-perf", action="store_true", help="correctness only: skip the timing on a GPU")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per lab (default 900)")
+    parser.add_argument("--call-timeout", type=float, default=60,
+                        help="seconds per correctness case or import of the solution cells (default 60)")
+    parser.add_argument("--perf-timeout", type=float, default=300,
+                        help="seconds per performance configuration (default 300)")
+    parser.add_argument("--memory-gib", type=float, default=16, help="host memory per lab, GiB (default 16)")
+    parser.add_argument("--gpu-memory-fraction", type=float, default=0.9,
+                        help="share of the GPU's memory a lab may allocate (default 0.9)")
+    parser.add_argument("--output-limit-mib", type=float, default=16,
+                        help="output (stdout + stderr) a lab may print, MiB (default 16)")
     parser.add_argument("--jobs", type=int, default=1,
-                        help="labs graded at once (CPU mode only: on a GPU, concurrent labs would distort timings)")
+                        help="labs graded at once (on a GPU only with --no-perf: concurrent labs distort timings)")
     parser.add_argument("--write-expected", action="store_true",
                         help="(instructors, on a GPU, grading solutions/) record the timings in data/expected/")
     args = parser.parse_args(argv)
-
-    notebooks = find_notebooks(args.paths, args.lab)
-    if not notebooks:
-        print("grading: no *_lab.ipynb notebooks found", file=sys.stderr)
-        return 1
-    from tqdm.auto import tqdm
-
+    if args.submissions and args.write_expected:
+        parser.error("--write-expected grades solutions/, not --submissions")
+    opts = Options(cpu=args.cpu, perf=not args.no_perf, timeout=args.timeout, call_timeout=args.call_timeout,
+                   perf_timeout=args.perf_timeout, memory_gib=args.memory_gib,
+                   gpu_memory_fraction=args.gpu_memory_fraction, output_limit_mib=args.output_limit_mib)
     from kernels import runtime
-    jobs = args.jobs if (args.cpu or not runtime.ON_GPU) else 1
-    seeds = [args.seed if args.seed is not None else secrets.randbits(31) for _ in notebooks]
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:  # each lab is its own process anyway
-        futures = [pool.submit(grade_one, nb, seed, args.timeout, args.cpu) for nb, seed in zip(notebooks, seeds)]
-        labs = [f.result() for f in tqdm(futures, desc="grading", unit="lab")]
-    for lab in labs:
-        lab["score"] = report_mod.score_lab(lab)
-    fingerprint = next((lab["fingerprint"] for lab in labs if "fingerprint" in lab), runtime.fingerprint())
-    report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "fingerprint": fingerprint, "labs": labs}
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name, text in (("report.json", json.dumps(report, indent=1, default=str)),
-                       ("report.md", report_mod.markdown(report))):
-        tmp = args.out / (name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(args.out / name)  # atomic: a reader never sees half a report
-    for lab in labs:
-        s = lab["score"]
-        print(f"{lab['lab']}: {s['points']}/{s['max_points']} points, grade {s['grade']}"
-              + (f"  [{lab['error']}]" if lab.get("error") else ""))
-    print(f"report: {args.out / 'report.md'}")
-    if args.write_expected:
-        from grading import expected
-        from grading.labs import get_lab
-        if fingerprint.get("mode") != "gpu":
-            print("grading: --write-expected needs a GPU", file=sys.stderr)
-            return 1
-        for lab in labs:
-            path = expected.write(lab["lab"], get_lab(lab["lab"]).title, lab["functions"], fingerprint,
-                                  source=str(args.out / "report.json"))
-            print(f"wrote {path}")
-    return 0
+    jobs = args.jobs if (args.cpu or not runtime.ON_GPU or args.no_perf) else 1
+    if args.submissions:
+        return grade_submissions(args, opts, jobs)
+    return grade_paths(args, opts, jobs)

@@ -45,7 +45,12 @@ class GradedFunction:
       per-element magnitude the rtol multiplies (defaults to |reference|).
     * `bit_exact(*inputs)` optional: the result must equal this tensor bit for bit (for `exact_dtypes`).
     * `course_kernel` / `torch_native`: what performance is measured against (same process, same inputs).
-    * `bytes_moved(*inputs)`: for GB/s and the hardware floor.
+    * `bytes_moved(*inputs)`: for GB/s and the hardware floor; `flops(*inputs)` optional, for the
+      floor of compute-bound kernels (the floor is the larger of bytes / copy GB/s and flops / matmul rate).
+    * `trials`: calls per correctness case; every call after the first gets new random values in the
+      same input buffers, so a function that caches its previous output fails.
+    * `input_names`: names of the inputs in reports and `--explain` (default: the course kernel's
+      parameter names).
     """
 
     name: str
@@ -64,6 +69,9 @@ class GradedFunction:
     bit_exact: Callable | None = None
     exact_dtypes: tuple[torch.dtype, ...] = ()
     hint: str = ""
+    flops: Callable | None = None
+    trials: int = 2
+    input_names: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,173 @@
+"""The checks of grading/harness.py, in this process: which PyTorch calls count as "calling the
+reference" (including the later labs' references), what a failure message says, the allocation path,
+and on a GPU, stream ordering and timing that covers side streams."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from grading import harness
+from grading.harness import check_function, diagnose, watch
+from grading.labs import get_lab
+from grading.spec import Case
+from kernels import runtime
+from kernels.add import triton_add
+from kernels.testing import compare, tolerance
+
+DEVICE = runtime.DEVICE
+LAB = get_lab("01_elementwise_add")
+
+
+def forbidden(fn) -> list[str]:
+    with watch() as seen:
+        try:
+            fn()
+        except (RuntimeError, NotImplementedError):  # an op with no kernel here is still recorded first
+            pass
+    return seen.forbidden_ops
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda x: torch.add(x, x), "torch.add (aten.add.Tensor)"),
+    (lambda x: x + x, "Tensor.add (aten.add.Tensor)"),
+    (lambda x: torch.ops.aten.add.Tensor(x, x), "torch.ops.aten.add.Tensor (aten.add.Tensor)"),
+    (lambda x: F.rms_norm(x, (x.shape[-1],)), "torch.nn.functional.rms_norm (aten."),  # lab 02
+    (lambda x: F.layer_norm(x, (x.shape[-1],)), "torch.nn.functional.layer_norm (aten."),
+    (lambda x: F.scaled_dot_product_attention(x[None, None], x[None, None], x[None, None]),  # lab 03
+     "torch.nn.functional.scaled_dot_product_attention (aten."),
+    (lambda x: torch.softmax(x, -1), "torch.softmax (aten._softmax.default)"),
+    (lambda x: torch.matmul(x, x.T), "torch.matmul (aten.mm.default)"),  # lab 06
+    (lambda x: torch._grouped_mm(x.bfloat16(), torch.stack([x.bfloat16()] * 2).transpose(-2, -1),
+                                 offs=torch.tensor([2, 4], dtype=torch.int32, device=x.device)),
+     "torch._grouped_mm (aten._grouped_mm.default)"),
+])
+def test_the_pytorch_references_are_forbidden_and_named(call, name):
+    x = torch.randn(4, 8, device=DEVICE)
+    ops = forbidden(lambda: call(x))
+    assert any(op.startswith(name) for op in ops), ops
+
+
+def test_allocation_views_and_own_kernels_are_allowed():
+    a, b = torch.randn(1000, device=DEVICE), torch.randn(1000, device=DEVICE)
+    with watch() as seen:
+        out = torch.empty_like(a)
+        triton_add.add(a.view(10, 100).reshape(-1), b, out=out)
+        out.view(-1).clone().copy_(out)
+    assert seen.forbidden_ops == [] and seen.triton_launches == 1
+
+
+def _case_result(fn, case=Case((1025,), torch.float32), trials=2):
+    spec = LAB.function("add")
+    if trials != spec.trials:
+        from dataclasses import replace
+        spec = replace(spec, trials=trials)
+    return harness._run_case(fn, spec, case, seed=11)
+
+
+def _caching_add():
+    cache = {}
+
+    def add(a, b, out=None):
+        key = (a.shape, a.dtype)
+        if key not in cache:
+            cache[key] = triton_add.add(a, b).clone()
+        return out.copy_(cache[key])
+    return add
+
+
+def test_a_cached_output_is_named():
+    result = _case_result(_caching_add())
+    assert not result.ok
+    assert result.reason.startswith("called again with new values in the same input buffers: returned the previous "
+                                    "call's result for new inputs: does it cache outputs between calls?")
+    assert result.detail["trial"] == 2
+    assert _case_result(_caching_add(), trials=1).ok  # one call per case could not have caught it
+
+
+def test_an_unwritten_torch_empty_does_not_pass_by_luck():
+    def add(a, b, out=None):
+        if out is not None:
+            return triton_add.add(a, b, out=out)
+        scratch = triton_add.add(a, b)  # the right values, in a buffer then freed ...
+        del scratch
+        return torch.empty_like(a)  # ... and an uninitialized result that might reuse it
+
+    result = check_function(LAB, "add", add, seed=3, perf=False)
+    assert result.status == "fail"
+    assert result.cases[-1].case == "without out=" and "elements wrong" in result.cases[-1].reason
+
+
+def test_diagnosis_of_a_missing_tail_and_of_low_precision():
+    case = Case((1025,), torch.float32)
+    want = torch.randn(1025, dtype=torch.float64)
+    atol, rtol = tolerance(torch.float32)
+    got = want.float()
+    got[1024:] = float("nan")
+    cmp = compare(got, want, atol=atol, rtol=rtol)
+    assert diagnose(case, got, want, cmp, atol, rtol) == (
+        "wrong for n not a multiple of the block size (n=1025, first bad index 1024): the last 1 elements are wrong "
+        "(never written); mask the loads and stores of the last block")
+    low = want.half().float()
+    cmp = compare(low, want, atol=atol, rtol=rtol)
+    assert diagnose(case, low, want, cmp, atol, rtol).startswith("rounding error up to ")
+    assert "ulp of float32 where 1 is allowed: is it computed in a lower precision?" in \
+        diagnose(case, low, want, cmp, atol, rtol)
+    nothing = torch.full((1025,), float("nan"))
+    cmp = compare(nothing, want, atol=atol, rtol=rtol)
+    assert diagnose(case, nothing, want, cmp, atol, rtol).startswith("no element was written")
+
+
+def test_an_exception_is_reported_and_memory_errors_are_named():
+    def add(a, b, out=None):
+        raise MemoryError()
+
+    result = _case_result(add)
+    assert not result.ok and result.reason.startswith("ran out of host memory")
+    assert result.detail["inputs"][0] == {"name": "a", "shape": [1025], "dtype": "float32", "stride": [1]}
+
+
+def test_no_timing_without_a_gpu_and_stream_checks_only_on_one():
+    result = check_function(LAB, "add", triton_add.add, seed=1, perf=True)
+    assert result.status == "pass"
+    out = torch.empty(8, device=DEVICE)
+    with watch(snapshot=out) as seen:
+        triton_add.add(torch.ones(8, device=DEVICE), torch.ones(8, device=DEVICE), out=out)
+    if not runtime.ON_GPU:
+        assert result.perf == [] and seen.stream_snapshot is None and seen.side_streams == 0
+    else:
+        assert [p.config for p in result.perf] == ["add/fp16/64M", "add/fp32/64M"]
+        assert seen.stream_snapshot is not None and torch.equal(seen.stream_snapshot, out)
+
+
+def _add_on_side_stream(synced: bool):
+    def add(a, b, out=None):
+        side = torch.cuda.Stream()
+        if synced:
+            side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            triton_add.add(a, b, out=out)
+        if synced:
+            torch.cuda.current_stream().wait_stream(side)
+        return out
+    return add
+
+
+def test_side_streams_gpu_only():
+    """GPU: work left on a side stream fails correctness (every time: its launch is delayed), the same
+    code with the two waits passes, and the timing of a side-stream call covers its kernel. CPU: there
+    are no streams, which is asserted instead."""
+    if not runtime.ON_GPU:
+        assert runtime.DEVICE == "cpu" and not torch.cuda.is_available()
+        return
+    for _ in range(3):
+        assert "not ready on PyTorch's current stream" in _case_result(_add_on_side_stream(False)).reason
+    assert _case_result(_add_on_side_stream(True)).ok
+    n = 32 * 2**20
+    a, b = torch.randn(n, device="cuda", dtype=torch.float16), torch.randn(n, device="cuda", dtype=torch.float16)
+    outs = {"main": torch.empty_like(a), "side": torch.empty_like(a)}
+    timings, wrong = harness.timed_rounds(
+        {"main": lambda: triton_add.add(a, b, out=outs["main"]),
+         "side": lambda: _add_on_side_stream(False)(a, b, out=outs["side"])},
+        lambda: None, lambda: torch.zeros((), device="cuda", dtype=torch.int64))
+    ratio = timings["side"].median_us / timings["main"].median_us
+    assert 0.8 < ratio < 1.5, (timings["side"].median_us, timings["main"].median_us)
+    assert wrong == [0] * len(wrong)
