@@ -17,13 +17,21 @@ class Case:
 
     shape: tuple[int, ...]
     dtype: torch.dtype
-    layout: str = "contiguous"  # "contiguous" | "strided" (a non-contiguous view: must raise or be right)
+    # "contiguous" | "strided" (a non-contiguous view: must raise ValueError/TypeError or be right) | any
+    # other name, which the function's `prepare` turns into inputs (and which must be handled)
+    layout: str = "contiguous"
+    params: tuple[tuple[str, object], ...] = ()  # keyword arguments of this case, e.g. (("eps", 0.5),)
+
+    @property
+    def kwargs(self) -> dict:
+        return dict(self.params)
 
     @property
     def label(self) -> str:
         size = "x".join(map(str, self.shape)) or "scalar"
-        return f"{size} {str(self.dtype).removeprefix('torch.')}" + ("" if self.layout == "contiguous" else
-                                                                     f" {self.layout}")
+        return (f"{size} {str(self.dtype).removeprefix('torch.')}" + ("" if self.layout == "contiguous" else
+                                                                      f" {self.layout}")
+                + "".join(f" {k}={v}" for k, v in self.params))
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,13 @@ class GradedFunction:
       same input buffers, so a function that caches its previous output fails.
     * `input_names`: names of the inputs in reports and `--explain` (default: the course kernel's
       parameter names).
+    * `prepare(layout, inputs)` optional: turns freshly made inputs into a case's layout (views with
+      row strides, scaled values, ...) for layouts other than "contiguous" and "strided".
+    * `n_outputs`: with more than one, `out=` is a tuple of that many tensors (each of the case's shape
+      and dtype), the function returns them as a tuple, `reference_fp64` (and `scale`, `bit_exact`, whose
+      entries may be None) return one per output; `output_names` names them in messages.
+    * A case's `params` are passed as keyword arguments to the function, `reference_fp64`, `scale` and
+      `bit_exact`.
     """
 
     name: str
@@ -72,6 +87,9 @@ class GradedFunction:
     flops: Callable | None = None
     trials: int = 2
     input_names: tuple[str, ...] = ()
+    prepare: Callable | None = None
+    n_outputs: int = 1
+    output_names: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -171,3 +171,55 @@ def test_side_streams_gpu_only():
     ratio = timings["side"].median_us / timings["main"].median_us
     assert 0.8 < ratio < 1.5, (timings["side"].median_us, timings["main"].median_us)
     assert wrong == [0] * len(wrong)
+
+
+def _two_output_lab(fn_points=1):
+    """A made-up function with two outputs, a case with a keyword parameter and a custom layout."""
+    from grading.spec import GradedFunction, LabSpec
+
+    def reference(a, b, flag=0):
+        total = a.double() + b.double()
+        return total, total
+
+    def course(a, b, flag=0, out=None):
+        return triton_add.add(a, b, out=out[0]), triton_add.add(a, b, out=out[1])
+
+    spec = GradedFunction(
+        name="twice", points=fn_points, backend="triton", description="out[0] = out[1] = a + b",
+        make_inputs=lambda shape, dtype, device, gen: tuple(torch.randn(shape, device=device, generator=gen)
+                                                            .to(dtype) for _ in range(2)),
+        reference_fp64=reference, tolerance=lambda dtype: tolerance(dtype), course_kernel=course,
+        torch_native=course, bytes_moved=lambda a, b: 4 * a.numel() * a.element_size(),
+        cases=(Case((1025,), torch.float32), Case((7,), torch.float16, "halved", params=(("flag", 1),))),
+        prepare=lambda layout, inputs: tuple(t * 0.5 for t in inputs) if layout == "halved" else inputs,
+        n_outputs=2, output_names=("s", "t"))
+    return LabSpec(id="xx_twice", title="two outputs", functions=(spec,))
+
+
+def test_functions_with_several_outputs_parameters_and_layouts():
+    lab = _two_output_lab()
+    seen = []
+
+    def twice(a, b, flag=0, out=None):
+        seen.append((flag, a.clone()))  # a copy is allowed inside a graded call; computing is not
+        s, t = (torch.empty_like(a), torch.empty_like(a)) if out is None else out
+        return triton_add.add(a, b, out=s), triton_add.add(a, b, out=t)
+
+    result = check_function(lab, "twice", twice, seed=2, perf=False)
+    assert result.status == "pass", result.message
+    assert [c.case for c in result.cases] == ["1025 float32", "7 float16 halved flag=1"]
+    flagged = [a for flag, a in seen if flag == 1]
+    assert flagged and all(float(a.abs().max()) < 3 for a in flagged)  # the "halved" layout was applied
+
+    def forgets_t(a, b, flag=0, out=None):
+        s, t = (torch.empty_like(a), torch.empty_like(a)) if out is None else out
+        return triton_add.add(a, b, out=s), t
+
+    result = check_function(lab, "twice", forgets_t, seed=2, perf=False)
+    assert result.status == "fail"
+    assert result.cases[0].reason.startswith("t: n=1025: 1025 of 1025 elements wrong")
+    assert "no element was written" in result.cases[0].reason and result.cases[0].detail["output"] == "t"
+
+    result = check_function(lab, "twice", lambda a, b, flag=0, out=None: triton_add.add(a, b, out=out[0]),
+                            seed=2, perf=False)
+    assert result.cases[0].reason == "returned Tensor, expected a tuple of 2 tensors (s, t)"
