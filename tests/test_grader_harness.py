@@ -156,7 +156,10 @@ def test_side_streams_gpu_only():
     code with the two waits passes, and the timing of a side-stream call covers its kernel. CPU: there
     are no streams, which is asserted instead."""
     if not runtime.ON_GPU:
-        assert runtime.DEVICE == "cpu" and not torch.cuda.is_available()
+        assert runtime.MODE == "cpu" and runtime.DEVICE == "cpu"
+        with watch(snapshot=torch.empty(4)) as seen:  # nothing to order without streams
+            torch.empty(4)
+        assert seen.stream_snapshot is None and seen.side_streams == 0
         return
     for _ in range(3):
         assert "not ready on PyTorch's current stream" in _case_result(_add_on_side_stream(False)).reason
