@@ -1,0 +1,136 @@
+"""Lab 02: RMSNorm as a CUDA C row reduction, in Triton, and fused with the residual add."""
+from __future__ import annotations
+
+import torch
+
+from grading.spec import Case, GradedFunction, LabSpec, PerfConfig
+from kernels.rmsnorm import cupy_rmsnorm, reference, triton_rmsnorm
+from kernels.testing import TINY, ULP, random_tensor
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Widths 1, 1000 (not a multiple of any block), 4096 and 5120 (not a power of two); rows 1, 3, 4097.
+# 4097 rows (a partial last block of rows) in one dtype each: the interpreter pays per program.
+SHAPES = ((1, 1), (3, 1000), (1, 4096), (3, 5120))
+EPS = 1e-6
+CASES = tuple(Case(shape, dtype) for shape in SHAPES for dtype in DTYPES) + (
+    Case((4097, 64), torch.float32),
+    Case((4097, 1), torch.bfloat16),
+    # rows 1000 wide inside a 1024-wide buffer: the row stride is not the width
+    Case((33, 1000), torch.bfloat16, "strided_rows"),
+    Case((33, 1000), torch.float32, "strided_rows"),
+    # values around 1e-3, so mean(x^2) is about eps: a kernel that drops eps is 40% off
+    Case((5, 1000), torch.float32, "tiny"),
+    Case((5, 4096), torch.bfloat16, "tiny"),
+    # a non-default eps, passed by keyword
+    Case((3, 1000), torch.float32, "contiguous", params=(("eps", 0.5),)),
+)
+FUSED_CASES = tuple(c for c in CASES if c.layout != "strided_rows")  # x and residual are contiguous
+PERF_SHAPE = (32768, 4096)
+
+
+def _tolerance(dtype):
+    # one rounding of the output, plus float32's error summing the squares of a row
+    return TINY[dtype], ULP[dtype] + 2.0**-16
+
+
+def _fused_tolerance(dtype):
+    # y is normalized from h, which was itself rounded to the dtype: two roundings
+    return TINY[dtype], 2 * ULP[dtype] + 2.0**-16
+
+
+def _rmsnorm_inputs(shape, dtype, device, gen):
+    return random_tensor(shape, dtype, device, gen), random_tensor(shape[-1:], dtype, device, gen)
+
+
+def _fused_inputs(shape, dtype, device, gen):
+    return (random_tensor(shape, dtype, device, gen), random_tensor(shape, dtype, device, gen),
+            random_tensor(shape[-1:], dtype, device, gen))
+
+
+def _layout(layout, inputs):
+    """x is the first input: make its rows strided, or its values tiny."""
+    x, *rest = inputs
+    if layout == "strided_rows":
+        wide = torch.empty(x.shape[0], x.shape[1] + 24, dtype=x.dtype, device=x.device)
+        view = wide[:, : x.shape[1]]
+        view.copy_(x)
+        return (view, *rest)
+    if layout == "tiny":
+        return (x * 1e-3, *rest)
+    return inputs
+
+
+def _fused_layout(layout, inputs):
+    if layout == "tiny":
+        x, res, w = inputs
+        return x * 1e-3, res * 1e-3, w
+    return inputs
+
+
+def _torch_rms_norm(x, w, eps=EPS, out=None):
+    y = reference.rms_norm(x, w, eps)
+    return y if out is None else out.copy_(y)
+
+
+def _course_fused(x, residual, w, eps=EPS, out=None):
+    y, h = triton_rmsnorm.fused_add_rms_norm(x, residual, w, eps)
+    if out is not None:
+        out[0].copy_(y)
+        out[1].copy_(h)
+        return out
+    return y, h
+
+
+def _torch_fused(x, residual, w, eps=EPS, out=None):
+    y, h = reference.fused_add_rms_norm(x, residual, w, eps)
+    if out is not None:
+        out[0].copy_(y)
+        out[1].copy_(h)
+        return out
+    return y, h
+
+
+def _rmsnorm_bytes(x, w, eps=EPS):
+    return 2 * x.numel() * x.element_size() + w.numel() * w.element_size()
+
+
+def _fused_bytes(x, residual, w, eps=EPS):
+    return 4 * x.numel() * x.element_size() + w.numel() * w.element_size()  # read x, residual; write y, h
+
+
+def _rmsnorm_function(name, backend, course_kernel, points, description, hint):
+    return GradedFunction(
+        name=name, points=points, backend=backend, description=description,
+        make_inputs=_rmsnorm_inputs, prepare=_layout, reference_fp64=reference.rms_norm_fp64,
+        tolerance=_tolerance, course_kernel=course_kernel, torch_native=_torch_rms_norm,
+        bytes_moved=_rmsnorm_bytes, cases=CASES, perf=(PerfConfig(f"{name}/bf16/32768x4096", PERF_SHAPE, torch.bfloat16),),
+        hint=hint, input_names=("x", "w"),
+    )
+
+
+LAB = LabSpec(
+    id="02_rmsnorm",
+    title="RMSNorm: a row reduction in CUDA C and Triton, and the fused residual add",
+    functions=(
+        _rmsnorm_function("rms_norm_cuda", "cupy", cupy_rmsnorm.rms_norm, 4,
+                          "CuPy RawKernel: one block per row, warp shuffle + shared-memory reduction",
+                          "every thread must add its partial sum, and the block must add every warp's"),
+        _rmsnorm_function("rms_norm", "triton", triton_rmsnorm.rms_norm, 3,
+                          "Triton: any width, strided rows",
+                          "mask the columns past the width, find a row with its stride, add eps under the "
+                          "square root, and sum the squares in float32"),
+        GradedFunction(
+            name="fused_add_rms_norm", points=3, backend="triton",
+            description="Triton: h = x + residual; y = rmsnorm(h) * w in one pass, returning (y, h)",
+            make_inputs=_fused_inputs, prepare=_fused_layout,
+            reference_fp64=reference.fused_add_rms_norm_fp64, tolerance=_fused_tolerance, n_outputs=2,
+            output_names=("y", "h"),
+            bit_exact=lambda x, residual, w, eps=EPS: (None, x + residual),
+            exact_dtypes=(torch.float32, torch.float16),  # the interpreter truncates float32 -> bfloat16
+            course_kernel=_course_fused, torch_native=_torch_fused, bytes_moved=_fused_bytes,
+            cases=FUSED_CASES, perf=(PerfConfig("fused_add_rms_norm/bf16/32768x4096", PERF_SHAPE, torch.bfloat16),),
+            hint="round x + residual to the dtype before normalizing it, and return (y, h)",
+            input_names=("x", "residual", "w"),
+        ),
+    ),
+)
