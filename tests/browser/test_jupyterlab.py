@@ -88,12 +88,15 @@ def figure_sources(locator) -> list[str]:
 def wait_for_change(page, locator, old_text: str, old_figures: list[str] | None) -> None:
     """Wait until the widget output shows a different readout and a rendered figure (a different one,
     unless `old_figures` is None: a change the picture cannot show)."""
-    page.wait_for_function(
-        """([node, oldText, oldFigures]) => {
-          const imgs = Array.from(node.querySelectorAll('img')).filter(i => i.complete && i.naturalWidth > 0);
-          const text = node.querySelector('.widget-html').innerText;
-          return text !== oldText && imgs.length > 0 && imgs.every(i => !(oldFigures || []).includes(i.src));
-        }""", arg=[locator.element_handle(), old_text, old_figures], timeout=60_000)
+    try:
+        page.wait_for_function(
+            """([node, oldText, oldFigures]) => {
+              const imgs = Array.from(node.querySelectorAll('img')).filter(i => i.complete && i.naturalWidth > 0);
+              const text = node.querySelector('.widget-html').innerText;
+              return text !== oldText && imgs.length > 0 && imgs.every(i => !(oldFigures || []).includes(i.src));
+            }""", arg=[locator.element_handle(), old_text, old_figures], timeout=60_000)
+    except Exception as exc:
+        raise AssertionError(f"the widget did not answer: {exc}\nit shows:\n{locator.inner_text()[-3000:]}") from None
 
 
 def test_roofline_explorer_renders_responds_and_draws(page, lab):
