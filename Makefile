@@ -5,6 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The browser test (tests/browser) drives JupyterLab in this chromium; BROWSER_TEST=0 leaves it out.
 CHROMIUM ?= /usr/bin/chromium
+export CHROMIUM
 BROWSER_TEST ?= 1
 ARTIFACTS := build/test-artifacts/browser
 
@@ -40,9 +41,13 @@ browser:
 			"or run 'make test BROWSER_TEST=0' to leave the browser test out." >&2; exit 1; fi; \
 	if [ "$$(id -u)" = 0 ]; then sudo=; else sudo="sudo -n"; fi; \
 	echo "installing Debian's chromium for the browser test (apt-get)"; \
-	$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends \
-		chromium >/dev/null || { echo "Could not install chromium (root or passwordless sudo needed):" \
-		"install it yourself, or run 'make test BROWSER_TEST=0'." >&2; exit 1; }
+	for try in 1 2 3; do \
+		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq \
+			--no-install-recommends chromium >/dev/null && exit 0; \
+		echo "apt-get failed (try $$try of 3)" >&2; sleep 5; \
+	done; \
+	echo "Could not install chromium (root or passwordless sudo needed): install it yourself," \
+		"or run 'make test BROWSER_TEST=0'." >&2; exit 1
 
 # JupyterLab on the course, with this environment's Python as the kernel: the "python3" kernel spec that
 # ipykernel installs into .venv names `python`, which Jupyter runs as the server's own interpreter, and
