@@ -299,8 +299,11 @@ def grade_lab(notebook: Path, lab_id: str, seed: int, opts: Options, source: Pat
                 break
             step = attempt.step
             if attempt.returncode == EXIT_CONTEXT_LOST and attempt.stopped is None:
-                lab["incidents"].append({"function": step and step.get("function"), "step": step and step.get("step"),
-                                         "reason": "the CUDA context was lost; restarted", "output_tail": ""})
+                # The worker recorded the function itself (its last event) before leaving.
+                last = [e["result"]["name"] for e in attempt.events if e.get("event") == "function"][-1:]
+                lab["incidents"].append({"function": last[0] if last else None, "step": None,
+                                         "reason": "the CUDA context was lost; the rest of the lab was graded in "
+                                                   "a new process", "output_tail": ""})
                 continue
             reason = death_reason(attempt, opts)
             fn = step.get("function") if step else None
