@@ -18,7 +18,7 @@ from nbclient.exceptions import CellExecutionError
 
 def execute(path: Path) -> bool:
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=900, kernel_name="python3",
+    client = NotebookClient(nb, timeout=300, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
     start = time.perf_counter()
     try:
@@ -26,6 +26,9 @@ def execute(path: Path) -> bool:
         ok = True
     except CellExecutionError as exc:
         print(f"{path}: {str(exc).splitlines()[-1] if str(exc) else exc}", file=sys.stderr)
+        ok = False
+    except Exception as exc:  # noqa: BLE001 - a dead kernel or a timeout: keep the outputs so far, go on
+        print(f"{path}: {type(exc).__name__}: {exc}", file=sys.stderr)
         ok = False
     nbformat.write(nb, path)
     print(f"{path}: {'ok' if ok else 'FAILED'} in {time.perf_counter() - start:.0f} s", flush=True)

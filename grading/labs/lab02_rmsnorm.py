@@ -68,26 +68,15 @@ def _fused_layout(layout, inputs):
 
 
 def _torch_rms_norm(x, w, eps=EPS, out=None):
-    y = reference.rms_norm(x, w, eps)
-    return y if out is None else out.copy_(y)
+    return reference.rms_norm(x, w, eps)  # F.rms_norm has no out=: timed as PyTorch runs it, allocating
 
 
 def _course_fused(x, residual, w, eps=EPS, out=None):
-    y, h = triton_rmsnorm.fused_add_rms_norm(x, residual, w, eps)
-    if out is not None:
-        out[0].copy_(y)
-        out[1].copy_(h)
-        return out
-    return y, h
+    return triton_rmsnorm.fused_add_rms_norm(x, residual, w, eps, out=out)
 
 
 def _torch_fused(x, residual, w, eps=EPS, out=None):
-    y, h = reference.fused_add_rms_norm(x, residual, w, eps)
-    if out is not None:
-        out[0].copy_(y)
-        out[1].copy_(h)
-        return out
-    return y, h
+    return reference.fused_add_rms_norm(x, residual, w, eps)
 
 
 def _rmsnorm_bytes(x, w, eps=EPS):

@@ -70,28 +70,29 @@ __device__ __forceinline__ void rmsnorm_rows(const T* __restrict__ x, const T* _
     T* yr = y + row * y_stride;
     float sum_sq = 0.f;
     if constexpr (ITEMS > 0) {
-        // w is loaded with x, before the reduction: loaded after it, every block would stall on an
-        // L2 round trip between its barrier and its first store (wide rows ran at 70% of copy so).
-        float v[ITEMS][V], wv[ITEMS][V];
+        float v[ITEMS][V];
 #pragma unroll
         for (int i = 0; i < ITEMS; ++i) {
             const int col = (i * lanes + lane) * V;  // consecutive lanes, consecutive packs: coalesced
             if (col < width) {
                 load_pack<T, V>(xr + col, v[i]);
-                load_pack<T, V>(w + col, wv[i]);
 #pragma unroll
                 for (int k = 0; k < V; ++k) sum_sq += v[i][k] * v[i][k];
             }
         }
         sum_sq = WARP_PER_ROW ? warp_sum(sum_sq) : block_sum(sum_sq);
         const float rstd = rsqrtf(sum_sq / width + eps);
+        // w is loaded after the reduction. Loading it with x (to hide its latency behind the barrier)
+        // doubled the registers held across the reduction and measured slower on an H200: 84% of copy
+        // instead of 95% at 32768 x 4096 bf16 (kernels/rmsnorm/PERFORMANCE.md).
 #pragma unroll
         for (int i = 0; i < ITEMS; ++i) {
             const int col = (i * lanes + lane) * V;
             if (col < width) {
-                float out[V];
+                float wv[V], out[V];
+                load_pack<T, V>(w + col, wv);
 #pragma unroll
-                for (int k = 0; k < V; ++k) out[k] = v[i][k] * rstd * wv[i][k];
+                for (int k = 0; k < V; ++k) out[k] = v[i][k] * rstd * wv[k];
                 store_pack<T, V>(yr + col, out);
             }
         }

@@ -113,9 +113,9 @@ def rms_norm_fp8(x: torch.Tensor, x_scale: float, w: torch.Tensor, eps: float = 
 
 
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float = 1e-6,
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """h = x + residual; y = rmsnorm(h) * w, in one pass: returns (y, h). Reads x, residual and w once,
-    writes y and h once (vLLM's fused_add_rms_norm, without its in-place update)."""
+                       out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """h = x + residual; y = rmsnorm(h) * w, in one pass: returns (y, h), written into `out` if given.
+    Reads x, residual and w once, writes y and h once (vLLM's fused_add_rms_norm, not in place)."""
     check_rmsnorm_args("fused_add_rms_norm", x, w, eps, None, device_type=runtime.DEVICE)
     check_rmsnorm_args("fused_add_rms_norm", residual, w, eps, None, device_type=runtime.DEVICE)
     if residual.shape != x.shape or residual.dtype != x.dtype:
@@ -123,7 +123,10 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor,
                          f"x {tuple(x.shape)} {x.dtype}")
     if not (x.is_contiguous() and residual.is_contiguous()):
         raise ValueError("fused_add_rms_norm: x and residual must be contiguous")
-    y, h = torch.empty_like(x), torch.empty_like(x)
+    if out is not None and not all(isinstance(t, torch.Tensor) and t.shape == x.shape and t.dtype == x.dtype
+                                   and t.is_contiguous() for t in out):
+        raise ValueError("fused_add_rms_norm: out must be a pair of contiguous tensors shaped like x")
+    y, h = (torch.empty_like(x), torch.empty_like(x)) if out is None else out
     if x.numel():
         width = x.shape[-1]
         rows = x.numel() // width
