@@ -38,7 +38,7 @@ def bandwidth_sweep(sizes, dtype=torch.float16, impls: dict | None = None, seed:
     """GB/s (3 tensors moved) of each implementation at each size; [] in CPU mode."""
     if not runtime.ON_GPU:
         return []
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # text bars (stderr): a notebook saved after the run shows them finished
 
     impls = impls or add_implementations()
     g = generator(seed, "cuda")
@@ -85,7 +85,7 @@ def decode_residual_stream(layers: int = 32, width: int = 2560, dtype=torch.floa
     if runtime.cupy_status()[0]:
         kernels["cupy fused"] = cupy_add.residual_add
     launches_per_layer = {"torch": 2, "triton fused": 1, "cupy fused": 1}
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # text bars (stderr): a notebook saved after the run shows them finished
 
     ways = {}
     for name, kernel in tqdm(list(kernels.items()), desc="decode step, eager and graph", disable=not progress):
@@ -124,7 +124,7 @@ def fused_vs_two_adds(shape, dtype=torch.float16, seed: int = 0) -> dict:
 
 def performance_targets(ceilings: dict, seed: int = 0, progress: bool = True) -> list[dict]:
     """The Foundation issue's targets, each measured as a ratio in this run."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # text bars (stderr): a notebook saved after the run shows them finished
 
     g = generator(seed, "cuda")
     copy = ceilings["copy_gbps"]
