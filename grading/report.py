@@ -66,7 +66,7 @@ def _cell(text) -> str:
 
 def markdown(report: dict) -> str:
     fp = report["fingerprint"]
-    title = f"# Grading report" + (f": {report['student']}" if report.get("student") else "")
+    title = "# Grading report" + (f": {report['student']}" if report.get("student") else "")
     lines = [title, ""]
     if report.get("partial"):
         lines += ["**PARTIAL: the run was interrupted; labs marked `interrupted` were not graded.**", ""]
