@@ -15,8 +15,9 @@ SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 WARP_PER_ROW_MAX_ITEMS = 4  # rows of up to 32 * 4 packs get a warp each
 MAX_THREADS = 512
 # Packs per thread: two or more loads in flight per thread before the reduction, and at most four, so
-# x and w stay in registers (about 80 for bf16) and 512 threads fit the 64K-register file: rows up to
-# 512 * 4 packs (16384 bf16, 8192 fp32) are read once; wider rows take the two-pass kernel.
+# the row's slice stays in registers and 512 threads fit the 64K-register file (a test checks this
+# against ptxas): rows up to 512 * 4 packs (16384 bf16, 8192 fp32) are read once; wider rows take the
+# two-pass kernel.
 ITEM_CHOICES = (2, 4)
 
 

@@ -117,8 +117,8 @@ __device__ __forceinline__ void rmsnorm_rows(const T* __restrict__ x, const T* _
 }
 
 // extern "C" entry points, named rmsnorm_{warp,block}_{f32,f16,bf16}_{v,s}{ITEMS}: v = 16-byte packs,
-// s = scalar; ITEMS 1, 2, 4 (x and w of 4 bf16 packs per thread: ~80 registers, 512 threads fit the
-// 64K-register file); ITEMS 0 = two-pass fallback (block per row only) for wider rows.
+// s = scalar; ITEMS 1, 2, 4 (4 packs of the row per thread: at most 56 registers for sm_90, so 512
+// threads fit the 64K-register file); ITEMS 0 = two-pass fallback (block per row only) for wider rows.
 #define RMSNORM_KERNEL(kind, warp_per_row, suffix, T, vec, V, items)                                         \
     extern "C" __global__ void rmsnorm_##kind##_##suffix##_##vec##items(                                    \
         const T* x, const T* w, T* y, long long rows, int width, long long x_stride, long long y_stride,    \
