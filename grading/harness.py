@@ -106,6 +106,11 @@ class _LaunchState:
     side_streams: list = []
 
 
+def _on_side_stream() -> bool:
+    grader = _LaunchState.grader_stream
+    return grader is not None and torch.cuda.current_stream() != grader
+
+
 def _before_launch() -> None:
     """Called before every kernel launch: note (and, in correctness checks, delay) a side stream."""
     grader = _LaunchState.grader_stream
@@ -142,6 +147,10 @@ def _install_launch_hooks() -> None:
                 _LaunchState.launches += 1
             _LaunchState.depth += 1
             try:
+                if _on_side_stream() and not kwargs.get("warmup", False):
+                    # compile first (a warm-up run launches nothing): the side stream's delay must not
+                    # elapse while the first call is still compiling, or that call wins the race by luck
+                    _original(self, *args, **{**kwargs, "warmup": True})
                 _before_launch()
                 return _original(self, *args, **kwargs)
             finally:
