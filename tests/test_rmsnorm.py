@@ -15,7 +15,8 @@ DEVICE = runtime.DEVICE
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 SHAPES = [(1, 1), (3, 1000), (4097, 64), (5, 5120), (2, 4096), (7, 8192), (2, 16384), (1, 4096)]
 FORWARDS = {"triton": triton_rmsnorm.rms_norm, "cupy": cupy_rmsnorm.rms_norm,
-            "cupy staged": functools.partial(cupy_rmsnorm.rms_norm, staged=True)}
+            "cupy staged": functools.partial(cupy_rmsnorm.rms_norm, staged=True),
+            "cupy staged x8": functools.partial(cupy_rmsnorm.rms_norm, staged=True, unroll=8)}
 
 
 def tol(dtype):
@@ -171,7 +172,7 @@ def test_every_launch_configuration_fits_the_register_file(tmp_path):
         for vec, pack in (("v", 16 // dtype.itemsize), ("s", 1)):
             for width in list(range(1, 300)) + [1000, 2048, 4096, 5120, 8192, 12288, 16384, 32768, 65536]:
                 kind, threads, items = cupy_rmsnorm.launch_config(width, pack, dtype.itemsize)
-                name = f"rmsnorm_{kind}_{suffix}_{vec}" + ("" if kind == "staged" else str(items))
+                name = f"rmsnorm_{kind}_{suffix}_{vec}{items}"
                 assert name in regs, f"wrapper would launch {name}, which rmsnorm.cu does not define"
                 assert threads * int(regs[name]) <= 65536, (name, threads, regs[name])
                 assert threads % 32 == 0 and (kind != "block" or items == 0 or threads * items * pack >= width)

@@ -133,8 +133,9 @@ def cupy_wide_rows_sweep(widths=(4096, 8192, 16384), elements: int = 64 * 2**20,
         fns = {"F.rms_norm": lambda: reference.rms_norm(x, w, 1e-6), "cupy default": lambda: cupy_rmsnorm.rms_norm(x, w)}
         fns.update({f"registers {t} threads": (lambda t=t: cupy_rmsnorm.rms_norm(x, w, threads=t))
                     for t in (128, 256, 512, 1024)})
-        fns.update({f"staged {t} threads": (lambda t=t: cupy_rmsnorm.rms_norm(x, w, threads=t, staged=True))
-                    for t in (128, 256, 512)})
+        fns.update({f"staged {t} threads x {u}": (lambda t=t, u=u: cupy_rmsnorm.rms_norm(x, w, threads=t, staged=True,
+                                                                                      unroll=u))
+                    for t, u in ((128, 4), (256, 4), (512, 4), (128, 8), (256, 8), (512, 8))})
         nbytes = 2 * x.numel() * x.element_size()
         rows += [{"width": width, "impl": name, "median_us": t.median_us, "gbps": t.gbps(nbytes)}
                  for name, t in bench.benchmark(fns).items()]

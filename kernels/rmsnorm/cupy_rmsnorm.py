@@ -25,6 +25,7 @@ ITEM_CHOICES = (2, 4)
 # per SM on an H100/H200); wider rows are read twice (two-pass kernel, the second read from L2).
 REGISTER_MAX_PACKS = 512
 STAGED_MAX_BYTES = 64 * 1024
+STAGED_UNROLL = 4
 
 
 def launch_config(width: int, pack: int, element_size: int, threads: int | None = None) -> tuple[str, int, int]:
@@ -33,7 +34,8 @@ def launch_config(width: int, pack: int, element_size: int, threads: int | None 
     kind "warp": a warp per row, 8 rows per block. "block": a block per row holding the row in registers,
     the fewest packs per thread (at least 2) and the thread count rounded up to whole warps (a 5120-wide
     bf16 row of 640 packs gets 320 threads, all busy); ITEMS = 0 is the two-pass kernel. "staged": a
-    block per row staging it in shared memory, 4 packs per thread per pass, 256 to 512 threads.
+    block per row staging it in shared memory, 256 to 512 threads, ITEMS = packs per thread in flight
+    per pass (the kernel's unroll factor).
     `threads` forces a block per row in registers with that many threads (for sweeps).
     """
     packs = -(-width // pack)
@@ -45,7 +47,7 @@ def launch_config(width: int, pack: int, element_size: int, threads: int | None 
     if packs <= REGISTER_MAX_PACKS:
         return "block", 32 * -(-packs // (32 * ITEM_CHOICES[0])), ITEM_CHOICES[0]
     if width * element_size <= STAGED_MAX_BYTES:
-        return "staged", min(MAX_THREADS, max(256, 32 * -(-packs // (32 * 4)))), 0
+        return "staged", min(MAX_THREADS, max(256, 32 * -(-packs // (32 * STAGED_UNROLL)))), STAGED_UNROLL
     return "block", MAX_THREADS, 0
 
 
@@ -57,11 +59,12 @@ def _can_use_16_byte_packs(x2d: torch.Tensor, w: torch.Tensor, y2d: torch.Tensor
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None, *,
-             threads: int | None = None, staged: bool | None = None) -> torch.Tensor:
+             threads: int | None = None, staged: bool | None = None, unroll: int | None = None) -> torch.Tensor:
     """y = x / sqrt(mean(x^2, -1) + eps) * w, over the last dimension. Rows may be strided (stride > width).
 
-    `threads` and `staged` override the launch configuration (for sweeps and tests): `staged=True` stages
-    the row in shared memory whatever its width (with `threads` threads), `staged=False` never does."""
+    `threads`, `staged` and `unroll` override the launch configuration (for sweeps and tests):
+    `staged=True` stages the row in shared memory whatever its width (with `threads` threads and `unroll`
+    packs per thread in flight, 4 or 8), `staged=False` never does."""
     runtime.require_cupy()
     check_rmsnorm_args("rms_norm", x, w, eps, out, device_type="cuda")
     out = torch.empty_like(x, memory_format=torch.contiguous_format) if out is None else out
@@ -73,12 +76,12 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, out: torch.Ten
     pack = 16 // x.element_size() if vec else 1
     kind, block, items = launch_config(width, pack, x.element_size(), threads)
     if staged:
-        kind, block, items = "staged", threads or (block if kind == "staged" else 256), 0
+        kind, block, items = "staged", threads or (block if kind == "staged" else 256), unroll or STAGED_UNROLL
     elif staged is False and kind == "staged":
         kind, block, items = launch_config(width, pack, x.element_size(), MAX_THREADS)
     variant = f"{SUFFIX[x.dtype]}_{'v' if vec else 's'}"
     if kind == "staged":
-        cuda.launch(cuda.load_kernel("rmsnorm/rmsnorm.cu", f"rmsnorm_staged_{variant}"), rows, block,
+        cuda.launch(cuda.load_kernel("rmsnorm/rmsnorm.cu", f"rmsnorm_staged_{variant}{items}"), rows, block,
                     (cuda.pointer(x2d), cuda.pointer(w), cuda.pointer(y2d), np.int32(width),
                      np.int64(x2d.stride(0)), np.int64(y2d.stride(0)), np.float32(eps)), x.device,
                     shared_mem=width * x.element_size())

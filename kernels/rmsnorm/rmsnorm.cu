@@ -122,7 +122,7 @@ __device__ __forceinline__ void rmsnorm_rows(const T* __restrict__ x, const T* _
 // still one read of the row from global memory, few registers, and as many rows in flight per SM as
 // shared memory holds (7 rows of 16384 bf16 in an H200's 227 KB). Each thread reads back only the packs
 // it wrote, so the block barrier inside the reduction is the only one needed.
-template <typename T, int V>
+template <typename T, int V, int UNROLL>
 __device__ __forceinline__ void rmsnorm_row_staged(const T* __restrict__ x, const T* __restrict__ w,
                                                    T* __restrict__ y, int width, long long x_stride,
                                                    long long y_stride, float eps) {
@@ -131,7 +131,7 @@ __device__ __forceinline__ void rmsnorm_row_staged(const T* __restrict__ x, cons
     const T* xr = x + (long long)blockIdx.x * x_stride;
     T* yr = y + (long long)blockIdx.x * y_stride;
     float sum_sq = 0.f;
-#pragma unroll 4
+#pragma unroll UNROLL
     for (int col = threadIdx.x * V; col < width; col += blockDim.x * V) {
         float v[V];
         load_pack<T, V>(xr + col, v);
@@ -140,7 +140,7 @@ __device__ __forceinline__ void rmsnorm_row_staged(const T* __restrict__ x, cons
         for (int k = 0; k < V; ++k) sum_sq += v[k] * v[k];
     }
     const float rstd = rsqrtf(block_sum(sum_sq) / width + eps);
-#pragma unroll 4
+#pragma unroll UNROLL
     for (int col = threadIdx.x * V; col < width; col += blockDim.x * V) {
         float v[V], wv[V], out[V];
         load_pack<T, V>(staged + col, v);
@@ -154,7 +154,8 @@ __device__ __forceinline__ void rmsnorm_row_staged(const T* __restrict__ x, cons
 // extern "C" entry points, named rmsnorm_{warp,block}_{f32,f16,bf16}_{v,s}{ITEMS}: v = 16-byte packs,
 // s = scalar; ITEMS 1, 2, 4 (4 packs of the row per thread: at most 56 registers for sm_90, so 512
 // threads fit the 64K-register file); ITEMS 0 = two-pass fallback (block per row only) for wider rows;
-// rmsnorm_staged_{f32,f16,bf16}_{v,s}: a block per row, staged in `width` elements of dynamic shared memory.
+// rmsnorm_staged_{f32,f16,bf16}_{v,s}{4,8}: a block per row, staged in `width` elements of dynamic shared
+// memory, 4 or 8 packs per thread in flight per pass.
 #define RMSNORM_KERNEL(kind, warp_per_row, suffix, T, vec, V, items)                                         \
     extern "C" __global__ void rmsnorm_##kind##_##suffix##_##vec##items(                                    \
         const T* x, const T* w, T* y, long long rows, int width, long long x_stride, long long y_stride,    \
@@ -173,18 +174,20 @@ __device__ __forceinline__ void rmsnorm_row_staged(const T* __restrict__ x, cons
     RMSNORM_KERNEL(block, false, suffix, T, v, (16 / sizeof(T)), 0) \
     RMSNORM_KERNEL(block, false, suffix, T, s, 1, 0)
 
-#define RMSNORM_STAGED(suffix, T, vec, V)                                                                    \
-    extern "C" __global__ void rmsnorm_staged_##suffix##_##vec(const T* x, const T* w, T* y, int width,     \
-                                                                long long x_stride, long long y_stride,       \
-                                                                float eps) {                                  \
-        rmsnorm_row_staged<T, V>(x, w, y, width, x_stride, y_stride, eps);                                   \
+#define RMSNORM_STAGED(suffix, T, vec, V, unroll)                                                            \
+    extern "C" __global__ void rmsnorm_staged_##suffix##_##vec##unroll(                                       \
+        const T* x, const T* w, T* y, int width, long long x_stride, long long y_stride, float eps) {          \
+        rmsnorm_row_staged<T, V, unroll>(x, w, y, width, x_stride, y_stride, eps);                           \
     }
-RMSNORM_STAGED(f32, float, v, 4)
-RMSNORM_STAGED(f32, float, s, 1)
-RMSNORM_STAGED(f16, __half, v, 8)
-RMSNORM_STAGED(f16, __half, s, 1)
-RMSNORM_STAGED(bf16, __nv_bfloat16, v, 8)
-RMSNORM_STAGED(bf16, __nv_bfloat16, s, 1)
+#define RMSNORM_STAGED_UNROLLS(suffix, T, vec, V) \
+    RMSNORM_STAGED(suffix, T, vec, V, 4)          \
+    RMSNORM_STAGED(suffix, T, vec, V, 8)
+RMSNORM_STAGED_UNROLLS(f32, float, v, 4)
+RMSNORM_STAGED_UNROLLS(f32, float, s, 1)
+RMSNORM_STAGED_UNROLLS(f16, __half, v, 8)
+RMSNORM_STAGED_UNROLLS(f16, __half, s, 1)
+RMSNORM_STAGED_UNROLLS(bf16, __nv_bfloat16, v, 8)
+RMSNORM_STAGED_UNROLLS(bf16, __nv_bfloat16, s, 1)
 
 RMSNORM_DTYPE(f32, float)
 RMSNORM_DTYPE(f16, __half)
