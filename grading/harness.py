@@ -92,9 +92,11 @@ ALLOWED_OPS = {
 # references of the labs: torch.add (lab 01), F.rms_norm (02), F.scaled_dot_product_attention (03),
 # torch._grouped_mm and torch.matmul (06). tests/test_grader_harness.py proves each is caught.
 
-# GPU clock cycles a launch on a side stream is held back during correctness checks (~10 ms): a
+# GPU clock cycles a launch on a side stream is held back during correctness checks (~50 ms): a
 # function that does not make PyTorch's stream wait for its side stream then loses the race every time.
-SIDE_STREAM_DELAY_CYCLES = 20_000_000
+# (10 ms was not enough on an H200: a first call's host work after the launch, such as loading the copy
+# kernel the output snapshot uses, outlasted it, and the first case passed by luck.)
+SIDE_STREAM_DELAY_CYCLES = 100_000_000
 
 
 class _LaunchState:
