@@ -219,15 +219,33 @@ def _check(op: str, q, k, v) -> None:
                          + ", ".join(map(str, HEAD_DIMS)))
 
 
+def output_buffers(op: str, q: torch.Tensor, out: torch.Tensor | None, lse: torch.Tensor | None):
+    """(out, lse) to write into: the caller's (checked), or new ones. out may have any strides with a
+    contiguous last dimension; lse must be a contiguous float32 (B, Hq, Nq)."""
+    batch, n_heads, n_q, head_dim = q.shape
+    if out is None:
+        out = torch.empty((batch, n_heads, n_q, head_dim), dtype=q.dtype, device=q.device)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or out.stride(-1) != 1:
+        raise ValueError(f"{op}: out must have q's shape {tuple(q.shape)}, dtype and device, with a contiguous "
+                         f"last dimension; got {tuple(out.shape)} {out.dtype} on {out.device}")
+    if lse is None:
+        lse = torch.empty((batch, n_heads, n_q), dtype=torch.float32, device=q.device)
+    elif lse.shape != q.shape[:3] or lse.dtype != torch.float32 or lse.device != q.device or not lse.is_contiguous():
+        raise ValueError(f"{op}: lse must be a contiguous float32 tensor of shape {tuple(q.shape[:3])} on "
+                         f"{q.device}; got {tuple(lse.shape)} {lse.dtype}")
+    return out, lse
+
+
 def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                            scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse): out (B, Hq, Nq, D) in q's dtype, lse (B, Hq, Nq) float32 (natural log)."""
+                            scale: float | None = None, *, out: torch.Tensor | None = None,
+                            lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse): out (B, Hq, Nq, D) in q's dtype, lse (B, Hq, Nq) float32 (natural log), written into
+    `out` and `lse` when given (not differentiable: `flash_attention` is)."""
     _check("flash_attention", q, k, v)
     scale = _scale(scale, q.shape[-1])
     batch, n_heads, n_q, head_dim = q.shape
     n_kv_heads, n_k = k.shape[1], k.shape[2]
-    out = torch.empty((batch, n_heads, n_q, head_dim), dtype=q.dtype, device=q.device)
-    lse = torch.empty((batch, n_heads, n_q), dtype=torch.float32, device=q.device)
+    out, lse = output_buffers("flash_attention", q, out, lse)
     if out.numel() == 0:
         return out, lse
 
@@ -269,35 +287,29 @@ def flash_bwd_preprocess_kernel(O, DO, LSE, DELTA, LSE2, stride_ob, stride_oh, s
 @triton.jit
 def _dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, stride_qm, stride_dom, cols, lo, hi,
                  n_q, causal_offset, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr):
+                 CAUSAL_MASK: tl.constexpr, UPCAST: tl.constexpr):
     """Add the contributions of query rows [lo, hi) of one head to dK and dV of the key block `cols`.
 
-    Rows past Nq are loaded as zeros with lse2 = +inf, so their P is exactly 0; MASKED adds the causal
-    mask on the diagonal."""
+    Rows past Nq are loaded as zeros with lse2 = +inf, so their P is exactly 0 without a mask on P (the
+    row masks on the loads are predicates on the copies, nearly free). CAUSAL_MASK applies the causal
+    mask, for the query blocks on the diagonal."""
     rows0 = tl.arange(0, BLOCK_M)
     dims = tl.arange(0, HEAD_DIM)
     for start in range(lo, hi, BLOCK_M):
         rows = start + rows0
-        q_ptrs = q_base + rows[:, None] * stride_qm + dims[None, :]
-        do_ptrs = do_base + rows[:, None] * stride_dom + dims[None, :]
-        if MASKED:
-            q = tl.load(q_ptrs, mask=rows[:, None] < n_q, other=0.0)
-            do = tl.load(do_ptrs, mask=rows[:, None] < n_q, other=0.0)
-            lse2 = tl.load(lse2_base + rows, mask=rows < n_q, other=float("inf"))
-            delta = tl.load(delta_base + rows, mask=rows < n_q, other=0.0)
-        else:
-            q = tl.load(q_ptrs)
-            do = tl.load(do_ptrs)
-            lse2 = tl.load(lse2_base + rows)
-            delta = tl.load(delta_base + rows)
+        row_ok = rows < n_q
+        q = tl.load(q_base + rows[:, None] * stride_qm + dims[None, :], mask=row_ok[:, None], other=0.0)
+        do = tl.load(do_base + rows[:, None] * stride_dom + dims[None, :], mask=row_ok[:, None], other=0.0)
+        lse2 = tl.load(lse2_base + rows, mask=row_ok, other=float("inf"))
+        delta = tl.load(delta_base + rows, mask=row_ok, other=0.0)
+        dtype = q.dtype  # the input precision, also in CPU mode where tiles are float32
         if UPCAST:
             q = q.to(tl.float32)
             do = do.to(tl.float32)
         s_t = tl.dot(k, tl.trans(q))  # S^T: (keys, queries)
         p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])
-        if MASKED and CAUSAL:
+        if CAUSAL_MASK:
             p_t = tl.where(cols[:, None] <= rows[None, :] + causal_offset, p_t, 0.0)
-        dtype = q_base.dtype.element_ty  # the input precision, also in CPU mode where tiles are float32
         p_lo = p_t.to(dtype)
         if UPCAST:
             p_lo = p_lo.to(tl.float32)
@@ -340,20 +352,15 @@ def flash_bwd_dkdv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV,
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
 
     causal_offset = n_k - n_q
-    n_q_blocks_end = tl.cdiv(n_q, BLOCK_M) * BLOCK_M
-    full_end = n_q // BLOCK_M * BLOCK_M  # query blocks entirely inside Nq
     if CAUSAL:
-        # Query i sees key j iff i >= j - offset: the first query that sees this block's first key, and
-        # the first query block whose every row sees all of this block's keys.
-        lo = tl.maximum(0, n0 - causal_offset) // BLOCK_M * BLOCK_M
-        diag_end = tl.minimum(tl.cdiv(tl.maximum(0, n0 + BLOCK_N - 1 - causal_offset), BLOCK_M) * BLOCK_M,
-                              n_q_blocks_end)
+        # Query i sees key j iff i >= j - offset: start at the first query that sees this block's first
+        # key; the causal mask is needed up to the first query block whose every row sees all the keys.
+        lo = tl.minimum(tl.maximum(0, n0 - causal_offset) // BLOCK_M * BLOCK_M, n_q)
+        diag_end = tl.minimum(tl.cdiv(tl.maximum(0, n0 + BLOCK_N - 1 - causal_offset), BLOCK_M) * BLOCK_M, n_q)
+        diag_end = tl.maximum(diag_end, lo)
     else:
         lo = 0
         diag_end = 0
-    lo = tl.minimum(lo, n_q_blocks_end)
-    diag_end = tl.maximum(diag_end, lo)
-    tail_start = tl.maximum(diag_end, full_end)
     for g in range(0, group):
         h = kv_h * group + g
         bh = b * n_q_heads + h
@@ -361,14 +368,12 @@ def flash_bwd_dkdv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV,
         do_base = DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
         lse2_base = LSE2 + bh.to(tl.int64) * n_q
         delta_base = DELTA + bh.to(tl.int64) * n_q
-        # the diagonal (causal mask), the interior (no masks), the last partial query block (row mask)
+        # Two loops, not three (diagonal, interior, last partial block): a third pipelined loop made
+        # ptxas spill at every tile size on sm_90, which costs more than the row predicates.
         dk, dv = _dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, stride_qm, stride_dom, cols,
-                              lo, diag_end, n_q, causal_offset, qk_scale, HEAD_DIM, BLOCK_M, True, CAUSAL, UPCAST)
+                              lo, diag_end, n_q, causal_offset, qk_scale, HEAD_DIM, BLOCK_M, CAUSAL, UPCAST)
         dk, dv = _dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, stride_qm, stride_dom, cols,
-                              diag_end, full_end, n_q, causal_offset, qk_scale, HEAD_DIM, BLOCK_M, False, CAUSAL,
-                              UPCAST)
-        dk, dv = _dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, stride_qm, stride_dom, cols,
-                              tail_start, n_q, n_q, causal_offset, qk_scale, HEAD_DIM, BLOCK_M, True, CAUSAL, UPCAST)
+                              diag_end, n_q, n_q, causal_offset, qk_scale, HEAD_DIM, BLOCK_M, False, UPCAST)
     dk = dk * scale
     tl.store(DK + b.to(tl.int64) * stride_dkb + kv_h.to(tl.int64) * stride_dkh + cols[:, None] * stride_dkn
              + dims[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
@@ -494,6 +499,7 @@ class FlashAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale):
+        _check("FlashAttentionFunction", q, k, v)
         scale = _scale(scale, q.shape[-1])
         out, lse = flash_attention_forward(q, k, v, causal, scale)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -518,5 +524,6 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     aligned (query i sees keys j <= i + Nk - Nq). Returns out (B, Hq, Nq, D), and with `return_lse` also
     the natural-log log-sum-exp of the scaled scores, float32 (B, Hq, Nq).
     """
-    out, lse = FlashAttentionFunction.apply(q, k, v, bool(causal), scale)
+    _check("flash_attention", q, k, v)
+    out, lse = FlashAttentionFunction.apply(q, k, v, bool(causal), _scale(scale, q.shape[-1]))
     return (out, lse) if return_lse else out
