@@ -71,8 +71,8 @@ def run_forward(fn, q, k, v, causal, **kw):
     return out, lse
 
 
-def flash_forward(q, k, v, causal, *, out, lse):
-    return triton_flash.flash_attention_forward(q, k, v, causal, out=out, lse=lse)
+def flash_forward(q, k, v, causal, *, out, lse, **kw):
+    return triton_flash.flash_attention_forward(q, k, v, causal, out=out, lse=lse, **kw)
 
 
 def decode_forward(q, k, v, causal, *, out, lse, **kw):
@@ -108,6 +108,20 @@ def test_forward_long_sequence_and_head_dim_256():
     check_forward(*run_forward(flash_forward, q, k, v, True), q, k, v, True)
     q, k, v = make((1, 1, 50, 256), (1, 1, 90, 256), torch.bfloat16, seed=2)
     check_forward(*run_forward(flash_forward, q, k, v, False), q, k, v, False)
+
+
+def test_forward_through_tma_descriptors():
+    """The forward's other load path (tensor descriptors: TMA on Hopper), on the edges the copy engine clips:
+    Nq and Nk not multiples of the blocks, causal with Nq > Nk, GQA, a (B, N, H, D) layout."""
+    for (b, hq, hkv, nq, nk, d), causal, dtype in [((1, 2, 2, 197, 197, 64), True, torch.bfloat16),
+                                                   ((1, 4, 2, 130, 70, 32), True, torch.float16),
+                                                   ((2, 2, 1, 33, 150, 128), False, torch.float16)]:
+        q, k, v = make((b, hq, nq, d), (b, hkv, nk, d), dtype, seed=nq + nk, layout="bnhd")
+        check_forward(*run_forward(flash_forward, q, k, v, causal, tma=True), q, k, v, causal)
+    buf = random_tensor((1, 2, 8, 72), torch.float16, DEVICE, generator(1, DEVICE))
+    unaligned = buf[..., 4:68]  # rows of 144 bytes: not a multiple of 16
+    with pytest.raises(ValueError, match="tma=True needs 16-byte aligned"):
+        triton_flash.flash_attention_forward(unaligned, buf[..., :64], buf[..., :64], tma=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

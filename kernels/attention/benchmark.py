@@ -59,6 +59,9 @@ def implementations() -> dict:
     from torch.nn.attention import SDPBackend
 
     return {"ours": lambda q, k, v, causal: triton_flash.flash_attention(q, k, v, causal=causal),
+            # the same kernel loading tiles through TMA descriptors instead of pointers (forward only:
+            # its backward is the same as ours)
+            "ours (TMA)": lambda q, k, v, causal: triton_flash.flash_attention_forward(q, k, v, causal, tma=True)[0],
             "sdpa flash": _sdpa(SDPBackend.FLASH_ATTENTION),
             "sdpa cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION),
             "naive": lambda q, k, v, causal: reference.naive_attention(q, k, v, causal=causal)}
@@ -104,7 +107,7 @@ def forward_backward(shape, dtype, causal, *, target_ms=200.0) -> dict:
         fwd = bench.benchmark({name: (lambda fn=fn: fn(q, k, v, causal)) for name, fn in impls.items()},
                               target_ms=target_ms)
     # Backward alone: one forward graph per implementation, differentiated again and again.
-    outs = {name: fn(q, k, v, causal) for name, fn in impls.items()}
+    outs = {name: fn(q, k, v, causal) for name, fn in impls.items() if name != "ours (TMA)"}
     bwd = bench.benchmark({name: (lambda o=o: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
                            for name, o in outs.items()}, target_ms=target_ms)
     del outs
@@ -112,12 +115,15 @@ def forward_backward(shape, dtype, causal, *, target_ms=200.0) -> dict:
     rows = {}
     for name in impls:
         rows[name] = {"fwd_ms": fwd[name].median_us / 1e3, "fwd_tflops": fwd[name].tflops(fwd_flops),
-                      "bwd_ms": bwd[name].median_us / 1e3, "bwd_tflops": bwd[name].tflops(bwd_flops),
-                      "fwd_p10_p90_us": fwd[name].spread_us, "bwd_p10_p90_us": bwd[name].spread_us}
+                      "fwd_p10_p90_us": fwd[name].spread_us}
+        if name in bwd:
+            rows[name].update({"bwd_ms": bwd[name].median_us / 1e3, "bwd_tflops": bwd[name].tflops(bwd_flops),
+                               "bwd_p10_p90_us": bwd[name].spread_us})
         for base in ("sdpa flash", "sdpa cudnn"):
             if base in impls:
                 rows[name][f"fwd_speedup_vs_{base}"] = bench.ratio(fwd[base], fwd[name])
-                rows[name][f"bwd_speedup_vs_{base}"] = bench.ratio(bwd[base], bwd[name])
+                if name in bwd:
+                    rows[name][f"bwd_speedup_vs_{base}"] = bench.ratio(bwd[base], bwd[name])
     return {"shape": list(shape), "dtype": str(dtype).removeprefix("torch."), "causal": causal,
             "impls": rows, "skipped": skipped}
 
@@ -250,13 +256,15 @@ def performance_targets(results: dict, copy_gbps: float) -> list[dict]:
         impls = row["impls"]
         label = f"{tuple(row['shape'])} {row['dtype']}{' causal' if row['causal'] else ''}"
         ours = impls.get("ours", {})
+        # the forward's target is met by the default (pointer) path; the TMA path is reported beside it
         for direction in ("fwd", "bwd"):
-            if "sdpa flash" in impls and ours:
+            if "sdpa flash" in impls and f"{direction}_speedup_vs_sdpa flash" in ours:
                 checks.append({"target": f"{direction} {label}: ours >= SDPA flash (FA2)",
                                "value": ours[f"{direction}_speedup_vs_sdpa flash"], "threshold": 1.0})
-            if direction == "fwd" and "sdpa cudnn" in impls and ours:
-                checks.append({"target": f"fwd {label}: ours >= 80% of cuDNN (aim)",
-                               "value": ours["fwd_speedup_vs_sdpa cudnn"], "threshold": 0.8})
+        for name in ("ours", "ours (TMA)"):
+            if "sdpa cudnn" in impls and name in impls:
+                checks.append({"target": f"fwd {label}: {name} >= 80% of cuDNN (aim)",
+                               "value": impls[name]["fwd_speedup_vs_sdpa cudnn"], "threshold": 0.8})
     for row in results.get("memory", []):
         if row["shape"] == [1, 16, 16384, 64] and "ours_gib" in row and "sdpa flash_gib" in row:
             checks.append({"target": "peak extra memory (1,16,16384,64): ours <= 1.1x SDPA flash",

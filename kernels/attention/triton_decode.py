@@ -27,7 +27,7 @@ from kernels.attention.triton_flash import LOG2E, UPCAST, _check, _scale, output
 BLOCK_N = runtime.pick(gpu=64, cpu=64)
 NUM_WARPS = runtime.pick(gpu=4, cpu=1)
 NUM_STAGES = runtime.pick(gpu=3, cpu=1)
-PROGRAMS_PER_SM = 4
+PROGRAMS_PER_SM = 3  # a 64-key block, 3 stages: 70 KB of shared memory, 3 programs fit on an SM
 MAX_ROWS = 64  # query heads per KV head x queries; beyond that a query block is big enough for flash_attention
 
 
@@ -120,7 +120,7 @@ def flash_decode_combine_kernel(O_PART, LSE_PART, O, LSE, n_q_heads, n_q, n_spli
 
 def default_num_splits(batch: int, n_kv_heads: int, n_k: int, block_n: int = BLOCK_N) -> int:
     """Enough (split, batch, KV head) programs to give every SM PROGRAMS_PER_SM of them, but at least one
-    key block per split. Batch 1, 8 KV heads on a 132-SM GPU: 66 splits."""
+    key block per split. Batch 1, 8 KV heads on a 132-SM GPU: 50 splits."""
     sms = runtime.gpu_info().sm_count if runtime.ON_GPU else 2
     wanted = triton.cdiv(PROGRAMS_PER_SM * sms, batch * n_kv_heads)
     return max(1, min(wanted, triton.cdiv(n_k, block_n)))

@@ -34,6 +34,9 @@ from kernels.attention.validate import check_attention_inputs
 LOG2E = 1.4426950408889634  # 1 / ln(2): exp(x) = exp2(x * LOG2E)
 LN2 = 0.6931471805599453
 HEAD_DIMS = (16, 32, 64, 128, 256)
+# The forward's default way of loading tiles: pointers (cp.async) or tensor descriptors (TMA); see
+# PERFORMANCE.md for which measured faster, and `flash_attention_forward(tma=...)` to choose per call.
+USE_TMA = False
 # The interpreter mis-computes tl.dot on bfloat16 tiles (DESIGN.md): in CPU mode every tile is upcast to
 # float32 before tl.dot, after the same rounding to the input dtype that the GPU path does.
 UPCAST = not runtime.ON_GPU
@@ -65,28 +68,30 @@ def _pruner(table):
     return prune
 
 
+# Every entry below compiles for sm_90 with Triton 3.6 without register spills (ptxas, checked offline with
+# triton.compile for GPUTarget("cuda", 90, 32); PERFORMANCE.md lists what was dropped and why).
 FWD_TUNING = {
-    16: [(128, 64, 4, 3), (128, 128, 4, 3), (64, 64, 4, 3)],
-    32: [(128, 64, 4, 3), (128, 128, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3)],
-    64: [(128, 64, 4, 3), (128, 64, 4, 4), (128, 128, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3)],
-    128: [(128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3)],
-    256: [(64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3)],
+    16: [(128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3)],
+    32: [(128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3)],
+    64: [(128, 64, 4, 3), (128, 64, 4, 4), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3)],
+    128: [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3)],
+    256: [(64, 64, 8, 2), (128, 64, 8, 2), (64, 32, 4, 2), (128, 32, 8, 2)],
 }
-# Backward kernels: (BLOCK_M queries, BLOCK_N keys). dK/dV keeps a K and a V tile and two float32
-# accumulators (2 x BLOCK_N x D) resident, so its key block is the large one; dQ mirrors the forward.
+# Backward kernels: (BLOCK_M queries, BLOCK_N keys). dK/dV keeps K and V tiles and two float32
+# accumulators (2 x BLOCK_N x D) resident for the whole loop, so few tiles fit: 8 warps, small query blocks.
 DKDV_TUNING = {
-    16: [(64, 128, 8, 3), (32, 128, 4, 3), (64, 64, 4, 3)],
-    32: [(64, 128, 8, 3), (32, 128, 4, 3), (64, 64, 4, 3)],
-    64: [(64, 128, 8, 3), (32, 128, 4, 3), (64, 128, 4, 2), (64, 64, 4, 3)],
-    128: [(64, 128, 8, 2), (32, 128, 8, 3), (64, 64, 4, 2), (32, 64, 4, 3)],
-    256: [(32, 64, 4, 2), (32, 32, 4, 2), (64, 64, 8, 1)],
+    16: [(64, 128, 8, 2), (32, 128, 8, 3)],
+    32: [(64, 128, 8, 2), (32, 128, 8, 3)],
+    64: [(64, 128, 8, 2), (32, 128, 8, 3), (32, 128, 8, 2)],
+    128: [(32, 128, 8, 2), (16, 128, 8, 2)],
+    256: [(16, 64, 8, 2)],
 }
 DQ_TUNING = {
     16: [(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3)],
     32: [(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3)],
-    64: [(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 2), (128, 64, 4, 2)],
-    128: [(128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 2), (64, 32, 4, 3)],
-    256: [(64, 32, 4, 2), (32, 32, 4, 2), (64, 64, 8, 1)],
+    64: [(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 2), (128, 128, 8, 2)],
+    128: [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 2)],
+    256: [(64, 32, 8, 2), (32, 32, 4, 2)],
 }
 FWD_CONFIGS = _configs(FWD_TUNING, cpu=(64, 32))
 DKDV_CONFIGS = _configs(DKDV_TUNING, cpu=(32, 64))
@@ -107,7 +112,7 @@ def _bucket(n: int) -> int:
 @triton.jit
 def _fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, rows, lo, hi, n_k, causal_offset,
                  qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-                 CAUSAL: tl.constexpr, UPCAST: tl.constexpr):
+                 CAUSAL: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr):
     """Fold keys [lo, hi) into the running (acc, l, m) of the query rows `rows`.
 
     MASKED=False is the steady state: whole blocks every row sees, no masks at all. MASKED=True handles
@@ -116,14 +121,18 @@ def _fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, rows, l
     dims = tl.arange(0, HEAD_DIM)
     for start in range(lo, hi, BLOCK_N):
         cols = start + cols0
-        k_ptrs = k_base + cols[:, None] * stride_kn + dims[None, :]
-        v_ptrs = v_base + cols[:, None] * stride_vn + dims[None, :]
-        if MASKED:
-            k = tl.load(k_ptrs, mask=cols[:, None] < n_k, other=0.0)
-            v = tl.load(v_ptrs, mask=cols[:, None] < n_k, other=0.0)
+        if TMA:  # k_base, v_base are tensor descriptors: the copy engine zero-fills rows past Nk
+            k = k_base.load([start, 0])
+            v = v_base.load([start, 0])
         else:
-            k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
+            k_ptrs = k_base + cols[:, None] * stride_kn + dims[None, :]
+            v_ptrs = v_base + cols[:, None] * stride_vn + dims[None, :]
+            if MASKED:
+                k = tl.load(k_ptrs, mask=cols[:, None] < n_k, other=0.0)
+                v = tl.load(v_ptrs, mask=cols[:, None] < n_k, other=0.0)
+            else:
+                k = tl.load(k_ptrs)
+                v = tl.load(v_ptrs)
         if UPCAST:
             k = k.to(tl.float32)
         s = tl.dot(q, tl.trans(k))  # raw scores q.k in float32; the scale is applied below, fused
@@ -151,13 +160,14 @@ def _fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, rows, l
     return acc, l_i, m_i
 
 
-@triton.autotune(configs=FWD_CONFIGS, key=TUNE_KEY, prune_configs_by={"early_config_prune": _pruner(FWD_TUNING)})
+@triton.autotune(configs=FWD_CONFIGS, key=TUNE_KEY + ["TMA"],
+                 prune_configs_by={"early_config_prune": _pruner(FWD_TUNING)})
 @triton.jit
 def flash_fwd_kernel(Q, K, V, O, LSE,
                      stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                      stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
                      n_q_heads, group, n_q, n_k, qk_scale, N_Q_BUCKET, N_K_BUCKET,
-                     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
+                     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid_m = tl.program_id(0)
     if CAUSAL:  # the last query blocks see the most keys: start them first so the tail of the grid is short
@@ -173,7 +183,18 @@ def flash_fwd_kernel(Q, K, V, O, LSE,
     m0 = pid_m * BLOCK_M
     rows = m0 + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, HEAD_DIM)
-    q = tl.load(q_base + rows[:, None] * stride_qm + dims[None, :], mask=rows[:, None] < n_q, other=0.0)
+    o_base = O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+    if TMA:
+        # Tensor descriptors of this (batch, head)'s 2-D slices: the TMA engine copies whole tiles into
+        # shared memory without address arithmetic in the threads, and clips at the slice's edges.
+        q_desc = tl.make_tensor_descriptor(q_base, [n_q, HEAD_DIM], [stride_qm, 1], [BLOCK_M, HEAD_DIM])
+        k_src = tl.make_tensor_descriptor(k_base, [n_k, HEAD_DIM], [stride_kn, 1], [BLOCK_N, HEAD_DIM])
+        v_src = tl.make_tensor_descriptor(v_base, [n_k, HEAD_DIM], [stride_vn, 1], [BLOCK_N, HEAD_DIM])
+        q = q_desc.load([m0, 0])
+    else:
+        k_src = k_base
+        v_src = v_base
+        q = tl.load(q_base + rows[:, None] * stride_qm + dims[None, :], mask=rows[:, None] < n_q, other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -188,19 +209,22 @@ def flash_fwd_kernel(Q, K, V, O, LSE,
     else:
         hi = n_k
         unmasked_end = n_k // BLOCK_N * BLOCK_N
-    acc, l_i, m_i = _fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, rows, 0, unmasked_end,
-                                 n_k, causal_offset, qk_scale, HEAD_DIM, BLOCK_N, False, CAUSAL, UPCAST)
-    acc, l_i, m_i = _fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, rows, unmasked_end, hi,
-                                 n_k, causal_offset, qk_scale, HEAD_DIM, BLOCK_N, True, CAUSAL, UPCAST)
+    acc, l_i, m_i = _fwd_kv_loop(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, rows, 0, unmasked_end,
+                                 n_k, causal_offset, qk_scale, HEAD_DIM, BLOCK_N, False, CAUSAL, UPCAST, TMA)
+    acc, l_i, m_i = _fwd_kv_loop(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, rows, unmasked_end, hi,
+                                 n_k, causal_offset, qk_scale, HEAD_DIM, BLOCK_N, True, CAUSAL, UPCAST, TMA)
 
     # A row that saw no key (causal with Nq > Nk) has l = 0: its output is 0 and its lse -inf.
     seen = l_i > 0.0
     l_safe = tl.where(seen, l_i, 1.0)
     out = acc / l_safe[:, None]
     lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))  # natural log
-    o_base = O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
-    tl.store(o_base + rows[:, None] * stride_om + dims[None, :], out.to(O.dtype.element_ty),
-             mask=rows[:, None] < n_q)
+    if TMA:
+        o_desc = tl.make_tensor_descriptor(o_base, [n_q, HEAD_DIM], [stride_om, 1], [BLOCK_M, HEAD_DIM])
+        o_desc.store([m0, 0], out.to(O.dtype.element_ty))
+    else:
+        tl.store(o_base + rows[:, None] * stride_om + dims[None, :], out.to(O.dtype.element_ty),
+                 mask=rows[:, None] < n_q)
     tl.store(LSE + bh.to(tl.int64) * n_q + rows, lse, mask=rows < n_q)
 
 
@@ -236,11 +260,32 @@ def output_buffers(op: str, q: torch.Tensor, out: torch.Tensor | None, lse: torc
     return out, lse
 
 
+def tma_compatible(*tensors: torch.Tensor) -> bool:
+    """A TMA descriptor needs a 16-byte aligned base and 16-byte multiples as strides (last one 1)."""
+    return all(t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:3])
+               for t in tensors)
+
+
+def _set_tma_allocator() -> None:
+    """Descriptors made inside a kernel live in a global scratch buffer that Triton asks the host for."""
+    global _TMA_ALLOCATOR_SET
+    if not _TMA_ALLOCATOR_SET and runtime.ON_GPU:
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+        _TMA_ALLOCATOR_SET = True
+
+
+_TMA_ALLOCATOR_SET = False
+
+
 def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                             scale: float | None = None, *, out: torch.Tensor | None = None,
-                            lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                            lse: torch.Tensor | None = None, tma: bool | None = None
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse): out (B, Hq, Nq, D) in q's dtype, lse (B, Hq, Nq) float32 (natural log), written into
-    `out` and `lse` when given (not differentiable: `flash_attention` is)."""
+    `out` and `lse` when given (not differentiable: `flash_attention` is).
+
+    `tma` picks how tiles reach shared memory: tensor descriptors (the Hopper TMA engine) or pointer
+    arithmetic (cp.async); None follows USE_TMA, falling back to pointers for unaligned strides."""
     _check("flash_attention", q, k, v)
     scale = _scale(scale, q.shape[-1])
     batch, n_heads, n_q, head_dim = q.shape
@@ -252,9 +297,17 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     def grid(meta):
         return triton.cdiv(n_q, meta["BLOCK_M"]), batch * n_heads
 
+    use_tma = USE_TMA if tma is None else bool(tma)
+    if use_tma and not tma_compatible(q, k, v, out):
+        if tma:
+            raise ValueError("flash_attention: tma=True needs 16-byte aligned data and strides (in bytes) for "
+                             "q, k, v and out")
+        use_tma = False
+    if use_tma:
+        _set_tma_allocator()
     flash_fwd_kernel[grid](q, k, v, out, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
                            n_heads, n_heads // n_kv_heads, n_q, n_k, scale * LOG2E, _bucket(n_q), _bucket(n_k),
-                           HEAD_DIM=head_dim, CAUSAL=bool(causal), UPCAST=UPCAST)
+                           HEAD_DIM=head_dim, CAUSAL=bool(causal), UPCAST=UPCAST, TMA=use_tma)
     return out, lse
 
 
