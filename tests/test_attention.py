@@ -23,6 +23,18 @@ from kernels.attention.validate import check_attention_inputs
 from kernels.testing import TINY, ULP, compare, generator, poison_, random_tensor
 
 DEVICE = runtime.DEVICE
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_config_per_case():
+    """On a GPU, autotuning every case would compile 4-5 kernels per (head dim, causal, dtype): pin the
+    first table entry (test_every_tuned_config covers the others). CPU mode has one config anyway."""
+    saved = triton_flash.TUNING_OVERRIDE
+    triton_flash.TUNING_OVERRIDE = 0
+    triton_flash.reset_autotuning()
+    yield
+    triton_flash.TUNING_OVERRIDE = saved
+    triton_flash.reset_autotuning()
 DTYPES = [torch.float16, torch.bfloat16]
 LSE_ATOL = 2.0**-16
 
@@ -225,6 +237,33 @@ def test_backward_strided_inputs_and_lse_output():
                                     grad_magnitudes(q, k, v, do, True)):
         cmp = compare(got, want, atol=TINY[torch.float16], rtol=4 * ULP[torch.float16], scale=magnitude)
         assert cmp.ok, cmp.reason
+
+
+@pytest.mark.skipif(not runtime.ON_GPU, reason="CPU mode has a single configuration")
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_every_tuned_config(head_dim):
+    """Each entry of the forward, dK/dV and dQ tuning tables, forward and backward, odd lengths, causal."""
+    q, k, v = make((1, 4, 333, head_dim), (1, 2, 333, head_dim), torch.bfloat16, seed=head_dim)
+    do = random_tensor(q.shape, torch.bfloat16, DEVICE, generator(98, DEVICE))
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    reference.attention_fp64(q64, k64, v64, causal=True)[0].backward(do.double())
+    magnitudes = grad_magnitudes(q, k, v, do, True)
+    entries = max(len(t[head_dim]) for t in (triton_flash.FWD_TUNING, triton_flash.DKDV_TUNING,
+                                              triton_flash.DQ_TUNING))
+    try:
+        for i in range(entries):
+            triton_flash.TUNING_OVERRIDE = i
+            triton_flash.reset_autotuning()
+            for tma in (False, True):
+                check_forward(*run_forward(flash_forward, q, k, v, True, tma=tma), q, k, v, True)
+            qt, kt, vt = (t.clone().requires_grad_() for t in (q, k, v))
+            triton_flash.flash_attention(qt, kt, vt, causal=True).backward(do)
+            for got, want, magnitude in zip((qt.grad, kt.grad, vt.grad), (q64.grad, k64.grad, v64.grad), magnitudes):
+                cmp = compare(got, want, atol=TINY[torch.bfloat16], rtol=4 * ULP[torch.bfloat16], scale=magnitude)
+                assert cmp.ok, f"table entry {i}: {cmp.reason}"
+    finally:
+        triton_flash.TUNING_OVERRIDE = 0
+        triton_flash.reset_autotuning()
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -81,6 +81,11 @@ def _inputs(b, h, n, d, dtype, seed=0, requires_grad=False, h_kv=None, n_q=None)
     return [t.requires_grad_(requires_grad) for t in (q, k, v)]
 
 
+def _bind(impls: dict, *args) -> dict:
+    """{name: a no-argument call of that implementation on `args`}, for bench.benchmark."""
+    return {name: (lambda fn=fn: fn(*args)) for name, fn in impls.items()}
+
+
 def _usable(impls: dict, q, k, v, causal) -> tuple[dict, dict]:
     """The implementations that run on these inputs (a backend may refuse a shape or dtype)."""
     ok, skipped = {}, {}
@@ -104,8 +109,7 @@ def forward_backward(shape, dtype, causal, *, target_ms=200.0) -> dict:
     do = random_tensor(q.shape, dtype, "cuda", generator(1, "cuda"))
     with torch.no_grad():
         impls, skipped = _usable(impls, q, k, v, causal)  # also compiles and autotunes ours
-        fwd = bench.benchmark({name: (lambda fn=fn: fn(q, k, v, causal)) for name, fn in impls.items()},
-                              target_ms=target_ms)
+        fwd = bench.benchmark(_bind(impls, q, k, v, causal), target_ms=target_ms)
     # Backward alone: one forward graph per implementation, differentiated again and again.
     outs = {name: fn(q, k, v, causal) for name, fn in impls.items() if name != "ours (TMA)"}
     bwd = bench.benchmark({name: (lambda o=o: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
@@ -152,8 +156,7 @@ def seq_sweep(lengths=SWEEP_LENGTHS, head_dims=(64, 128), heads=16, dtype=torch.
                 q, k, v = _inputs(b, heads, n, d, dtype)
                 with torch.no_grad():
                     impls, skipped = _usable(impls, q, k, v, causal)
-                    t = bench.benchmark({name: (lambda fn=fn: fn(q, k, v, causal)) for name, fn in impls.items()},
-                                        target_ms=80.0)
+                    t = bench.benchmark(_bind(impls, q, k, v, causal), target_ms=80.0)
                 flops = attention_flops(b, heads, n, n, d, causal)
                 for name, timing in t.items():
                     rows.append({"n": n, "batch": b, "heads": heads, "head_dim": d, "causal": causal, "impl": name,
@@ -192,8 +195,8 @@ def memory(shapes=((1, 16, 16384, 64), (16, 16, 2048, 64), (16, 16, 4096, 64), (
             impls, skipped = _usable(impls, q, k, v, False)  # warm-up: autotuning allocates its own buffers
             row = {"shape": list(shape), "inputs_gib": 3 * q.numel() * q.element_size() / 2**30,
                    "scores_gib": b * h * n * n * q.element_size() / 2**30, "skipped": skipped}
-            for name, fn in impls.items():
-                row[f"{name}_gib"] = peak_extra_bytes(lambda fn=fn: fn(q, k, v, False)) / 2**30
+            for name, call in _bind(impls, q, k, v, False).items():
+                row[f"{name}_gib"] = peak_extra_bytes(call) / 2**30
         rows.append(row)
     return rows
 
@@ -204,9 +207,10 @@ def decode(lengths=DECODE_LENGTHS, shape=DECODE_SHAPE, dtype=torch.float16, copy
     rows = []
     for n in lengths:
         q, k, v = _inputs(b, hq, n, d, dtype, h_kv=hkv, n_q=1)
-        fns = {"ours": lambda: triton_decode.flash_decode(q, k, v),
-               "ours (flash_attention, no split)": lambda: triton_flash.flash_attention(q, k, v),
-               "sdpa (enable_gqa)": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)}
+        fns = _bind({"ours": triton_decode.flash_decode,
+                     "ours (flash_attention, no split)": triton_flash.flash_attention,
+                     "sdpa (enable_gqa)": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)},
+                    q, k, v)
         usable = {}
         for name, fn in fns.items():
             try:

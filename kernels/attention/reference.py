@@ -66,5 +66,7 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     s = torch.matmul(q, k.transpose(-1, -2)) * scale
     if causal:
         s = s.masked_fill(~causal_mask(q.shape[2], k.shape[2], q.device), float("-inf"))
-    p = torch.softmax(s, dim=-1).nan_to_num_(0.0)  # a row that sees no key: 0, not NaN
+    p = torch.softmax(s, dim=-1)
+    if causal and q.shape[2] > k.shape[2]:
+        p = p.nan_to_num(0.0)  # the first Nq - Nk rows see no key: 0, not NaN
     return torch.matmul(p, v)

@@ -57,15 +57,28 @@ def _configs(table: dict[int, list[tuple[int, int, int, int]]], cpu: tuple[int, 
     return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in unique]
 
 
+# None: autotune over the table's entries for the head dim. An integer i: use entry i alone (the last one
+# if the table is shorter), so the tests compile one kernel per case on a GPU, or step through every entry.
+# After changing it, call `reset_autotuning()`: the autotuner remembers its choice per key.
+TUNING_OVERRIDE: int | None = None
+
+
 def _pruner(table):
     """Keep only the configurations listed for this head dim (the autotuner's early_config_prune)."""
     def prune(configs, named_args, **kwargs):
         if len(configs) == 1:
             return configs
         wanted = table[{**named_args, **kwargs}["HEAD_DIM"]]
+        if TUNING_OVERRIDE is not None:
+            wanted = [wanted[min(TUNING_OVERRIDE, len(wanted) - 1)]]
         return [c for c in configs
                 if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted]
     return prune
+
+
+def reset_autotuning() -> None:
+    for kernel in (flash_fwd_kernel, flash_bwd_dkdv_kernel, flash_bwd_dq_kernel):
+        kernel.cache.clear()
 
 
 # Every entry below compiles for sm_90 with Triton 3.6 without register spills (ptxas, checked offline with
@@ -414,7 +427,7 @@ def flash_bwd_dkdv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV,
     else:
         lo = 0
         diag_end = 0
-    for g in range(0, group):
+    for g in range(group):
         h = kv_h * group + g
         bh = b * n_q_heads + h
         q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
@@ -537,7 +550,7 @@ def flash_attention_backward(do, q, k, v, out, lse, causal: bool, scale: float):
     flash_bwd_preprocess_kernel[(triton.cdiv(n_q, pre_block), batch * n_heads)](
         out, do, lse, delta, lse2, *out.stride()[:3], *do.stride()[:3], n_heads, n_q,
         HEAD_DIM=head_dim, BLOCK_M=pre_block)
-    common = dict(HEAD_DIM=head_dim, CAUSAL=bool(causal), UPCAST=UPCAST)
+    common = {"HEAD_DIM": head_dim, "CAUSAL": bool(causal), "UPCAST": UPCAST}
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
     sizes = (n_heads, group, n_q, n_k, scale, scale * LOG2E, _bucket(n_q), _bucket(n_k))
     flash_bwd_dkdv_kernel[lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), batch * n_kv_heads)](
