@@ -120,3 +120,128 @@ CORPUS = {
     "materializes_scores": ("1x4x4x4096x4096x64 float16 causal=True", "allocated 256.0 MiB of device memory beyond "
                             "its inputs and outputs at its peak; the budget is 7.0 MiB", True),
 }
+
+
+# --------------------------------------------------------------------------------------------------
+# The extra-credit backward: delta pre-pass, a dK/dV kernel (a program per key block, summing over the
+# group's query heads), a dQ kernel (a program per query block), with one mistake each.
+
+@triton.jit
+def _delta(o_ptr, do_ptr, delta_ptr, n_q, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # o and do contiguous (the wrapper checks)
+    offsets = tl.program_id(1) * n_q * HEAD_DIM + rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+    mask = rows[:, None] < n_q
+    o = tl.load(o_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    do = tl.load(do_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    tl.store(delta_ptr + tl.program_id(1) * n_q + rows, tl.sum(o * do, 1), mask=rows < n_q)
+
+
+@triton.jit
+def _probabilities_and_ds(q, k, v, do, lse2, delta, rows, keys, n_q, n_k, scale_log2, CAUSAL: tl.constexpr,
+                          MISTAKE: tl.constexpr):
+    visible = (rows[:, None] < n_q) & (keys[None, :] < n_k)
+    if CAUSAL and MISTAKE != "backward_no_causal_mask":
+        visible = visible & (keys[None, :] <= rows[:, None] + n_k - n_q)
+    p = tl.where(visible, tl.exp2(tl.dot(q, tl.trans(k)) * scale_log2 - lse2[:, None]), 0.0)
+    dp = tl.dot(do, tl.trans(v))
+    if MISTAKE == "backward_no_delta":  # the softmax's Jacobian without its rank-one term
+        ds = p * dp
+    else:
+        ds = p * (dp - delta[:, None])
+    return p, ds
+
+
+@triton.jit
+def _dkdv(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, n_heads, group, n_q, n_k, scale,
+          CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+          UPCAST: tl.constexpr, MISTAKE: tl.constexpr):
+    batch_kv = tl.program_id(1)  # all tensors contiguous: (batch * heads) rows of (n, HEAD_DIM)
+    keys = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, HEAD_DIM)
+    kv_offsets = batch_kv * n_k * HEAD_DIM + keys[:, None] * HEAD_DIM + dims[None, :]
+    k = tl.load(k_ptr + kv_offsets, mask=keys[:, None] < n_k, other=0.0)
+    v = tl.load(v_ptr + kv_offsets, mask=keys[:, None] < n_k, other=0.0)
+    if UPCAST:
+        k, v = k.to(tl.float32), v.to(tl.float32)
+    dk = tl.zeros((BLOCK_N, HEAD_DIM), tl.float32)
+    dv = tl.zeros((BLOCK_N, HEAD_DIM), tl.float32)
+    heads = group
+    if MISTAKE == "backward_first_head_of_group":  # GQA: only the group's first query head contributes
+        heads = 1
+    for h in range(heads):
+        batch_head = batch_kv * group + h  # (batch * n_kv_heads + kv) * group + h = batch * n_heads + head
+        for m0 in range(0, n_q, BLOCK_M):
+            rows = m0 + tl.arange(0, BLOCK_M)
+            q_offsets = batch_head * n_q * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :]
+            q = tl.load(q_ptr + q_offsets, mask=rows[:, None] < n_q, other=0.0)
+            do = tl.load(do_ptr + q_offsets, mask=rows[:, None] < n_q, other=0.0)
+            if UPCAST:
+                q, do = q.to(tl.float32), do.to(tl.float32)
+            lse2 = tl.load(lse_ptr + batch_head * n_q + rows, mask=rows < n_q, other=0.0) * 1.4426950408889634
+            delta = tl.load(delta_ptr + batch_head * n_q + rows, mask=rows < n_q, other=0.0)
+            p, ds = _probabilities_and_ds(q, k, v, do, lse2, delta, rows, keys, n_q, n_k,
+                                          scale * 1.4426950408889634, CAUSAL, MISTAKE)
+            dv += tl.dot(tl.trans(p.to(do.dtype)), do)
+            dk += tl.dot(tl.trans(ds.to(q.dtype)), q)
+    tl.store(dk_ptr + kv_offsets, (dk * scale).to(dk_ptr.dtype.element_ty), mask=keys[:, None] < n_k)
+    tl.store(dv_ptr + kv_offsets, dv.to(dv_ptr.dtype.element_ty), mask=keys[:, None] < n_k)
+
+
+@triton.jit
+def _dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, n_heads, group, n_q, n_k, scale,
+        CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        UPCAST: tl.constexpr, MISTAKE: tl.constexpr):
+    batch_head = tl.program_id(1)
+    batch_kv = batch_head // group
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    q_offsets = batch_head * n_q * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :]
+    q = tl.load(q_ptr + q_offsets, mask=rows[:, None] < n_q, other=0.0)
+    do = tl.load(do_ptr + q_offsets, mask=rows[:, None] < n_q, other=0.0)
+    if UPCAST:
+        q, do = q.to(tl.float32), do.to(tl.float32)
+    lse2 = tl.load(lse_ptr + batch_head * n_q + rows, mask=rows < n_q, other=0.0) * 1.4426950408889634
+    delta = tl.load(delta_ptr + batch_head * n_q + rows, mask=rows < n_q, other=0.0)
+    dq = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
+    for n0 in range(0, n_k, BLOCK_N):
+        keys = n0 + tl.arange(0, BLOCK_N)
+        kv_offsets = batch_kv * n_k * HEAD_DIM + keys[:, None] * HEAD_DIM + dims[None, :]
+        k = tl.load(k_ptr + kv_offsets, mask=keys[:, None] < n_k, other=0.0)
+        v = tl.load(v_ptr + kv_offsets, mask=keys[:, None] < n_k, other=0.0)
+        if UPCAST:
+            k, v = k.to(tl.float32), v.to(tl.float32)
+        _, ds = _probabilities_and_ds(q, k, v, do, lse2, delta, rows, keys, n_q, n_k, scale * 1.4426950408889634,
+                                      CAUSAL, MISTAKE)
+        dq += tl.dot(ds.to(k.dtype), k)
+    tl.store(dq_ptr + q_offsets, (dq * scale).to(dq_ptr.dtype.element_ty), mask=rows[:, None] < n_q)
+
+
+def backward_submission(mistake: str):
+    def flash_attention_backward(q, k, v, o, lse, do, causal=False, out=None):
+        check_attention_inputs(q, k, v, device=runtime.DEVICE)
+        if not all(t.is_contiguous() for t in (q, k, v, o, lse, do)):
+            raise ValueError("flash_attention_backward: this version takes contiguous tensors only")
+        dq, dk, dv = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)) if out is None else out
+        b, n_heads, n_q, d = q.shape
+        n_kv_heads, n_k = k.shape[1], k.shape[2]
+        delta = torch.empty((b, n_heads, n_q), dtype=torch.float32, device=q.device)
+        _delta[(triton.cdiv(n_q, 64), b * n_heads)](o, do, delta, n_q, HEAD_DIM=d, BLOCK_M=64)
+        args = (n_heads, n_heads // n_kv_heads, n_q, n_k, 1 / math.sqrt(d))
+        meta = dict(CAUSAL=causal, HEAD_DIM=d, BLOCK_M=64, BLOCK_N=64, UPCAST=UPCAST, MISTAKE=mistake)
+        _dkdv[(triton.cdiv(n_k, 64), b * n_kv_heads)](q, k, v, do, lse, delta, dk, dv, *args, **meta)
+        _dq[(triton.cdiv(n_q, 64), b * n_heads)](q, k, v, do, lse, delta, dq, *args, **meta)
+        return dq, dk, dv
+    return flash_attention_backward
+
+
+# mistake -> (the case it first fails, what the grader says there); "none" is the control: it passes
+BACKWARD_CORPUS = {
+    "none": (None, None),
+    # with one key the softmax is constant: dQ = 0 exactly, but P * dP is not
+    "backward_no_delta": ("1x2x2x1x1x64 float16", "dq: n=256: 128 of 128 elements wrong; first bad index (0, 0, 0, 0): "
+                          "expected 0, got"),
+    # the first query row sees one key, so its dQ is 0; with the diagonal block unmasked it is not
+    "backward_no_causal_mask": ("2x2x2x100x100x64 float16 causal causal=True", "dq: n=5120000: "),
+    # dK of KV head 0 gets query head 0's share, not heads 0 and 1's
+    "backward_first_head_of_group": ("2x4x2x100x197x64 bfloat16", "dk: n=20172800: "),
+}

@@ -11,18 +11,19 @@ from grading.harness import check_function
 from grading.labs import get_lab
 from grading.notebooks import LABS_DIR, SOLUTIONS_DIR
 from kernels import runtime
-from tests.grader_corpus_lab03 import CORPUS, submission
+from tests.grader_corpus_lab03 import BACKWARD_CORPUS, CORPUS, backward_submission, submission
 
 LAB = get_lab("03_flash_attention")
 SPEC = LAB.function("flash_attention")
+BACKWARD = LAB.function("flash_attention_backward")
 
 
-def lab_up_to(label: str):
-    """The lab with its cases up to and including `label` (seeds follow a case's index, so each case
+def lab_up_to(label: str, spec=SPEC):
+    """The lab with `spec`'s cases up to and including `label` (seeds follow a case's index, so each case
     gets the inputs it gets in the full run)."""
-    labels = [c.label for c in SPEC.cases]
+    labels = [c.label for c in spec.cases]
     assert label in labels, f"no case {label!r} in the spec: {labels}"
-    return replace(LAB, functions=(replace(SPEC, cases=SPEC.cases[:labels.index(label) + 1]),))
+    return replace(LAB, functions=(replace(spec, cases=spec.cases[:labels.index(label) + 1]),))
 
 
 @pytest.mark.parametrize("mistake", sorted(CORPUS))
@@ -39,6 +40,19 @@ def test_wrong_forward_is_caught(mistake):
         assert result.status == "pass", result.message
         return
     result = check_function(lab_up_to(label), "flash_attention", submission(mistake), seed=7, perf=False)
+    assert result.status == "fail" and result.points == 0
+    assert result.message.startswith(f"1 of {len(result.cases)} cases fail; first: {label}: "), result.message
+    assert phrase in result.message, result.message
+
+
+@pytest.mark.parametrize("mistake", sorted(BACKWARD_CORPUS))
+def test_wrong_backward_is_caught(mistake):
+    label, phrase = BACKWARD_CORPUS[mistake]
+    lab = LAB if label is None else lab_up_to(label, BACKWARD)
+    result = check_function(lab, "flash_attention_backward", backward_submission(mistake), seed=7, perf=False)
+    if label is None:  # the control: the same kernels without the mistake pass
+        assert result.status == "pass", result.message
+        return
     assert result.status == "fail" and result.points == 0
     assert result.message.startswith(f"1 of {len(result.cases)} cases fail; first: {label}: "), result.message
     assert phrase in result.message, result.message
