@@ -3,8 +3,6 @@
 Each is the lab's `flash_attention` with one mistake a student makes."""
 import math
 
-import kernels  # noqa: F401  (first: it chooses the mode before Triton is imported)
-
 import torch
 import torch.nn.functional as F
 import triton
@@ -114,11 +112,12 @@ CORPUS = {
     "no_diagonal_mask": ("2x2x2x100x100x64 float16 causal=True", "first bad index (0, 0, 0, 0)", False),
     # scores in the hundreds: exp2 overflows to inf, inf / inf = NaN
     "no_max_subtraction": ("1x2x2x197x197x64 float16 large_logits", "NaN", False),
-    "calls_sdpa": ("1x2x2x1x1x64 float16", "computes with PyTorch instead of its own kernel: "
-                   "torch.nn.functional.scaled_dot_product_attention (aten.", False),
+    "calls_sdpa": ("1x2x2x1x1x64 float16", ("computes with PyTorch instead of its own kernel: "
+                                            "torch.nn.functional.scaled_dot_product_attention (aten."), False),
     # (1, 4, 4096, 4096) float32 scores: 256 MiB, against 1 MiB + a copy of q, k and v (2 MiB each)
-    "materializes_scores": ("1x4x4x4096x4096x64 float16 causal=True", "allocated 256.0 MiB of device memory beyond "
-                            "its inputs and outputs at its peak; the budget is 7.0 MiB", True),
+    "materializes_scores": ("1x4x4x4096x4096x64 float16 causal=True",
+                            ("allocated 256.0 MiB of device memory beyond its inputs and outputs at its peak; "
+                             "the budget is 7.0 MiB"), True),
 }
 
 
@@ -227,7 +226,7 @@ def backward_submission(mistake: str):
         delta = torch.empty((b, n_heads, n_q), dtype=torch.float32, device=q.device)
         _delta[(triton.cdiv(n_q, 64), b * n_heads)](o, do, delta, n_q, HEAD_DIM=d, BLOCK_M=64)
         args = (n_heads, n_heads // n_kv_heads, n_q, n_k, 1 / math.sqrt(d))
-        meta = dict(CAUSAL=causal, HEAD_DIM=d, BLOCK_M=64, BLOCK_N=64, UPCAST=UPCAST, MISTAKE=mistake)
+        meta = {"CAUSAL": causal, "HEAD_DIM": d, "BLOCK_M": 64, "BLOCK_N": 64, "UPCAST": UPCAST, "MISTAKE": mistake}
         _dkdv[(triton.cdiv(n_k, 64), b * n_kv_heads)](q, k, v, do, lse, delta, dk, dv, *args, **meta)
         _dq[(triton.cdiv(n_q, 64), b * n_heads)](q, k, v, do, lse, delta, dq, *args, **meta)
         return dq, dk, dv
@@ -238,8 +237,8 @@ def backward_submission(mistake: str):
 BACKWARD_CORPUS = {
     "none": (None, None),
     # with one key the softmax is constant: dQ = 0 exactly, but P * dP is not
-    "backward_no_delta": ("1x2x2x1x1x64 float16", "dq: n=256: 128 of 128 elements wrong; first bad index (0, 0, 0, 0): "
-                          "expected 0, got"),
+    "backward_no_delta": ("1x2x2x1x1x64 float16",
+                          "dq: n=256: 128 of 128 elements wrong; first bad index (0, 0, 0, 0): expected 0, got"),
     # the first query row sees one key, so its dQ is 0; with the diagonal block unmasked it is not
     "backward_no_causal_mask": ("2x2x2x100x100x64 float16 causal causal=True", "dq: n=5120000: "),
     # dK of KV head 0 gets query head 0's share, not heads 0 and 1's

@@ -77,7 +77,7 @@ def check_against_fp64(q, k, v, causal, out, lse):
 
 
 def run(q, k, v, causal, out=None, lse=None):
-    b, hq, n_q, d = q.shape
+    b, hq, n_q, _ = q.shape
     out = poison_(torch.empty_like(q)) if out is None else poison_(out)
     lse = poison_(torch.empty((b, hq, n_q), dtype=torch.float32, device=q.device)) if lse is None else poison_(lse)
     got_out, got_lse = cupy_attention.flash_attention(q, k, v, causal=causal, out=out, lse=lse)
@@ -212,8 +212,8 @@ def test_every_variant_the_wrapper_launches_is_compiled(tmp_path):
                              f"-I{src.parent}", *(f"-I{d}" for d in cuda.cuda_include_dirs()),
                              "-o", str(tmp_path / "fa.cubin"), str(src)], capture_output=True, text=True,
                             check=True).stderr
-    found = dict((name, (int(regs), int(smem))) for name, regs, smem in re.findall(
-        r"Compiling entry function '(\w+)'.*?Used (\d+) registers.*?(\d+) bytes smem", report, re.S))
+    found = {name: (int(regs), int(smem)) for name, regs, smem in re.findall(
+        r"Compiling entry function '(\w+)'.*?Used (\d+) registers.*?(\d+) bytes smem", report, re.DOTALL)}
     for suffix in cupy_attention.SUFFIX.values():
         for d in cupy_attention.HEAD_DIMS:
             for kind in ("full", "causal"):

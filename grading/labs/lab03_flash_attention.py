@@ -122,7 +122,7 @@ def _memory_budget(q, k, v, causal=False):
 # nothing, and the backward must do what FlashAttention-2's does: recompute P from lse, never store it.
 # o and lse depend on the mask, which a case's params do not reach here: a causal case also has the
 # layout "causal", from which `_backward_layout` computes them.
-CAUSAL_BACKWARD = dict(layout="causal", params=CAUSAL)
+CAUSAL_BACKWARD = {"layout": "causal", "params": CAUSAL}
 BACKWARD_CASES = (
     Case((1, 2, 2, 1, 1, 64), torch.float16),
     Case((2, 2, 2, 100, 100, 64), torch.float16, **CAUSAL_BACKWARD),
@@ -198,6 +198,11 @@ def _sdpa_backward(q, k, v, o, lse, do, causal=False, out=None):
     return torch.autograd.grad(out, (q, k, v), do)
 
 
+def _backward_memory_budget(q, k, v, o, lse, do, causal=False):
+    # delta is a float32 per query row: within the forward's O(N) budget
+    return _memory_budget(q, k, v) + 4 * lse.numel()
+
+
 def _backward_bytes(q, k, v, o, lse, do, causal=False):
     # read q, k, v, o, do; write dq, dk, dv (lse and delta are a row each)
     return 4 * q.numel() * q.element_size() + 4 * k.numel() * k.element_size()
@@ -213,7 +218,7 @@ BACKWARD = GradedFunction(
     make_inputs=_backward_inputs, prepare=_backward_layout, reference_fp64=_backward_reference,
     tolerance=_tolerance, scale=_backward_scale, n_outputs=3, output_names=("dq", "dk", "dv"),
     output_shapes=_backward_outputs, course_kernel=_course_backward, torch_native=_sdpa_backward,
-    bytes_moved=_backward_bytes, flops=_backward_flops, memory_budget=_memory_budget, cases=BACKWARD_CASES,
+    bytes_moved=_backward_bytes, flops=_backward_flops, memory_budget=_backward_memory_budget, cases=BACKWARD_CASES,
     input_names=("q", "k", "v", "o", "lse", "do"),
     perf=(PerfConfig("flash_attention_backward/fp16/16x16x2048x64", (16, 16, 16, 2048, 2048, 64), torch.float16),),
     hint="delta = rowsum(dO * O) first; P = exp(scale * q k^T - lse) with the same masks as the forward; "
