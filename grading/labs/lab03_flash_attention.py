@@ -94,7 +94,8 @@ def _scale(q, k, v, causal=False):
 def _course_forward(q, k, v, causal=False, out=None):
     from kernels.attention import triton_flash
 
-    return triton_flash.flash_attention_forward(q, k, v, causal)
+    o, lse = (None, None) if out is None else out
+    return triton_flash.flash_attention_forward(q, k, v, causal, out=o, lse=lse)
 
 
 def _sdpa(q, k, v, causal=False, out=None):
