@@ -92,9 +92,11 @@ ALLOWED_OPS = {
 # references of the labs: torch.add (lab 01), F.rms_norm (02), F.scaled_dot_product_attention (03),
 # torch._grouped_mm and torch.matmul (06). tests/test_grader_harness.py proves each is caught.
 
-# GPU clock cycles a launch on a side stream is held back during correctness checks (~10 ms): a
+# GPU clock cycles a launch on a side stream is held back during correctness checks (~50 ms): a
 # function that does not make PyTorch's stream wait for its side stream then loses the race every time.
-SIDE_STREAM_DELAY_CYCLES = 20_000_000
+# (10 ms was not enough on an H200: a first call's host work after the launch, such as loading the copy
+# kernel the output snapshot uses, outlasted it, and the first case passed by luck.)
+SIDE_STREAM_DELAY_CYCLES = 100_000_000
 
 
 class _LaunchState:
@@ -104,6 +106,11 @@ class _LaunchState:
     grader_stream = None  # PyTorch's current stream when the graded call started (GPU), else None
     delay_side_streams = False
     side_streams: list = []
+
+
+def _on_side_stream() -> bool:
+    grader = _LaunchState.grader_stream
+    return grader is not None and torch.cuda.current_stream() != grader
 
 
 def _before_launch() -> None:
@@ -142,6 +149,10 @@ def _install_launch_hooks() -> None:
                 _LaunchState.launches += 1
             _LaunchState.depth += 1
             try:
+                if _on_side_stream() and not kwargs.get("warmup", False):
+                    # compile first (a warm-up run launches nothing): the side stream's delay must not
+                    # elapse while the first call is still compiling, or that call wins the race by luck
+                    _original(self, *args, **{**kwargs, "warmup": True})
                 _before_launch()
                 return _original(self, *args, **kwargs)
             finally:
