@@ -550,8 +550,9 @@ def _as_tuple(value, n: int) -> tuple:
 
 
 def _new_outputs(spec: GradedFunction, case: Case, device=None) -> tuple:
-    return tuple(torch.empty(case.shape, dtype=case.dtype, device=device or runtime.DEVICE)
-                 for _ in range(spec.n_outputs))
+    shapes = (spec.output_shapes(case.shape, case.dtype) if spec.output_shapes is not None
+              else ((case.shape, case.dtype),) * spec.n_outputs)
+    return tuple(torch.empty(shape, dtype=dtype, device=device or runtime.DEVICE) for shape, dtype in shapes)
 
 
 def _out_argument(outs: tuple):
@@ -686,7 +687,7 @@ def _allocating_call(fn, spec: GradedFunction, seed: int) -> CaseResult | None:
     inputs = _make_inputs(spec, case, generator(seed, runtime.DEVICE))
     # Poison the allocator: the next blocks of this size it hands out hold NaN, so a result that is an
     # unwritten torch.empty cannot pass by luck.
-    junk = [poison_(torch.empty(case.shape, dtype=case.dtype, device=runtime.DEVICE)) for _ in range(4)]
+    junk = [poison_(out) for _ in range(4) for out in _new_outputs(spec, case)]
     del junk
     try:
         with watch(allowed_ops=spec.allowed_ops) as seen:
