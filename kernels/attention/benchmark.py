@@ -105,6 +105,8 @@ def forward_backward(shape, dtype, causal, *, target_ms=200.0) -> dict:
     impls = implementations()
     if not naive_fits(b, h, n, n, dtype):
         impls.pop("naive")
+    if dtype != torch.float16:  # the TMA comparison once per shape: its kernels take a minute to tune
+        impls.pop("ours (TMA)")
     q, k, v = _inputs(b, h, n, d, dtype, requires_grad=True)
     do = random_tensor(q.shape, dtype, "cuda", generator(1, "cuda"))
     with torch.no_grad():
