@@ -1,9 +1,10 @@
 """Benchmarks of the attention kernels: the measurements behind notebook 03 and data/results/<gpu>/.
 
-Run on a GPU: `python -m kernels.attention.benchmark` (about 3 minutes on an H200, Triton autotuning
-included) writes data/results/<gpu>/03_flash_attention.json with the environment fingerprint and prints
-the issue's performance targets. `python -m kernels.attention.benchmark decode memory` runs only those
-sections (and writes 03_flash_attention_partial.json, leaving the full record alone).
+Run on a GPU: `python -m kernels.attention.benchmark` writes data/results/<gpu>/03_flash_attention.json
+with the environment fingerprint and prints the issue's performance targets. A first run compiles about
+110 Triton kernels while autotuning (a second or two each, cached on disk afterwards): budget 4-6 minutes,
+or split it: `python -m kernels.attention.benchmark targets`, then `... sweep memory decode decode_splits`
+(a run of some sections updates them in the existing JSON).
 
 Counting (as FlashAttention's papers do): forward 4 * B * H * Nq * Nk * D flops (two matrix products),
 backward 2.5 times that (five products: the recomputed S, dV, dP, dQ, dK), both halved when causal.
@@ -68,10 +69,11 @@ def implementations() -> dict:
             "naive": lambda q, k, v, causal: reference.naive_attention(q, k, v, causal=causal)}
 
 
-def naive_fits(b, h, n_q, n_k, dtype) -> bool:
-    """The naive forward holds the scores and the probabilities (and autograd keeps both): leave room."""
+def naive_fits(b, h, n_q, n_k, dtype, score_copies: float = 4.0) -> bool:
+    """Whether `score_copies` (Nq x Nk) matrices fit: the naive forward holds the scores and the
+    probabilities (about 2 without autograd), and its backward more."""
     free, _ = torch.cuda.mem_get_info()
-    return 4 * b * h * n_q * n_k * torch.finfo(dtype).bits // 8 < 0.8 * free
+    return score_copies * b * h * n_q * n_k * torch.finfo(dtype).bits // 8 < 0.8 * free
 
 
 def _inputs(b, h, n, d, dtype, seed=0, requires_grad=False, h_kv=None, n_q=None):
@@ -201,7 +203,7 @@ def memory(shapes=((1, 16, 16384, 64), (16, 16, 2048, 64), (16, 16, 4096, 64), (
     for shape in shapes:
         b, h, n, d = shape
         impls = implementations()
-        if not naive_fits(b, h, n, n, dtype):
+        if not naive_fits(b, h, n, n, dtype, score_copies=2.2):
             impls.pop("naive")
         q, k, v = _inputs(b, h, n, d, dtype)
         with torch.no_grad():
@@ -311,9 +313,14 @@ def main(argv: list[str]) -> int:
         print(f"unknown sections {unknown}; choose from {SECTIONS}")
         return 1
     ceilings = bench.ceilings()
-    results = {"fingerprint": runtime.fingerprint(),
-               "ceilings": {k: v for k, v in ceilings.items() if k != "fingerprint"},
-               "anchors_h200_fp16": {f"{s} causal={c}": v for (s, c), v in ANCHORS_H200.items()}}
+    out_dir = RESULTS_DIR / runtime.gpu_info().slug
+    path = out_dir / "03_flash_attention.json"
+    # A run of some sections updates them in the existing record (one file, whether the run was split
+    # over several calls or not); each section carries its own fingerprint.
+    results = json.loads(path.read_text()) if len(sections) < len(SECTIONS) and path.exists() else {}
+    results.update({"fingerprint": runtime.fingerprint(),
+                    "ceilings": {k: v for k, v in ceilings.items() if k != "fingerprint"},
+                    "anchors_h200_fp16": {f"{s} causal={c}": v for (s, c), v in ANCHORS_H200.items()}})
     runners = {"targets": target_shapes, "sweep": seq_sweep, "memory": memory,
                "decode": lambda: decode(copy_gbps=ceilings["copy_gbps"]), "decode_splits": decode_split_sweep}
     for section in sections:
@@ -321,12 +328,11 @@ def main(argv: list[str]) -> int:
         print(f"{section} ...", flush=True)
         results[section] = runners[section]()
         results.setdefault("seconds", {})[section] = time.perf_counter() - t0
-    results["autotune"] = autotune_choices()
+        results.setdefault("section_fingerprints", {})[section] = runtime.fingerprint()
+    results.setdefault("autotune", {}).update({f"{k} ({'+'.join(sections)})": v
+                                               for k, v in autotune_choices().items()})
     results["checks"] = performance_targets(results, ceilings["copy_gbps"])
-    out_dir = RESULTS_DIR / runtime.gpu_info().slug
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / ("03_flash_attention.json" if len(sections) == len(SECTIONS) else
-                      "03_flash_attention_partial.json")
     path.write_text(json.dumps(results, indent=1, default=str))
     report(results)
     print(f"wrote {path}")
