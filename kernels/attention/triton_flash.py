@@ -18,7 +18,11 @@ recomputed block by block. With D_i = rowsum(dO_i * O_i):
     dV = P^T dO        dP = dO V^T        dS = P * (dP - D)        dQ = scale dS K        dK = scale dS^T Q
 Three kernels: a pre-pass computing D (and lse in base 2), one program per KV block accumulating dK and dV
 over all query blocks (and, with grouped-query attention, over every query head of the group: no atomics),
-and one program per query block accumulating dQ over the key blocks.
+and one program per query block accumulating dQ over the key blocks (or, with `atomic_dq`, dQ added
+by float32 atomics from the dK/dV program, as FlashAttention-2 does).
+
+Tiles reach shared memory through pointer arithmetic (cp.async) or, with `tma`, through tensor
+descriptors (the Hopper TMA engine); which is faster is measured by `benchmark.py` (PERFORMANCE.md).
 """
 from __future__ import annotations
 
@@ -31,8 +35,7 @@ import triton.language as tl
 from kernels import runtime
 from kernels.attention.validate import check_attention_inputs
 
-LOG2E = 1.4426950408889634  # 1 / ln(2): exp(x) = exp2(x * LOG2E)
-LN2 = 0.6931471805599453
+LOG2E = 1.4426950408889634  # 1 / ln(2): exp(x) = exp2(x * LOG2E); inside kernels ln(2) = 0.693... is a literal
 HEAD_DIMS = (16, 32, 64, 128, 256)
 # The forward's default way of loading tiles: pointers (cp.async) or tensor descriptors (TMA); see
 # PERFORMANCE.md for which measured faster, and `flash_attention_forward(tma=...)` to choose per call.
