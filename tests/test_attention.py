@@ -103,6 +103,7 @@ FORWARD_SHAPES = [
     (1, 2, 2, 70, 150, 64),
     (1, 4, 2, 3, 200, 64),
     (1, 2, 1, 130, 70, 32),
+    (1, runtime.pick(gpu=16, cpu=4), 2, 150, 150, 128),  # Qwen2's 16:2 grouping (seed 002); 4:2 on the CPU
 ]
 
 
@@ -201,6 +202,7 @@ BACKWARD_CASES = [
     ((1, 2, 1, 130, 70, 64), True, torch.float16),
     ((1, 2, 2, 3, 200, 128), True, torch.bfloat16),
     ((1, 1, 1, 1, 1, 64), False, torch.float16),
+    ((1, runtime.pick(gpu=16, cpu=4), 2, 100, 100, 64), True, torch.bfloat16),
 ]
 
 
@@ -286,6 +288,7 @@ DECODE_CASES = [
     ((2, 4, 2, 3, 517, 64), True, None),
     ((1, 4, 4, 1, 100, 32), False, 7),  # more splits than key blocks: the wrapper recounts
     ((1, 4, 2, 4, 3, 64), True, None),  # Nq > Nk: the first query sees no key
+    ((1, 16, 2, 3, 300, 64), True, None),  # 8 query heads x 3 queries: 24 rows per program
 ]
 
 
