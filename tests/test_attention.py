@@ -289,6 +289,7 @@ DECODE_CASES = [
     ((1, 4, 4, 1, 100, 32), False, 7),  # more splits than key blocks: the wrapper recounts
     ((1, 4, 2, 4, 3, 64), True, None),  # Nq > Nk: the first query sees no key
     ((1, 16, 2, 3, 300, 64), True, None),  # 8 query heads x 3 queries: 24 rows per program
+    ((1, 4, 2, 1, 4500, 64), False, 70),  # the combine walks 70 splits in chunks of 32
 ]
 
 
