@@ -103,6 +103,7 @@ FORWARD_SHAPES = [
     (1, 2, 2, 70, 150, 64),
     (1, 4, 2, 3, 200, 64),
     (1, 2, 1, 130, 70, 32),
+    (1, runtime.pick(gpu=16, cpu=4), 2, 150, 150, 128),  # Qwen2's 16:2 grouping (seed 002); 4:2 on the CPU
 ]
 
 
@@ -201,6 +202,7 @@ BACKWARD_CASES = [
     ((1, 2, 1, 130, 70, 64), True, torch.float16),
     ((1, 2, 2, 3, 200, 128), True, torch.bfloat16),
     ((1, 1, 1, 1, 1, 64), False, torch.float16),
+    ((1, runtime.pick(gpu=16, cpu=4), 2, 100, 100, 64), True, torch.bfloat16),
 ]
 
 
@@ -216,11 +218,17 @@ def test_backward_matches_fp64_autograd(case):
     qt, kt, vt = (t.clone().requires_grad_() for t in (q, k, v))
     out = triton_flash.flash_attention(qt, kt, vt, causal=causal)
     out.backward(do)
+    magnitudes = grad_magnitudes(q, k, v, do, causal)
     for name, got, want, magnitude in zip("qkv", (qt.grad, kt.grad, vt.grad), (q64.grad, k64.grad, v64.grad),
-                                          grad_magnitudes(q, k, v, do, causal)):
+                                          magnitudes):
         assert got.dtype == dtype and got.shape == want.shape
         cmp = compare(got, want, atol=TINY[dtype], rtol=4 * ULP[dtype], scale=magnitude)
         assert cmp.ok, f"d{name}: {cmp.reason}"
+    # the other way to dQ: float32 atomics from the dK/dV kernel
+    out, lse = triton_flash.flash_attention_forward(q, k, v, causal)
+    dq, _, _ = triton_flash.flash_attention_backward(do, q, k, v, out, lse, causal, 1 / math.sqrt(d), atomic_dq=True)
+    cmp = compare(dq, q64.grad, atol=TINY[dtype], rtol=4 * ULP[dtype], scale=magnitudes[0])
+    assert cmp.ok, f"dq (atomic): {cmp.reason}"
 
 
 def test_backward_strided_inputs_and_lse_output():
@@ -256,11 +264,14 @@ def test_every_tuned_config(head_dim):
             triton_flash.reset_autotuning()
             for tma in (False, True):
                 check_forward(*run_forward(flash_forward, q, k, v, True, tma=tma), q, k, v, True)
-            qt, kt, vt = (t.clone().requires_grad_() for t in (q, k, v))
-            triton_flash.flash_attention(qt, kt, vt, causal=True).backward(do)
-            for got, want, magnitude in zip((qt.grad, kt.grad, vt.grad), (q64.grad, k64.grad, v64.grad), magnitudes):
-                cmp = compare(got, want, atol=TINY[torch.bfloat16], rtol=4 * ULP[torch.bfloat16], scale=magnitude)
-                assert cmp.ok, f"table entry {i}: {cmp.reason}"
+            out, lse = triton_flash.flash_attention_forward(q, k, v, True)
+            for atomic_dq in (False, True):
+                grads = triton_flash.flash_attention_backward(do, q, k, v, out, lse, True, head_dim**-0.5,
+                                                              atomic_dq=atomic_dq)
+                for got, want, magnitude in zip(grads, (q64.grad, k64.grad, v64.grad), magnitudes):
+                    cmp = compare(got, want, atol=TINY[torch.bfloat16], rtol=4 * ULP[torch.bfloat16],
+                                  scale=magnitude)
+                    assert cmp.ok, f"table entry {i}, atomic_dq={atomic_dq}: {cmp.reason}"
     finally:
         triton_flash.TUNING_OVERRIDE = 0
         triton_flash.reset_autotuning()
@@ -277,6 +288,8 @@ DECODE_CASES = [
     ((2, 4, 2, 3, 517, 64), True, None),
     ((1, 4, 4, 1, 100, 32), False, 7),  # more splits than key blocks: the wrapper recounts
     ((1, 4, 2, 4, 3, 64), True, None),  # Nq > Nk: the first query sees no key
+    ((1, 16, 2, 3, 300, 64), True, None),  # 8 query heads x 3 queries: 24 rows per program
+    ((1, 4, 2, 1, 4500, 64), False, 70),  # the combine walks 70 splits in chunks of 32
 ]
 
 

@@ -1,9 +1,10 @@
 """Benchmarks of the attention kernels: the measurements behind notebook 03 and data/results/<gpu>/.
 
-Run on a GPU: `python -m kernels.attention.benchmark` (about 3 minutes on an H200, Triton autotuning
-included) writes data/results/<gpu>/03_flash_attention.json with the environment fingerprint and prints
-the issue's performance targets. `python -m kernels.attention.benchmark decode memory` runs only those
-sections (and writes 03_flash_attention_partial.json, leaving the full record alone).
+Run on a GPU: `python -m kernels.attention.benchmark` writes data/results/<gpu>/03_flash_attention.json
+with the environment fingerprint and prints the issue's performance targets. A first run compiles about
+110 Triton kernels while autotuning (a second or two each, cached on disk afterwards): budget 4-6 minutes,
+or split it: `python -m kernels.attention.benchmark targets`, then `... sweep memory decode decode_splits`
+(a run of some sections updates them in the existing JSON).
 
 Counting (as FlashAttention's papers do): forward 4 * B * H * Nq * Nk * D flops (two matrix products),
 backward 2.5 times that (five products: the recomputed S, dV, dP, dQ, dK), both halved when causal.
@@ -18,6 +19,7 @@ CUDNN_ATTENTION (cuDNN's fused attention), and the naive version where it fits i
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 
@@ -67,10 +69,11 @@ def implementations() -> dict:
             "naive": lambda q, k, v, causal: reference.naive_attention(q, k, v, causal=causal)}
 
 
-def naive_fits(b, h, n_q, n_k, dtype) -> bool:
-    """The naive forward holds the scores and the probabilities (and autograd keeps both): leave room."""
+def naive_fits(b, h, n_q, n_k, dtype, score_copies: float = 4.0) -> bool:
+    """Whether `score_copies` (Nq x Nk) matrices fit: the naive forward holds the scores and the
+    probabilities (about 2 without autograd), and its backward more."""
     free, _ = torch.cuda.mem_get_info()
-    return 4 * b * h * n_q * n_k * torch.finfo(dtype).bits // 8 < 0.8 * free
+    return score_copies * b * h * n_q * n_k * torch.finfo(dtype).bits // 8 < 0.8 * free
 
 
 def _inputs(b, h, n, d, dtype, seed=0, requires_grad=False, h_kv=None, n_q=None):
@@ -105,6 +108,8 @@ def forward_backward(shape, dtype, causal, *, target_ms=200.0) -> dict:
     impls = implementations()
     if not naive_fits(b, h, n, n, dtype):
         impls.pop("naive")
+    if dtype != torch.float16:  # the TMA comparison once per shape: its kernels take a minute to tune
+        impls.pop("ours (TMA)")
     q, k, v = _inputs(b, h, n, d, dtype, requires_grad=True)
     do = random_tensor(q.shape, dtype, "cuda", generator(1, "cuda"))
     with torch.no_grad():
@@ -112,20 +117,30 @@ def forward_backward(shape, dtype, causal, *, target_ms=200.0) -> dict:
         fwd = bench.benchmark(_bind(impls, q, k, v, causal), target_ms=target_ms)
     # Backward alone: one forward graph per implementation, differentiated again and again.
     outs = {name: fn(q, k, v, causal) for name, fn in impls.items() if name != "ours (TMA)"}
-    bwd = bench.benchmark({name: (lambda o=o: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
-                           for name, o in outs.items()}, target_ms=target_ms)
-    del outs
+    bwd_fns = {name: (lambda o=o: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
+               for name, o in outs.items()}
+    if "ours" in impls:  # the backward with dQ by atomics (FlashAttention-2's scheme), called directly
+        with torch.no_grad():
+            o, lse = triton_flash.flash_attention_forward(q, k, v, causal)
+        bwd_fns["ours (atomic dQ)"] = lambda: triton_flash.flash_attention_backward(
+            do, q, k, v, o, lse, causal, 1.0 / math.sqrt(d), atomic_dq=True)
+        bwd_fns["ours (atomic dQ)"]()
+    bwd = bench.benchmark(bwd_fns, target_ms=target_ms)
+    del outs, bwd_fns
     fwd_flops, bwd_flops = attention_flops(b, h, n, n, d, causal), attention_flops(b, h, n, n, d, causal, True)
     rows = {}
-    for name in impls:
-        rows[name] = {"fwd_ms": fwd[name].median_us / 1e3, "fwd_tflops": fwd[name].tflops(fwd_flops),
-                      "fwd_p10_p90_us": fwd[name].spread_us}
+    for name in {**fwd, **bwd}:
+        rows[name] = {}
+        if name in fwd:
+            rows[name].update({"fwd_ms": fwd[name].median_us / 1e3, "fwd_tflops": fwd[name].tflops(fwd_flops),
+                               "fwd_p10_p90_us": fwd[name].spread_us})
         if name in bwd:
             rows[name].update({"bwd_ms": bwd[name].median_us / 1e3, "bwd_tflops": bwd[name].tflops(bwd_flops),
                                "bwd_p10_p90_us": bwd[name].spread_us})
         for base in ("sdpa flash", "sdpa cudnn"):
             if base in impls:
-                rows[name][f"fwd_speedup_vs_{base}"] = bench.ratio(fwd[base], fwd[name])
+                if name in fwd:
+                    rows[name][f"fwd_speedup_vs_{base}"] = bench.ratio(fwd[base], fwd[name])
                 if name in bwd:
                     rows[name][f"bwd_speedup_vs_{base}"] = bench.ratio(bwd[base], bwd[name])
     return {"shape": list(shape), "dtype": str(dtype).removeprefix("torch."), "causal": causal,
@@ -188,11 +203,14 @@ def memory(shapes=((1, 16, 16384, 64), (16, 16, 2048, 64), (16, 16, 4096, 64), (
     for shape in shapes:
         b, h, n, d = shape
         impls = implementations()
-        if not naive_fits(b, h, n, n, dtype):
+        too_big = not naive_fits(b, h, n, n, dtype, score_copies=2.2)
+        if too_big:
             impls.pop("naive")
         q, k, v = _inputs(b, h, n, d, dtype)
         with torch.no_grad():
             impls, skipped = _usable(impls, q, k, v, False)  # warm-up: autotuning allocates its own buffers
+            if too_big:
+                skipped["naive"] = "two score matrices would not fit in this GPU's free memory"
             row = {"shape": list(shape), "inputs_gib": 3 * q.numel() * q.element_size() / 2**30,
                    "scores_gib": b * h * n * n * q.element_size() / 2**30, "skipped": skipped}
             for name, call in _bind(impls, q, k, v, False).items():
@@ -260,11 +278,14 @@ def performance_targets(results: dict, copy_gbps: float) -> list[dict]:
         impls = row["impls"]
         label = f"{tuple(row['shape'])} {row['dtype']}{' causal' if row['causal'] else ''}"
         ours = impls.get("ours", {})
-        # the forward's target is met by the default (pointer) path; the TMA path is reported beside it
+        # targets for the default paths; the TMA forward and the atomic-dQ backward are reported beside them
         for direction in ("fwd", "bwd"):
             if "sdpa flash" in impls and f"{direction}_speedup_vs_sdpa flash" in ours:
                 checks.append({"target": f"{direction} {label}: ours >= SDPA flash (FA2)",
                                "value": ours[f"{direction}_speedup_vs_sdpa flash"], "threshold": 1.0})
+        if "sdpa flash" in impls and "bwd_speedup_vs_sdpa flash" in impls.get("ours (atomic dQ)", {}):
+            checks.append({"target": f"bwd {label}: ours (atomic dQ) >= SDPA flash (FA2)",
+                           "value": impls["ours (atomic dQ)"]["bwd_speedup_vs_sdpa flash"], "threshold": 1.0})
         for name in ("ours", "ours (TMA)"):
             if "sdpa cudnn" in impls and name in impls:
                 checks.append({"target": f"fwd {label}: {name} >= 80% of cuDNN (aim)",
@@ -295,9 +316,14 @@ def main(argv: list[str]) -> int:
         print(f"unknown sections {unknown}; choose from {SECTIONS}")
         return 1
     ceilings = bench.ceilings()
-    results = {"fingerprint": runtime.fingerprint(),
-               "ceilings": {k: v for k, v in ceilings.items() if k != "fingerprint"},
-               "anchors_h200_fp16": {f"{s} causal={c}": v for (s, c), v in ANCHORS_H200.items()}}
+    out_dir = RESULTS_DIR / runtime.gpu_info().slug
+    path = out_dir / "03_flash_attention.json"
+    # A run of some sections updates them in the existing record (one file, whether the run was split
+    # over several calls or not); each section carries its own fingerprint.
+    results = json.loads(path.read_text()) if len(sections) < len(SECTIONS) and path.exists() else {}
+    results.update({"fingerprint": runtime.fingerprint(),
+                    "ceilings": {k: v for k, v in ceilings.items() if k != "fingerprint"},
+                    "anchors_h200_fp16": {f"{s} causal={c}": v for (s, c), v in ANCHORS_H200.items()}})
     runners = {"targets": target_shapes, "sweep": seq_sweep, "memory": memory,
                "decode": lambda: decode(copy_gbps=ceilings["copy_gbps"]), "decode_splits": decode_split_sweep}
     for section in sections:
@@ -305,12 +331,11 @@ def main(argv: list[str]) -> int:
         print(f"{section} ...", flush=True)
         results[section] = runners[section]()
         results.setdefault("seconds", {})[section] = time.perf_counter() - t0
-    results["autotune"] = autotune_choices()
+        results.setdefault("section_fingerprints", {})[section] = runtime.fingerprint()
+    results.setdefault("autotune", {}).update({f"{k} ({'+'.join(sections)})": v
+                                               for k, v in autotune_choices().items()})
     results["checks"] = performance_targets(results, ceilings["copy_gbps"])
-    out_dir = RESULTS_DIR / runtime.gpu_info().slug
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / ("03_flash_attention.json" if len(sections) == len(SECTIONS) else
-                      "03_flash_attention_partial.json")
     path.write_text(json.dumps(results, indent=1, default=str))
     report(results)
     print(f"wrote {path}")

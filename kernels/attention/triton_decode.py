@@ -98,23 +98,34 @@ def flash_decode_split_kernel(Q, K, V, O_PART, LSE_PART,
 def flash_decode_combine_kernel(O_PART, LSE_PART, O, LSE, n_q_heads, n_q, n_splits,
                                 stride_ob, stride_oh, stride_om,
                                 HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
+    """One program per (batch, head, query): out = sum_s w_s out_s / sum_s w_s with w_s = 2^(lse_s - max),
+    over the splits in chunks of BLOCK_S (the maximum first, so each weight is computed once)."""
     row = tl.program_id(0).to(tl.int64)  # (b, h, i) flattened
     i = row % n_q
     h = (row // n_q) % n_q_heads
     b = row // (n_q * n_q_heads)
-    s = tl.arange(0, BLOCK_S)
+    s0 = tl.arange(0, BLOCK_S)
     dims = tl.arange(0, HEAD_DIM)
-    lse_s = tl.load(LSE_PART + row * n_splits + s, mask=s < n_splits, other=float("-inf"))
-    m = tl.max(lse_s, 0)
+    m = tl.full([BLOCK_S], float("-inf"), dtype=tl.float32)
+    for start in range(0, n_splits, BLOCK_S):
+        s = start + s0
+        m = tl.maximum(m, tl.load(LSE_PART + row * n_splits + s, mask=s < n_splits, other=float("-inf")))
+    m = tl.max(m, 0)
     m_shift = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.math.exp2(lse_s - m_shift)  # 0 for splits the query saw no key in
-    o_s = tl.load(O_PART + (row * n_splits + s)[:, None] * HEAD_DIM + dims[None, :], mask=(s < n_splits)[:, None],
-                  other=0.0)
-    total = tl.sum(w, 0)
-    total_safe = tl.where(total > 0.0, total, 1.0)
-    out = tl.sum(w[:, None] * o_s, 0) / total_safe
-    tl.store(O + b * stride_ob + h * stride_oh + i * stride_om + dims, out.to(O.dtype.element_ty))
-    lse = tl.where(total > 0.0, (m + tl.math.log2(total_safe)) * 0.6931471805599453, float("-inf"))
+    total = tl.zeros([BLOCK_S], dtype=tl.float32)
+    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    for start in range(0, n_splits, BLOCK_S):
+        s = start + s0
+        lse_s = tl.load(LSE_PART + row * n_splits + s, mask=s < n_splits, other=float("-inf"))
+        w = tl.math.exp2(lse_s - m_shift)  # 0 for splits where the query saw no key
+        o_s = tl.load(O_PART + (row * n_splits + s)[:, None] * HEAD_DIM + dims[None, :],
+                      mask=(s < n_splits)[:, None], other=0.0)
+        total += w
+        acc += tl.sum(w[:, None] * o_s, 0)
+    total_sum = tl.sum(total, 0)
+    total_safe = tl.where(total_sum > 0.0, total_sum, 1.0)
+    tl.store(O + b * stride_ob + h * stride_oh + i * stride_om + dims, (acc / total_safe).to(O.dtype.element_ty))
+    lse = tl.where(total_sum > 0.0, (m + tl.math.log2(total_safe)) * 0.6931471805599453, float("-inf"))
     tl.store(LSE + row, lse)
 
 
@@ -159,7 +170,7 @@ def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
         CAUSAL=bool(causal), UPCAST=UPCAST, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     flash_decode_combine_kernel[(batch * n_heads * n_q,)](
         o_part, lse_part, out, lse, n_heads, n_q, splits, *out.stride()[:3],
-        HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(splits), num_warps=runtime.pick(gpu=4, cpu=1))
+        HEAD_DIM=head_dim, BLOCK_S=min(32, triton.next_power_of_2(splits)), num_warps=runtime.pick(gpu=4, cpu=1))
     return (out, lse) if return_lse else out
 
 

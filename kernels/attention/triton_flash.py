@@ -18,7 +18,11 @@ recomputed block by block. With D_i = rowsum(dO_i * O_i):
     dV = P^T dO        dP = dO V^T        dS = P * (dP - D)        dQ = scale dS K        dK = scale dS^T Q
 Three kernels: a pre-pass computing D (and lse in base 2), one program per KV block accumulating dK and dV
 over all query blocks (and, with grouped-query attention, over every query head of the group: no atomics),
-and one program per query block accumulating dQ over the key blocks.
+and one program per query block accumulating dQ over the key blocks (or, with `atomic_dq`, dQ added
+by float32 atomics from the dK/dV program, as FlashAttention-2 does).
+
+Tiles reach shared memory through pointer arithmetic (cp.async) or, with `tma`, through tensor
+descriptors (the Hopper TMA engine); which is faster is measured by `benchmark.py` (PERFORMANCE.md).
 """
 from __future__ import annotations
 
@@ -31,22 +35,25 @@ import triton.language as tl
 from kernels import runtime
 from kernels.attention.validate import check_attention_inputs
 
-LOG2E = 1.4426950408889634  # 1 / ln(2): exp(x) = exp2(x * LOG2E)
-LN2 = 0.6931471805599453
+LOG2E = 1.4426950408889634  # 1 / ln(2): exp(x) = exp2(x * LOG2E); inside kernels ln(2) = 0.693... is a literal
 HEAD_DIMS = (16, 32, 64, 128, 256)
 # The forward's default way of loading tiles: pointers (cp.async) or tensor descriptors (TMA); see
 # PERFORMANCE.md for which measured faster, and `flash_attention_forward(tma=...)` to choose per call.
 USE_TMA = False
+# The backward's default for dQ: a separate kernel (False) or float32 atomics from the dK/dV kernel (True);
+# `flash_attention_backward(atomic_dq=...)` chooses per call.
+ATOMIC_DQ = False
 # The interpreter mis-computes tl.dot on bfloat16 tiles (DESIGN.md): in CPU mode every tile is upcast to
 # float32 before tl.dot, after the same rounding to the input dtype that the GPU path does.
 UPCAST = not runtime.ON_GPU
 
 
 # ----------------------------------------------------------------------------------------------------
-# Autotuning. A handful of configurations that suit sm_90 for each head dim (BLOCK_M, BLOCK_N, num_warps,
-# num_stages); the autotuner picks one per (Nq bucket, Nk bucket, head dim, causal, dtype). Shared memory
-# bounds them: Q stays resident (BLOCK_M x D) and each pipeline stage holds a K and a V tile
-# (2 x BLOCK_N x D), so D = 256 gets small tiles and two stages. CPU mode gets one configuration with
+# Autotuning. A handful of configurations (BLOCK_M, BLOCK_N, num_warps, num_stages) that suit sm_90 for
+# each head dim; the autotuner picks one per (Nq bucket, Nk bucket, head dim, causal, dtype). Few, because
+# each is compiled for every (head dim, causal, dtype) the first time it is seen. Shared memory bounds
+# them: Q stays resident (BLOCK_M x D) and each pipeline stage holds a K and a V tile (2 x BLOCK_N x D),
+# so D = 256 gets small tiles and two stages. CPU mode gets one configuration with
 # few, large blocks (the interpreter's cost grows with the number of programs and loop trips); its
 # BLOCK_M != BLOCK_N so the tests exercise a diagonal that crosses block boundaries unevenly.
 
@@ -86,8 +93,8 @@ def reset_autotuning() -> None:
 FWD_TUNING = {
     16: [(128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3)],
     32: [(128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3)],
-    64: [(128, 64, 4, 3), (128, 64, 4, 4), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3)],
-    128: [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3)],
+    64: [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 2)],
+    128: [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 8, 2), (128, 128, 8, 3)],
     256: [(64, 64, 8, 2), (128, 64, 8, 2), (64, 32, 4, 2), (128, 32, 8, 2)],
 }
 # Backward kernels: (BLOCK_M queries, BLOCK_N keys). dK/dV keeps K and V tiles and two float32
@@ -102,8 +109,8 @@ DKDV_TUNING = {
 DQ_TUNING = {
     16: [(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3)],
     32: [(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3)],
-    64: [(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 2), (128, 128, 8, 2)],
-    128: [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 2)],
+    64: [(128, 64, 8, 3), (128, 32, 4, 3), (128, 128, 8, 2)],
+    128: [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3)],
     256: [(64, 32, 8, 2), (32, 32, 4, 2)],
 }
 FWD_CONFIGS = _configs(FWD_TUNING, cpu=(64, 32))
@@ -351,10 +358,11 @@ def flash_bwd_preprocess_kernel(O, DO, LSE, DELTA, LSE2, stride_ob, stride_oh, s
 
 
 @triton.jit
-def _dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, stride_qm, stride_dom, cols, lo, hi,
-                 n_q, causal_offset, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                 CAUSAL_MASK: tl.constexpr, UPCAST: tl.constexpr):
-    """Add the contributions of query rows [lo, hi) of one head to dK and dV of the key block `cols`.
+def _dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, dq_acc_base, stride_qm, stride_dom, cols,
+                 lo, hi, n_q, causal_offset, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                 CAUSAL_MASK: tl.constexpr, UPCAST: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+    """Add the contributions of query rows [lo, hi) of one head to dK and dV of the key block `cols`
+    (and with ATOMIC_DQ, this key block's share of dQ to a float32 buffer, by atomic adds).
 
     Rows past Nq are loaded as zeros with lse2 = +inf, so their P is exactly 0 without a mask on P (the
     row masks on the loads are predicates on the copies, nearly free). CAUSAL_MASK applies the causal
@@ -386,20 +394,30 @@ def _dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, stride_qm
         if UPCAST:
             ds_lo = ds_lo.to(tl.float32)
         dk = tl.dot(ds_lo, q, dk)
+        if ATOMIC_DQ:
+            dq = tl.dot(tl.trans(ds_lo), k)  # (queries, D), unscaled
+            tl.atomic_add(dq_acc_base + rows[:, None] * HEAD_DIM + dims[None, :], dq, mask=row_ok[:, None],
+                          sem="relaxed")
     return dk, dv
 
 
-@triton.autotune(configs=DKDV_CONFIGS, key=TUNE_KEY, prune_configs_by={"early_config_prune": _pruner(DKDV_TUNING)})
+@triton.autotune(configs=DKDV_CONFIGS, key=TUNE_KEY + ["ATOMIC_DQ"], reset_to_zero=["DQ_ACC"],
+                 prune_configs_by={"early_config_prune": _pruner(DKDV_TUNING)})
 @triton.jit
-def flash_bwd_dkdv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV,
+def flash_bwd_dkdv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, DQ_ACC,
                           stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                           stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                           stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                           n_q_heads, group, n_q, n_k, scale, qk_scale, N_Q_BUCKET, N_K_BUCKET,
                           HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                          ATOMIC_DQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program per (key block, batch, KV head): dK and dV of BLOCK_N keys, summed over every query
-    block and over the `group` query heads that share this KV head, in registers (no atomics)."""
+    block and over the `group` query heads that share this KV head, in registers (no atomics).
+
+    ATOMIC_DQ (FlashAttention-2's own scheme): also add dS^T K of this key block to a float32 dQ buffer
+    (B, Hq, Nq, D) by atomics, instead of recomputing S and dP in a separate dQ kernel: 5 matrix
+    products instead of 7, for B * Hq * Nq * D atomic adds per key block (and a summation order that
+    varies from run to run)."""
     n0 = tl.program_id(0) * BLOCK_N
     n_kv_heads = n_q_heads // group
     b = tl.program_id(1) // n_kv_heads
@@ -434,12 +452,15 @@ def flash_bwd_dkdv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV,
         do_base = DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
         lse2_base = LSE2 + bh.to(tl.int64) * n_q
         delta_base = DELTA + bh.to(tl.int64) * n_q
+        dq_acc_base = DQ_ACC + bh.to(tl.int64) * n_q * HEAD_DIM
         # Two loops, not three (diagonal, interior, last partial block): a third pipelined loop made
         # ptxas spill at every tile size on sm_90, which costs more than the row predicates.
-        dk, dv = _dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, stride_qm, stride_dom, cols,
-                              lo, diag_end, n_q, causal_offset, qk_scale, HEAD_DIM, BLOCK_M, CAUSAL, UPCAST)
-        dk, dv = _dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, stride_qm, stride_dom, cols,
-                              diag_end, n_q, n_q, causal_offset, qk_scale, HEAD_DIM, BLOCK_M, False, UPCAST)
+        dk, dv = _dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, dq_acc_base, stride_qm,
+                              stride_dom, cols, lo, diag_end, n_q, causal_offset, qk_scale, HEAD_DIM, BLOCK_M,
+                              CAUSAL, UPCAST, ATOMIC_DQ)
+        dk, dv = _dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, dq_acc_base, stride_qm,
+                              stride_dom, cols, diag_end, n_q, n_q, causal_offset, qk_scale, HEAD_DIM, BLOCK_M,
+                              False, UPCAST, ATOMIC_DQ)
     dk = dk * scale
     tl.store(DK + b.to(tl.int64) * stride_dkb + kv_h.to(tl.int64) * stride_dkh + cols[:, None] * stride_dkn
              + dims[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
@@ -532,8 +553,12 @@ def flash_bwd_dq_kernel(Q, K, V, DO, LSE2, DELTA, DQ,
              + dims[None, :], dq.to(DQ.dtype.element_ty), mask=row_mask[:, None])
 
 
-def flash_attention_backward(do, q, k, v, out, lse, causal: bool, scale: float):
-    """(dq, dk, dv) from the forward's out and lse; every gradient in its input's dtype."""
+def flash_attention_backward(do, q, k, v, out, lse, causal: bool, scale: float, atomic_dq: bool | None = None):
+    """(dq, dk, dv) from the forward's out and lse; every gradient in its input's dtype.
+
+    `atomic_dq` (None: ATOMIC_DQ) accumulates dQ inside the dK/dV kernel by float32 atomics instead of
+    running the dQ kernel: less work, run-to-run variation in dQ's last bits."""
+    atomic_dq = ATOMIC_DQ if atomic_dq is None else bool(atomic_dq)
     batch, n_heads, n_q, head_dim = q.shape
     n_kv_heads, n_k = k.shape[1], k.shape[2]
     group = n_heads // n_kv_heads
@@ -553,8 +578,12 @@ def flash_attention_backward(do, q, k, v, out, lse, causal: bool, scale: float):
     common = {"HEAD_DIM": head_dim, "CAUSAL": bool(causal), "UPCAST": UPCAST}
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
     sizes = (n_heads, group, n_q, n_k, scale, scale * LOG2E, _bucket(n_q), _bucket(n_k))
+    dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic_dq else dk  # dk: unused
     flash_bwd_dkdv_kernel[lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), batch * n_kv_heads)](
-        q, k, v, do, lse2, delta, dk, dv, *strides, *dk.stride()[:3], *dv.stride()[:3], *sizes, **common)
+        q, k, v, do, lse2, delta, dk, dv, dq_acc, *strides, *dk.stride()[:3], *dv.stride()[:3], *sizes,
+        ATOMIC_DQ=atomic_dq, **common)
+    if atomic_dq:
+        return dq.copy_(dq_acc.mul_(scale)), dk, dv
     flash_bwd_dq_kernel[lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), batch * n_heads)](
         q, k, v, do, lse2, delta, dq, *strides, *dq.stride()[:3], *sizes, **common)
     return dq, dk, dv
