@@ -1,0 +1,184 @@
+"""Measuring memory: allocated, reserved and peak per phase, and allocator snapshots.
+
+On a GPU the numbers come from PyTorch's caching allocator:
+  * **allocated** -- bytes in blocks handed to live tensors (rounded up to the allocator's 512-byte
+    granularity);
+  * **reserved** -- bytes the allocator holds from the driver (cudaMalloc'd segments), allocated or not:
+    what `nvidia-smi` sees, minus the CUDA context;
+  * **peak** -- the largest `allocated` since the phase began (`torch.cuda.max_memory_allocated` after
+    `reset_peak_memory_stats`).
+Without a GPU, `torch.cuda.memory_allocated()` returns 0 and tells nothing, so the same helpers fall back
+to `torch.profiler(profile_memory=True)`, which sees every CPU tensor's allocation and free: allocated and
+peak then count the bytes of CPU tensors (no rounding, no reserve), relative to the phase's start plus a
+`baseline` you pass (e.g. the bytes of the model's parameters). The `source` field says which one you got.
+"""
+from __future__ import annotations
+
+import pickle
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from kernels import runtime
+
+GPU_SOURCE = "CUDA caching allocator"
+CPU_SOURCE = "torch.profiler (CPU tensors)"
+# Trace entries kept by the recorder: a GPT-2-small step makes ~20k; the ring buffer drops the oldest.
+MAX_ENTRIES = 1_000_000
+
+
+@dataclass
+class PhaseStats:
+    name: str
+    allocated_start: int  # bytes
+    allocated_end: int
+    peak: int
+    reserved_end: int | None  # None on the CPU: there is no reserve
+    source: str
+
+    @property
+    def peak_above_start(self) -> int:
+        return self.peak - self.allocated_start
+
+
+def _cpu_profile(stacks: bool = False):
+    """The CPU fallback. Without `stacks` it records only allocations and frees; with them, every Python
+    call too (needed to attribute allocations to frames), which under the Triton interpreter -- Python
+    executing a kernel -- means millions of records: keep stacks off around interpreted kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    return profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=stacks, with_stack=stacks)
+
+
+def _live_curve(prof) -> list[int]:
+    """Running sum of the bytes of CPU allocations (+) and frees (-) in a profile, in time order, from 0."""
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == "[memory]")
+    total, curve = 0, [0]
+    for _, nbytes in events:
+        total += nbytes
+        curve.append(total)
+    return curve
+
+
+def _profile_snapshot(prof) -> dict:
+    # torch's own conversion of a profile into the snapshot format (what memory_viz's profile_plot draws)
+    from torch.cuda._memory_viz import _profile_to_snapshot
+
+    return _profile_to_snapshot(prof)
+
+
+class PhaseRecorder:
+    """Allocated, reserved and peak memory per named phase:
+
+        rec = PhaseRecorder(baseline=param_bytes)     # baseline: used on the CPU only
+        with rec.phase("forward"):
+            loss = model(x)
+        with rec.phase("backward"):
+            loss.backward()
+        print(rec.table())
+    """
+
+    def __init__(self, baseline: int = 0):
+        self.phases: list[PhaseStats] = []
+        self._cpu_allocated = baseline
+
+    @contextmanager
+    def phase(self, name: str):
+        if runtime.ON_GPU:
+            torch.cuda.synchronize()
+            start = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            yield
+            torch.cuda.synchronize()
+            self.phases.append(PhaseStats(name, start, torch.cuda.memory_allocated(),
+                                          torch.cuda.max_memory_allocated(), torch.cuda.memory_reserved(),
+                                          GPU_SOURCE))
+            return
+        start = self._cpu_allocated
+        with _cpu_profile() as prof:
+            yield
+        curve = _live_curve(prof)
+        self._cpu_allocated = start + curve[-1]
+        self.phases.append(PhaseStats(name, start, self._cpu_allocated, start + max(curve), None, CPU_SOURCE))
+
+    def table(self, unit: str = "MiB") -> str:
+        scale = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[unit]
+        lines = [f"{'phase':<12}{'allocated at start':>20}{'at end':>12}{'peak':>12}{'reserved':>12}   ({unit}, "
+                 f"{self.phases[0].source if self.phases else ''})"]
+        for p in self.phases:
+            reserved = "-" if p.reserved_end is None else f"{p.reserved_end / scale:,.1f}"
+            lines.append(f"{p.name:<12}{p.allocated_start / scale:>20,.1f}{p.allocated_end / scale:>12,.1f}"
+                         f"{p.peak / scale:>12,.1f}{reserved:>12}")
+        return "\n".join(lines)
+
+
+def peak_bytes(fn, *args, **kwargs) -> tuple[object, int]:
+    """(fn's result, the peak bytes allocated *above what was allocated before the call*) -- its extra memory.
+
+    GPU: the caching allocator's peak; CPU: the peak of CPU tensors live during the call (torch.profiler).
+    """
+    if runtime.ON_GPU:
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        result = fn(*args, **kwargs)
+        torch.cuda.synchronize()
+        return result, torch.cuda.max_memory_allocated() - before
+    with _cpu_profile() as prof:
+        result = fn(*args, **kwargs)
+    return result, max(_live_curve(prof))
+
+
+@dataclass
+class Recording:
+    """What `record_snapshot` yields; `snapshot` is filled when the block ends."""
+
+    snapshot: dict = field(default_factory=dict)
+    source: str = GPU_SOURCE
+    path: Path | None = None
+
+
+@contextmanager
+def record_snapshot(path: str | Path | None = None, max_entries: int = MAX_ENTRIES):
+    """Record every allocation and free inside the block, with the Python stack that made it.
+
+    GPU: `torch.cuda.memory._record_memory_history(stacks="python")` -- Python frames only, because
+    symbolizing C++ stacks makes dumping a snapshot take minutes -- then `torch.cuda.memory._snapshot()`.
+    CPU: `torch.profiler(profile_memory=True, with_stack=True)`, converted by torch into the same format
+    (slow and memory-hungry around Triton kernels, which the interpreter runs as Python: keep them small).
+    With `path`, the snapshot is also pickled there: drag the file onto https://pytorch.org/memory_viz.
+    """
+    rec = Recording()
+    if runtime.ON_GPU:
+        torch.cuda.synchronize()
+        torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks="python")
+        try:
+            yield rec
+            torch.cuda.synchronize()
+            rec.snapshot = torch.cuda.memory._snapshot()
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None)
+    else:
+        rec.source = CPU_SOURCE
+        with _cpu_profile(stacks=True) as prof:
+            yield rec
+        rec.snapshot = _profile_snapshot(prof)
+    if path is not None:
+        rec.path = save_snapshot(rec.snapshot, path)
+
+
+def save_snapshot(snapshot: dict, path: str | Path) -> Path:
+    """Pickle a snapshot where pytorch.org/memory_viz can open it (it reads exactly this pickle)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        pickle.dump(snapshot, f)
+    return path
+
+
+def load_snapshot(path: str | Path) -> dict:
+    with open(path, "rb") as f:
+        return pickle.load(f)  # noqa: S301 - our own files
