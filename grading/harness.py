@@ -106,6 +106,11 @@ class _LaunchState:
     side_streams: list = []
 
 
+def _on_side_stream() -> bool:
+    grader = _LaunchState.grader_stream
+    return grader is not None and torch.cuda.current_stream() != grader
+
+
 def _before_launch() -> None:
     """Called before every kernel launch: note (and, in correctness checks, delay) a side stream."""
     grader = _LaunchState.grader_stream
@@ -142,6 +147,10 @@ def _install_launch_hooks() -> None:
                 _LaunchState.launches += 1
             _LaunchState.depth += 1
             try:
+                if _on_side_stream() and not kwargs.get("warmup", False):
+                    # compile first (a warm-up run launches nothing): the side stream's delay must not
+                    # elapse while the first call is still compiling, or that call wins the race by luck
+                    _original(self, *args, **{**kwargs, "warmup": True})
                 _before_launch()
                 return _original(self, *args, **kwargs)
             finally:
@@ -204,13 +213,14 @@ class _FunctionWatcher(TorchFunctionMode):
 
 
 class _OpWatcher(TorchDispatchMode):
-    def __init__(self, functions: _FunctionWatcher):
+    def __init__(self, functions: _FunctionWatcher, also_allowed: tuple[str, ...] = ()):
         super().__init__()
         self.functions = functions
+        self.also_allowed = frozenset(also_allowed)
         self.forbidden: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if _LaunchState.depth == 0 and func not in ALLOWED_OPS:
+        if _LaunchState.depth == 0 and func not in ALLOWED_OPS and str(func) not in self.also_allowed:
             caller = self.functions.current
             what = f"{torch_name(caller)} ({func})" if caller is not None else str(func)
             if what not in self.forbidden:
@@ -237,8 +247,9 @@ class Watched:
 
 
 @contextmanager
-def watch(profile_cuda: bool = False, snapshot=None):
-    """Record the PyTorch ops and kernel launches of the code inside the block.
+def watch(profile_cuda: bool = False, snapshot=None, allowed_ops: tuple[str, ...] = ()):
+    """Record the PyTorch ops and kernel launches of the code inside the block (`allowed_ops`: op
+    names, such as "aten.mm.default", not recorded as forbidden on top of `ALLOWED_OPS`).
 
     On a GPU, `snapshot` (the output buffer, or a tuple of them) is copied on the stream that was
     current when the block started, *before* the device is synchronized: the copies show what a caller
@@ -247,7 +258,7 @@ def watch(profile_cuda: bool = False, snapshot=None):
     _install_launch_hooks()
     before, before_cupy = _LaunchState.launches, _LaunchState.cupy_launches
     functions = _FunctionWatcher()
-    watcher = _OpWatcher(functions)
+    watcher = _OpWatcher(functions, allowed_ops)
     record = Watched([], 0)
     prof = None
     if profile_cuda:
@@ -559,8 +570,13 @@ def _trial(fn, spec: GradedFunction, case: Case, inputs, outs: tuple, *, seed: i
         return CaseResult(label, False, again + reason, cmp,
                           detail or _detail(spec, case, inputs, seed, trial))
 
+    budget = spec.memory_budget(*inputs, **kw) if spec.memory_budget is not None and runtime.ON_GPU else None
+    if budget is not None:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        allocated_before = torch.cuda.memory_allocated()
     try:
-        with watch(profile_cuda=profile, snapshot=outs) as seen:
+        with watch(profile_cuda=profile, snapshot=outs, allowed_ops=spec.allowed_ops) as seen:
             returned = fn(*inputs, **kw, out=_out_argument(outs))
     except NotImplementedError:
         raise
@@ -576,6 +592,14 @@ def _trial(fn, spec: GradedFunction, case: Case, inputs, outs: tuple, *, seed: i
         return fail(_describe_exception(exc))
     if seen.forbidden_ops:
         return fail("computes with PyTorch instead of its own kernel: " + ", ".join(seen.forbidden_ops[:3]))
+    if budget is not None:
+        # the watcher's output snapshot (one copy of the outputs) is not the function's
+        extra = (torch.cuda.max_memory_allocated() - allocated_before
+                 - sum(out.numel() * out.element_size() for out in outs))
+        if extra > budget:
+            return fail(f"{_size_context(case)}: allocated {extra / 2**20:.1f} MiB of device memory beyond its "
+                        f"inputs and outputs at its peak; the budget is {budget / 2**20:.1f} MiB (does it "
+                        f"materialize an intermediate it should stream through on-chip memory?)")
     results = _as_tuple(returned, spec.n_outputs)
     if results is None or not all(isinstance(r, torch.Tensor) for r in results):
         expected = "the output tensor" if spec.n_outputs == 1 else f"a tuple of {spec.n_outputs} tensors " \
@@ -663,7 +687,7 @@ def _allocating_call(fn, spec: GradedFunction, seed: int) -> CaseResult | None:
     junk = [poison_(torch.empty(case.shape, dtype=case.dtype, device=runtime.DEVICE)) for _ in range(4)]
     del junk
     try:
-        with watch() as seen:
+        with watch(allowed_ops=spec.allowed_ops) as seen:
             returned = fn(*inputs)
     except SystemExit as exc:
         return CaseResult(label, False, f"called without out=: called sys.exit({exc.code!r})")

@@ -64,6 +64,12 @@ class GradedFunction:
     * `n_outputs`: with more than one, `out=` is a tuple of that many tensors (each of the case's shape
       and dtype), the function returns them as a tuple, `reference_fp64` (and `scale`, `bit_exact`, whose
       entries may be None) return one per output; `output_names` names them in messages.
+    * `memory_budget(*inputs, **params)` optional: bytes of device memory one call may allocate beyond
+      its inputs and outputs (its peak, from PyTorch's caching allocator; GPU only). A kernel that
+      materializes what it should stream (attention's N x N scores, cross-entropy's logits) fails it.
+    * `allowed_ops`: PyTorch ops (e.g. `"aten.mm.default"`) this function may call on top of the
+      allocations and views every function may use: a lab whose lesson is elsewhere (chunked
+      cross-entropy around cuBLAS GEMMs) names the library calls it permits.
     * A case's `params` are passed as keyword arguments to the function, `reference_fp64`, `scale` and
       `bit_exact`.
     """
@@ -90,6 +96,8 @@ class GradedFunction:
     prepare: Callable | None = None
     n_outputs: int = 1
     output_names: tuple[str, ...] = ()
+    memory_budget: Callable | None = None
+    allowed_ops: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -226,3 +226,35 @@ def test_functions_with_several_outputs_parameters_and_layouts():
     result = check_function(lab, "twice", lambda a, b, flag=0, out=None: triton_add.add(a, b, out=out[0]),
                             seed=2, perf=False)
     assert result.cases[0].reason == "returned Tensor, expected a tuple of 2 tensors (s, t)"
+
+
+def _wasteful_add(scratch_elements: int):
+    """Right answer, but it first fills a scratch buffer as large as an N x N score matrix would be."""
+    def add(a, b, out=None):
+        scratch = torch.empty(scratch_elements, dtype=torch.float32, device=a.device)
+        triton_add.add(scratch, scratch, out=scratch)
+        return triton_add.add(a, b, out=out)
+    return add
+
+
+def test_a_memory_budget_is_enforced_on_the_gpu_only():
+    from dataclasses import replace
+    spec = replace(LAB.function("add"), memory_budget=lambda a, b: 4 * 2**20)  # 4 MiB beyond inputs/outputs
+    case = Case((1025,), torch.float32)
+    lean = harness._run_case(_wasteful_add(2**18), spec, case, seed=5)  # 1 MiB of scratch
+    assert lean.ok, lean.reason
+    wasteful = harness._run_case(_wasteful_add(2**21), spec, case, seed=5)  # 8 MiB
+    if runtime.ON_GPU:
+        assert not wasteful.ok
+        assert "allocated 8.0 MiB of device memory beyond its inputs and outputs at its peak; the budget is " \
+               "4.0 MiB" in wasteful.reason, wasteful.reason
+    else:  # PyTorch's CPU allocator keeps no peak: the budget is a GPU check, and says nothing here
+        assert wasteful.ok, wasteful.reason
+
+
+def test_allowed_ops_are_named_per_function():
+    x = torch.randn(8, 8, device=DEVICE)
+    with watch(allowed_ops=("aten.mm.default",)) as seen:
+        torch.matmul(x, x)
+        torch.softmax(x, -1)
+    assert seen.forbidden_ops == ["torch.softmax (aten._softmax.default)"]

@@ -2,6 +2,8 @@
 dtype, the fused residual add, fp8 input, and the backward pass (gradcheck in float64).
 
 CuPy kernels run on a GPU; without one these tests assert the clear "needs a GPU" error instead."""
+import functools
+
 import pytest
 import torch
 
@@ -12,7 +14,9 @@ from kernels.testing import TINY, ULP, compare, generator, poison_, random_tenso
 DEVICE = runtime.DEVICE
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 SHAPES = [(1, 1), (3, 1000), (4097, 64), (5, 5120), (2, 4096), (7, 8192), (2, 16384), (1, 4096)]
-FORWARDS = {"triton": triton_rmsnorm.rms_norm, "cupy": cupy_rmsnorm.rms_norm}
+FORWARDS = {"triton": triton_rmsnorm.rms_norm, "cupy": cupy_rmsnorm.rms_norm,
+            "cupy staged": functools.partial(cupy_rmsnorm.rms_norm, staged=True),
+            "cupy staged x8": functools.partial(cupy_rmsnorm.rms_norm, staged=True, unroll=8)}
 
 
 def tol(dtype):
@@ -26,7 +30,7 @@ def data(rows, width, dtype, seed, scale=1.0):
 
 
 def needs_gpu(name):
-    return name == "cupy" and not runtime.cupy_status()[0]
+    return name.startswith("cupy") and not runtime.cupy_status()[0]
 
 
 @pytest.mark.parametrize("name", FORWARDS)
@@ -167,10 +171,12 @@ def test_every_launch_configuration_fits_the_register_file(tmp_path):
     for dtype, suffix in cupy_rmsnorm.SUFFIX.items():
         for vec, pack in (("v", 16 // dtype.itemsize), ("s", 1)):
             for width in list(range(1, 300)) + [1000, 2048, 4096, 5120, 8192, 12288, 16384, 32768, 65536]:
-                kind, threads, items = cupy_rmsnorm.launch_config(width, pack)
+                kind, threads, items = cupy_rmsnorm.launch_config(width, pack, dtype.itemsize)
                 name = f"rmsnorm_{kind}_{suffix}_{vec}{items}"
                 assert name in regs, f"wrapper would launch {name}, which rmsnorm.cu does not define"
                 assert threads * int(regs[name]) <= 65536, (name, threads, regs[name])
-                assert threads % 32 == 0 and (kind == "warp" or items == 0 or threads * items * pack >= width)
+                assert threads % 32 == 0 and (kind != "block" or items == 0 or threads * items * pack >= width)
+                if kind == "staged":  # the row fits the dynamic shared memory a block may opt into
+                    assert width * dtype.itemsize <= cupy_rmsnorm.STAGED_MAX_BYTES <= 227 * 1024
                 checked += 1
     assert checked > 1000

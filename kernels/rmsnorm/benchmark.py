@@ -122,6 +122,26 @@ def cupy_threads_sweep(shape=SHAPE, dtype=DTYPE) -> dict:
     return {name: {"median_us": t.median_us, "gbps": t.gbps(nbytes)} for name, t in bench.benchmark(fns).items()}
 
 
+def cupy_wide_rows_sweep(widths=(4096, 8192, 16384), elements: int = 64 * 2**20, dtype=DTYPE) -> list[dict]:
+    """Wide rows at 64M elements: the register-resident kernel at each thread count that fits, the
+    two-pass kernel, and the shared-memory-staged kernel, against F.rms_norm."""
+    if not runtime.cupy_status()[0]:
+        return []
+    rows = []
+    for width in widths:
+        x, w = _inputs((elements // width, width), dtype)
+        fns = {"F.rms_norm": lambda: reference.rms_norm(x, w, 1e-6), "cupy default": lambda: cupy_rmsnorm.rms_norm(x, w)}
+        fns.update({f"registers {t} threads": (lambda t=t: cupy_rmsnorm.rms_norm(x, w, threads=t))
+                    for t in (128, 256, 512, 1024)})
+        fns.update({f"staged {t} threads x {u}": (lambda t=t, u=u: cupy_rmsnorm.rms_norm(x, w, threads=t, staged=True,
+                                                                                      unroll=u))
+                    for t, u in ((128, 4), (256, 4), (512, 4), (128, 8), (256, 8), (512, 8))})
+        nbytes = 2 * x.numel() * x.element_size()
+        rows += [{"width": width, "impl": name, "median_us": t.median_us, "gbps": t.gbps(nbytes)}
+                 for name, t in bench.benchmark(fns).items()]
+    return rows
+
+
 def performance_targets(ceilings: dict, results: dict) -> list[dict]:
     copy = ceilings["copy_gbps"]
     fwd, checks = results["forward"], []
@@ -160,7 +180,7 @@ def main() -> int:
                "ceilings": {k: v for k, v in ceilings.items() if k != "fingerprint"},
                "forward": forward(), "cupy_threads": cupy_threads_sweep(), "fused_residual": fused_residual(),
                "forward_backward": forward_backward(), "width_sweep": width_sweep(), "rows_sweep": rows_sweep(),
-               "decode_graph": decode_in_graph()}
+               "decode_graph": decode_in_graph(), "cupy_wide_rows": cupy_wide_rows_sweep()}
     results["targets"] = performance_targets(ceilings, results)
     out_dir = RESULTS_DIR / runtime.gpu_info().slug
     out_dir.mkdir(parents=True, exist_ok=True)

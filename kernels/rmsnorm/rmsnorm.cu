@@ -116,9 +116,46 @@ __device__ __forceinline__ void rmsnorm_rows(const T* __restrict__ x, const T* _
     }
 }
 
+// Staged in shared memory: for rows so wide that a register-resident slice needs 512 threads per row,
+// which leaves one or two rows in flight per SM, each stalling at its barrier with nothing to overlap.
+// Here 256 threads copy the row into shared memory as they sum its squares, then scale it from there:
+// still one read of the row from global memory, few registers, and as many rows in flight per SM as
+// shared memory holds (7 rows of 16384 bf16 in an H200's 227 KB). Each thread reads back only the packs
+// it wrote, so the block barrier inside the reduction is the only one needed.
+template <typename T, int V, int UNROLL>
+__device__ __forceinline__ void rmsnorm_row_staged(const T* __restrict__ x, const T* __restrict__ w,
+                                                   T* __restrict__ y, int width, long long x_stride,
+                                                   long long y_stride, float eps) {
+    extern __shared__ __align__(16) unsigned char staged_bytes[];
+    T* staged = reinterpret_cast<T*>(staged_bytes);
+    const T* xr = x + (long long)blockIdx.x * x_stride;
+    T* yr = y + (long long)blockIdx.x * y_stride;
+    float sum_sq = 0.f;
+#pragma unroll UNROLL
+    for (int col = threadIdx.x * V; col < width; col += blockDim.x * V) {
+        float v[V];
+        load_pack<T, V>(xr + col, v);
+        store_pack<T, V>(staged + col, v);  // exact: v holds T values, converted back without rounding
+#pragma unroll
+        for (int k = 0; k < V; ++k) sum_sq += v[k] * v[k];
+    }
+    const float rstd = rsqrtf(block_sum(sum_sq) / width + eps);
+#pragma unroll UNROLL
+    for (int col = threadIdx.x * V; col < width; col += blockDim.x * V) {
+        float v[V], wv[V], out[V];
+        load_pack<T, V>(staged + col, v);
+        load_pack<T, V>(w + col, wv);
+#pragma unroll
+        for (int k = 0; k < V; ++k) out[k] = v[k] * rstd * wv[k];
+        store_pack<T, V>(yr + col, out);
+    }
+}
+
 // extern "C" entry points, named rmsnorm_{warp,block}_{f32,f16,bf16}_{v,s}{ITEMS}: v = 16-byte packs,
 // s = scalar; ITEMS 1, 2, 4 (4 packs of the row per thread: at most 56 registers for sm_90, so 512
-// threads fit the 64K-register file); ITEMS 0 = two-pass fallback (block per row only) for wider rows.
+// threads fit the 64K-register file); ITEMS 0 = two-pass fallback (block per row only) for wider rows;
+// rmsnorm_staged_{f32,f16,bf16}_{v,s}{4,8}: a block per row, staged in `width` elements of dynamic shared
+// memory, 4 or 8 packs per thread in flight per pass.
 #define RMSNORM_KERNEL(kind, warp_per_row, suffix, T, vec, V, items)                                         \
     extern "C" __global__ void rmsnorm_##kind##_##suffix##_##vec##items(                                    \
         const T* x, const T* w, T* y, long long rows, int width, long long x_stride, long long y_stride,    \
@@ -136,6 +173,21 @@ __device__ __forceinline__ void rmsnorm_rows(const T* __restrict__ x, const T* _
     RMSNORM_ITEMS(block, false, suffix, T, s, 1)                   \
     RMSNORM_KERNEL(block, false, suffix, T, v, (16 / sizeof(T)), 0) \
     RMSNORM_KERNEL(block, false, suffix, T, s, 1, 0)
+
+#define RMSNORM_STAGED(suffix, T, vec, V, unroll)                                                            \
+    extern "C" __global__ void rmsnorm_staged_##suffix##_##vec##unroll(                                       \
+        const T* x, const T* w, T* y, int width, long long x_stride, long long y_stride, float eps) {          \
+        rmsnorm_row_staged<T, V, unroll>(x, w, y, width, x_stride, y_stride, eps);                           \
+    }
+#define RMSNORM_STAGED_UNROLLS(suffix, T, vec, V) \
+    RMSNORM_STAGED(suffix, T, vec, V, 4)          \
+    RMSNORM_STAGED(suffix, T, vec, V, 8)
+RMSNORM_STAGED_UNROLLS(f32, float, v, 4)
+RMSNORM_STAGED_UNROLLS(f32, float, s, 1)
+RMSNORM_STAGED_UNROLLS(f16, __half, v, 8)
+RMSNORM_STAGED_UNROLLS(f16, __half, s, 1)
+RMSNORM_STAGED_UNROLLS(bf16, __nv_bfloat16, v, 8)
+RMSNORM_STAGED_UNROLLS(bf16, __nv_bfloat16, s, 1)
 
 RMSNORM_DTYPE(f32, float)
 RMSNORM_DTYPE(f16, __half)
