@@ -126,12 +126,15 @@ class LinearCrossEntropy(torch.autograd.Function):
     def forward(ctx, x, w, targets, ignore_index=IGNORE_INDEX, chunk=None):
         need = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         loss, dx, dw = linear_cross_entropy_with_grads(x.detach(), w.detach(), targets, ignore_index, chunk, need)
-        ctx.save_for_backward(dx, dw)
+        # kept as attributes, not save_for_backward, and dropped in backward: autograd then hands dx and dw
+        # to .grad as they are; a second reference would make it copy dw (1 GiB at vocab 128k, bf16)
+        ctx.grads = (dx, dw)
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss):
-        dx, dw = ctx.saved_tensors
+        dx, dw = ctx.grads
+        ctx.grads = None
         if dx is not None and grad_loss.item() != 1.0:  # the usual case, loss.backward(), needs no extra pass
             dx, dw = dx * grad_loss.to(dx.dtype), dw * grad_loss.to(dw.dtype)
         return dx, dw, None, None, None
