@@ -43,13 +43,13 @@ class PhaseStats:
         return self.peak - self.allocated_start
 
 
-def _cpu_profile(stacks: bool = False):
-    """The CPU fallback. Without `stacks` it records only allocations and frees; with them, every Python
-    call too (needed to attribute allocations to frames), which under the Triton interpreter -- Python
-    executing a kernel -- means millions of records: keep stacks off around interpreted kernels."""
+def _cpu_profile():
+    """The CPU fallback: the profiler records every allocation and free of a CPU tensor, with the op that
+    made it. (Not `with_stack=True`: that records every Python call, and under the Triton interpreter --
+    Python executing a kernel -- that is millions of records and gigabytes.)"""
     from torch.profiler import ProfilerActivity, profile
 
-    return profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=stacks, with_stack=stacks)
+    return profile(activities=[ProfilerActivity.CPU], profile_memory=True)
 
 
 def _live_curve(prof) -> list[int]:
@@ -63,11 +63,41 @@ def _live_curve(prof) -> list[int]:
     return curve
 
 
-def _profile_snapshot(prof) -> dict:
-    # torch's own conversion of a profile into the snapshot format (what memory_viz's profile_plot draws)
-    from torch.cuda._memory_viz import _profile_to_snapshot
+def _cpu_snapshot(prof) -> dict:
+    """A profile's allocations as a snapshot in `torch.cuda.memory._snapshot()`'s format (device 0).
 
-    return _profile_to_snapshot(prof)
+    Each allocation's one "frame" names the outermost PyTorch op that made it (what your code called:
+    aten::linear, aten::cross_entropy_loss, ...) and the innermost `torch.profiler.record_function` range
+    around it, if any -- the CPU stand-in for the Python frame a GPU snapshot records."""
+    from torch._C._profiler import _EventType
+
+    found = []
+    frames_of: dict[str, list] = {}
+
+    def walk(nodes, op, note):
+        for node in nodes:
+            if node.tag == _EventType.Allocation:
+                label = f"{note}: {op}" if note and op else (op or note or "outside any op")
+                found.append((node.start_time_ns, node.extra_fields.ptr, node.extra_fields.alloc_size,
+                              frames_of.setdefault(label, [{"filename": "none", "line": 0, "name": label}])))
+            elif node.tag == _EventType.TorchOp:
+                name = node.name
+                if name.startswith("aten::"):
+                    walk(node.children, op or name, note)
+                else:  # a record_function range
+                    walk(node.children, None, name)
+            else:
+                walk(node.children, op, note)
+
+    walk(prof.profiler.kineto_results.experimental_event_tree(), None, None)
+    trace = []
+    for _, addr, size, frames in sorted(found, key=lambda f: f[0]):
+        if size >= 0:
+            trace.append({"action": "alloc", "addr": addr, "size": size, "stream": 0, "frames": frames})
+        else:
+            for action in ("free_requested", "free_completed"):
+                trace.append({"action": action, "addr": addr, "size": -size, "stream": 0, "frames": frames})
+    return {"segments": [], "device_traces": [trace]}
 
 
 class PhaseRecorder:
@@ -147,8 +177,8 @@ def record_snapshot(path: str | Path | None = None, max_entries: int = MAX_ENTRI
 
     GPU: `torch.cuda.memory._record_memory_history(stacks="python")` -- Python frames only, because
     symbolizing C++ stacks makes dumping a snapshot take minutes -- then `torch.cuda.memory._snapshot()`.
-    CPU: `torch.profiler(profile_memory=True, with_stack=True)`, converted by torch into the same format
-    (slow and memory-hungry around Triton kernels, which the interpreter runs as Python: keep them small).
+    CPU: `torch.profiler(profile_memory=True)`, converted into the same format; allocations are labelled
+    by the PyTorch op that made them (and `record_function` ranges), not by Python frame.
     With `path`, the snapshot is also pickled there: drag the file onto https://pytorch.org/memory_viz.
     """
     rec = Recording()
@@ -163,9 +193,9 @@ def record_snapshot(path: str | Path | None = None, max_entries: int = MAX_ENTRI
             torch.cuda.memory._record_memory_history(enabled=None)
     else:
         rec.source = CPU_SOURCE
-        with _cpu_profile(stacks=True) as prof:
+        with _cpu_profile() as prof:
             yield rec
-        rec.snapshot = _profile_snapshot(prof)
+        rec.snapshot = _cpu_snapshot(prof)
     if path is not None:
         rec.path = save_snapshot(rec.snapshot, path)
 
