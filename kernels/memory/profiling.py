@@ -109,23 +109,27 @@ class PhaseRecorder:
         with rec.phase("backward"):
             loss.backward()
         print(rec.table())
+
+    On a GPU, `exclude` bytes (what the process held before the workload was built, e.g.
+    `torch.cuda.memory_allocated()` before creating the model) are subtracted from allocated and peak.
     """
 
-    def __init__(self, baseline: int = 0):
+    def __init__(self, baseline: int = 0, exclude: int = 0):
         self.phases: list[PhaseStats] = []
         self._cpu_allocated = baseline
+        self._exclude = exclude
 
     @contextmanager
     def phase(self, name: str):
         if runtime.ON_GPU:
             torch.cuda.synchronize()
-            start = torch.cuda.memory_allocated()
+            start = torch.cuda.memory_allocated() - self._exclude
             torch.cuda.reset_peak_memory_stats()
             yield
             torch.cuda.synchronize()
-            self.phases.append(PhaseStats(name, start, torch.cuda.memory_allocated(),
-                                          torch.cuda.max_memory_allocated(), torch.cuda.memory_reserved(),
-                                          GPU_SOURCE))
+            self.phases.append(PhaseStats(name, start, torch.cuda.memory_allocated() - self._exclude,
+                                          torch.cuda.max_memory_allocated() - self._exclude,
+                                          torch.cuda.memory_reserved(), GPU_SOURCE))
             return
         start = self._cpu_allocated
         with _cpu_profile() as prof:
