@@ -8,7 +8,6 @@ and the snapshot shows CuPy's arrays too. GPU only (CuPy needs a driver).
 """
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +24,8 @@ class PoolFigures:
 
     def table(self) -> str:
         mib = 2**20
-        return (f"PyTorch: allocated {self.torch_allocated / mib:8.1f} MiB, reserved {self.torch_reserved / mib:8.1f} MiB\n"
+        return (f"PyTorch: allocated {self.torch_allocated / mib:8.1f} MiB, "
+                f"reserved {self.torch_reserved / mib:8.1f} MiB\n"
                 f"CuPy:    used      {self.cupy_used / mib:8.1f} MiB, held     {self.cupy_held / mib:8.1f} MiB")
 
 
@@ -38,22 +38,29 @@ def figures() -> PoolFigures:
                        pool.total_bytes())
 
 
+class _TorchBlock:
+    """Owns one block of PyTorch's caching allocator; returns it when garbage-collected."""
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def __del__(self):
+        torch.cuda.caching_allocator_delete(self.ptr)
+
+
 def torch_backed_allocator():
     """A CuPy allocator that takes its memory from PyTorch's caching allocator:
-    `cupy.cuda.set_allocator(torch_backed_allocator())`; `cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)`
-    undoes it."""
+    `cupy.cuda.set_allocator(torch_backed_allocator())`;
+    `cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)` undoes it."""
     runtime.require_cupy()
     import cupy
 
     def malloc(nbytes: int):
         device = cupy.cuda.Device().id
-        stream = torch.cuda.current_stream(device)
-        ptr = torch.cuda.caching_allocator_alloc(nbytes, device, stream)
-        mem = cupy.cuda.UnownedMemory(ptr, nbytes, owner=None, device_id=device)
-        pointer = cupy.cuda.MemoryPointer(mem, 0)
-        # the memory goes back to PyTorch's cache when CuPy drops its last reference
-        weakref.finalize(mem, torch.cuda.caching_allocator_delete, ptr)
-        return pointer
+        ptr = torch.cuda.caching_allocator_alloc(nbytes, device, torch.cuda.current_stream(device))
+        # the block goes back to PyTorch's cache when CuPy drops its last reference to the memory
+        mem = cupy.cuda.UnownedMemory(ptr, nbytes, _TorchBlock(ptr), device_id=device)
+        return cupy.cuda.MemoryPointer(mem, 0)
 
     return malloc
 
