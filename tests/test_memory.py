@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kernels import runtime
-from kernels.memory import estimator, gpt, profiling, reference, timeline, triton_chunked_loss
+from kernels.memory import cupy_pool, estimator, gpt, profiling, reference, timeline, triton_chunked_loss
 from kernels.memory import triton_cross_entropy as tce
 from kernels.testing import ULP, generator
 
@@ -202,3 +202,30 @@ def test_timeline_of_100k_events_renders_in_under_10_s():
     elapsed = time.perf_counter() - t0
     plt.close(fig)
     assert elapsed < 10.0, elapsed
+
+
+@pytest.mark.skipif(not runtime.ON_GPU, reason="the issue's shape needs a GPU (10 GiB)")
+def test_fused_peak_extra_is_at_most_a_quarter_of_pytorchs_at_the_issue_shape():
+    tokens, hidden, vocab = 8192, 4096, 128256
+    x, w, t = _inputs(tokens, hidden, vocab, torch.bfloat16)
+
+    def run(fn):
+        xr, wr = x.detach().requires_grad_(), w.detach().requires_grad_()
+        fn(xr, wr, t).backward()
+        return xr.grad, wr.grad
+
+    torch.cuda.empty_cache()
+    _, theirs = profiling.peak_bytes(run, reference.linear_cross_entropy)
+    torch.cuda.empty_cache()
+    _, ours = profiling.peak_bytes(run, tce.linear_cross_entropy)
+    assert ours <= 0.25 * theirs, (ours / 2**30, theirs / 2**30)
+
+
+@pytest.mark.skipif(not runtime.cupy_status()[0], reason=runtime.cupy_status()[1])
+def test_cupy_pool_is_invisible_to_torch_until_routed_through_its_allocator():
+    steps = dict(cupy_pool.demo(nbytes=64 * 2**20))
+    start, both = steps["start"], steps["a torch tensor and a CuPy array"]
+    assert both.torch_allocated - start.torch_allocated == 64 * 2**20  # the CuPy array is not in it
+    assert both.cupy_used - start.cupy_used == 64 * 2**20
+    routed = steps["CuPy array on PyTorch's allocator"]
+    assert routed.torch_allocated - start.torch_allocated >= 64 * 2**20 and routed.cupy_used == start.cupy_used
