@@ -69,4 +69,5 @@ def submission(mistake: str):
 
 # what check_function's message must contain (GPU and CPU), and on a GPU only
 CORPUS = {"off_by_one_chunk": "1 float32: n=1: 1 of 1 elements wrong"}
-GPU_ONLY = {"full_logits": "MiB of device memory beyond its inputs and outputs at its peak; the budget is 32.0 MiB"}
+# (the first case over budget is 100 tokens x vocab 4099: 1.6 MiB of float32 logits against the 1 MiB floor)
+GPU_ONLY = {"full_logits": "MiB of device memory beyond its inputs and outputs at its peak; the budget is"}
