@@ -92,9 +92,11 @@ ALLOWED_OPS = {
 # references of the labs: torch.add (lab 01), F.rms_norm (02), F.scaled_dot_product_attention (03),
 # torch._grouped_mm and torch.matmul (06). tests/test_grader_harness.py proves each is caught.
 
-# GPU clock cycles a launch on a side stream is held back during correctness checks (~10 ms): a
+# GPU clock cycles a launch on a side stream is held back during correctness checks (~50 ms): a
 # function that does not make PyTorch's stream wait for its side stream then loses the race every time.
-SIDE_STREAM_DELAY_CYCLES = 20_000_000
+# (10 ms was not enough on an H200: a first call's host work after the launch, such as loading the copy
+# kernel the output snapshot uses, outlasted it, and the first case passed by luck.)
+SIDE_STREAM_DELAY_CYCLES = 100_000_000
 
 
 class _LaunchState:
@@ -548,8 +550,9 @@ def _as_tuple(value, n: int) -> tuple:
 
 
 def _new_outputs(spec: GradedFunction, case: Case, device=None) -> tuple:
-    return tuple(torch.empty(case.shape, dtype=case.dtype, device=device or runtime.DEVICE)
-                 for _ in range(spec.n_outputs))
+    shapes = (spec.output_shapes(case.shape, case.dtype) if spec.output_shapes is not None
+              else ((case.shape, case.dtype),) * spec.n_outputs)
+    return tuple(torch.empty(shape, dtype=dtype, device=device or runtime.DEVICE) for shape, dtype in shapes)
 
 
 def _out_argument(outs: tuple):
@@ -684,7 +687,7 @@ def _allocating_call(fn, spec: GradedFunction, seed: int) -> CaseResult | None:
     inputs = _make_inputs(spec, case, generator(seed, runtime.DEVICE))
     # Poison the allocator: the next blocks of this size it hands out hold NaN, so a result that is an
     # unwritten torch.empty cannot pass by luck.
-    junk = [poison_(torch.empty(case.shape, dtype=case.dtype, device=runtime.DEVICE)) for _ in range(4)]
+    junk = [poison_(out) for _ in range(4) for out in _new_outputs(spec, case)]
     del junk
     try:
         with watch(allowed_ops=spec.allowed_ops) as seen:

@@ -64,6 +64,9 @@ class GradedFunction:
     * `n_outputs`: with more than one, `out=` is a tuple of that many tensors (each of the case's shape
       and dtype), the function returns them as a tuple, `reference_fp64` (and `scale`, `bit_exact`, whose
       entries may be None) return one per output; `output_names` names them in messages.
+    * `output_shapes(case_shape, dtype)` optional: ((shape, dtype), ...) of each output, for outputs that
+      are not of the case's shape and dtype (attention's float32 lse beside its output; gradients of
+      inputs of different shapes).
     * `memory_budget(*inputs, **params)` optional: bytes of device memory one call may allocate beyond
       its inputs and outputs (its peak, from PyTorch's caching allocator; GPU only). A kernel that
       materializes what it should stream (attention's N x N scores, cross-entropy's logits) fails it.
@@ -96,6 +99,7 @@ class GradedFunction:
     prepare: Callable | None = None
     n_outputs: int = 1
     output_names: tuple[str, ...] = ()
+    output_shapes: Callable | None = None
     memory_budget: Callable | None = None
     allowed_ops: tuple[str, ...] = ()
 

@@ -161,7 +161,7 @@ CORPUS: dict[str, Submission] = {
                                    {"add": ("fail", "modified its input a")}),
     "side_stream_unsynced": Submission(
         {"add": add_cell(prelude="SYNCED = False\n", wrapper_body=SIDE_STREAM_LAUNCH)},
-        {"add": ("fail", "1 float32: the output was not ready on PyTorch's current stream when the function returned")},
+        {"add": ("fail", "the output was not ready on PyTorch's current stream when the function returned")},
         cpu={"add": PASS}, gpu_only="the interpreter has no streams: the same code is correct on a CPU"),
     # The same with the two waits a correct program has: no false alarm.
     "side_stream_synced": Submission({"add": add_cell(prelude="SYNCED = True\n", wrapper_body=SIDE_STREAM_LAUNCH)},

@@ -92,6 +92,11 @@ def test_an_unwritten_torch_empty_does_not_pass_by_luck():
         return torch.empty_like(a)  # ... and an uninitialized result that might reuse it
 
     result = check_function(LAB, "add", add, seed=3, perf=False)
+    if runtime.ON_GPU:
+        # Not defended on a GPU: PyTorch's caching allocator hands the block just freed straight back, so
+        # the uninitialized result holds the scratch's right values, every time (grading/README.md).
+        assert result.status == "pass", result.message
+        return
     assert result.status == "fail"
     assert result.cases[-1].case == "without out=" and "elements wrong" in result.cases[-1].reason
 
@@ -135,18 +140,18 @@ def test_no_timing_without_a_gpu_and_stream_checks_only_on_one():
         assert result.perf == [] and seen.stream_snapshot is None and seen.side_streams == 0
     else:
         assert [p.config for p in result.perf] == ["add/fp16/64M", "add/fp32/64M"]
-        assert seen.stream_snapshot is not None and torch.equal(seen.stream_snapshot, out)
+        assert seen.stream_snapshot is not None and torch.equal(seen.stream_snapshot[0], out)
 
 
-def _add_on_side_stream(synced: bool):
+def _add_on_side_stream(synced: bool, side=None):
     def add(a, b, out=None):
-        side = torch.cuda.Stream()
+        side_stream = side or torch.cuda.Stream()
         if synced:
-            side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
+            side_stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side_stream):
             triton_add.add(a, b, out=out)
         if synced:
-            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.current_stream().wait_stream(side_stream)
         return out
     return add
 
@@ -167,9 +172,10 @@ def test_side_streams_gpu_only():
     n = 32 * 2**20
     a, b = torch.randn(n, device="cuda", dtype=torch.float16), torch.randn(n, device="cuda", dtype=torch.float16)
     outs = {"main": torch.empty_like(a), "side": torch.empty_like(a)}
+    unsynced = _add_on_side_stream(False, side=torch.cuda.Stream())  # one stream: creating one per call is host time
     timings, wrong = harness.timed_rounds(
         {"main": lambda: triton_add.add(a, b, out=outs["main"]),
-         "side": lambda: _add_on_side_stream(False)(a, b, out=outs["side"])},
+         "side": lambda: unsynced(a, b, out=outs["side"])},
         lambda: None, lambda: torch.zeros((), device="cuda", dtype=torch.int64))
     ratio = timings["side"].median_us / timings["main"].median_us
     assert 0.8 < ratio < 1.5, (timings["side"].median_us, timings["main"].median_us)

@@ -1,0 +1,88 @@
+"""Lab 03: the solution gets full marks, the untouched lab zero, and every wrong forward in the corpus is
+caught with the reason a student can act on."""
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from grading.harness import check_function
+from grading.labs import get_lab
+from grading.notebooks import LABS_DIR, SOLUTIONS_DIR
+from kernels import runtime
+from tests.grader_corpus_lab03 import BACKWARD_CORPUS, CORPUS, backward_submission, submission
+
+LAB = get_lab("03_flash_attention")
+SPEC = LAB.function("flash_attention")
+BACKWARD = LAB.function("flash_attention_backward")
+
+
+def lab_up_to(label: str, spec=SPEC):
+    """The lab with `spec`'s cases up to and including `label` (seeds follow a case's index, so each case
+    gets the inputs it gets in the full run)."""
+    labels = [c.label for c in spec.cases]
+    assert label in labels, f"no case {label!r} in the spec: {labels}"
+    return replace(LAB, functions=(replace(spec, cases=spec.cases[:labels.index(label) + 1]),))
+
+
+@pytest.mark.parametrize("mistake", sorted(CORPUS))
+def test_wrong_forward_is_caught(mistake):
+    label, phrase, gpu_only = CORPUS[mistake]
+    if gpu_only and not runtime.ON_GPU:
+        # the memory budget is a GPU check (PyTorch's CPU allocator keeps no peak) and the N = 4096 case
+        # is GPU-only: in CPU mode the numbers are right and it passes (up to the first case without
+        # parameters, which the grader also calls without out=)
+        called_without_out = next(c for c in SPEC.cases if c.layout == "contiguous" and min(c.shape) > 1
+                                  and not c.params)
+        result = check_function(lab_up_to(called_without_out.label), "flash_attention", submission(mistake), seed=7,
+                                perf=False)
+        assert result.status == "pass", result.message
+        return
+    result = check_function(lab_up_to(label), "flash_attention", submission(mistake), seed=7, perf=False)
+    assert result.status == "fail" and result.points == 0
+    assert result.message.startswith(f"1 of {len(result.cases)} cases fail; first: {label}: "), result.message
+    assert phrase in result.message, result.message
+
+
+@pytest.mark.parametrize("mistake", sorted(BACKWARD_CORPUS))
+def test_wrong_backward_is_caught(mistake):
+    label, phrase = BACKWARD_CORPUS[mistake]
+    lab = LAB if label is None else lab_up_to(label, BACKWARD)
+    result = check_function(lab, "flash_attention_backward", backward_submission(mistake), seed=7, perf=False)
+    if label is None:  # the control: the same kernels without the mistake pass
+        assert result.status == "pass", result.message
+        return
+    assert result.status == "fail" and result.points == 0
+    assert result.message.startswith(f"1 of {len(result.cases)} cases fail; first: {label}: "), result.message
+    assert phrase in result.message, result.message
+
+
+def test_the_large_logit_case_really_overflows_exp():
+    import torch
+
+    from grading.harness import _make_inputs
+    from kernels.testing import generator
+
+    case = next(c for c in SPEC.cases if c.layout == "large_logits")
+    q, k, _ = _make_inputs(SPEC, case, generator(0, runtime.DEVICE))
+    scores = q.double() @ k.double().transpose(-1, -2) / q.shape[-1] ** 0.5
+    assert scores.max().item() > 89, "exp(score) must overflow float32 (and float16 at 11)"
+    assert torch.isinf(torch.exp(scores.float())).any()
+
+
+def grade(notebook):
+    proc = subprocess.run([sys.executable, "-m", "grading", str(notebook), "--json", "--no-perf", "--seed", "3"],
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (lab,) = json.loads(proc.stdout)["labs"]
+    return lab
+
+
+def test_solution_gets_full_marks_and_the_lab_zero():
+    solution = grade(SOLUTIONS_DIR / "03_flash_attention_lab.ipynb")
+    messages = [f["message"] for f in solution["functions"]]
+    assert solution["score"]["points"] == solution["score"]["max_points"] == 15, messages
+    stub = grade(LABS_DIR / "03_flash_attention_lab.ipynb")
+    assert stub["score"]["points"] == 0
+    assert [f["status"] for f in stub["functions"]] == ["not implemented", "not implemented"]
