@@ -37,7 +37,7 @@ b bytes per element of the training dtype (parameters, activations and AdamW sta
 
 The peak of a full step (steady state, AdamW state allocated, gradients set to None by zero_grad) is the
 largest of: the forward peak, the backward-start peak, and the optimizer step's. Measured on the GPU it
-should agree within 10% (notebook 05 and `tests/test_memory_estimator.py` check it on the GPU, and
+should agree within 10% (notebook 05 and `tests/test_memory.py` check it on the GPU, and
 exactly on the CPU).
 """
 from __future__ import annotations
