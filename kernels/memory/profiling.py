@@ -25,7 +25,7 @@ from kernels import runtime
 
 GPU_SOURCE = "CUDA caching allocator"
 CPU_SOURCE = "torch.profiler (CPU tensors)"
-# Trace entries the recorder keeps (a ring buffer: beyond this it drops the oldest); each costs ~1 KB of host memory.
+# Trace entries the recorder keeps (a ring buffer: beyond this it drops the oldest).
 MAX_ENTRIES = 1_000_000
 
 
