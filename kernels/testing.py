@@ -76,7 +76,8 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, *, atol: float, rtol: 
             scale: torch.Tensor | None = None) -> Comparison:
     """Pass if |actual - expected| <= atol + rtol * scale everywhere (scale defaults to |expected|).
 
-    `expected` should be float64. NaN or Inf in `actual` where `expected` is finite always fails.
+    `expected` should be float64. NaN or Inf in `actual` where `expected` is finite always fails; an
+    infinity in `expected` is matched only by the same infinity.
     """
     if not isinstance(actual, torch.Tensor):
         return Comparison(False, f"returned {type(actual).__name__}, expected a tensor", expected.numel(),
@@ -89,7 +90,10 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, *, atol: float, rtol: 
     want = expected.detach().to(torch.float64).flatten()
     got = actual.detach().to(want.device, torch.float64).flatten()
     bound = atol + rtol * (want.abs() if scale is None else scale.detach().to(want.device, torch.float64).flatten())
-    err = (got - want).abs()
+    # An infinity matches only the same infinity (inf - inf would be NaN): attention's log-sum-exp is -inf
+    # for a query that sees no key, and a kernel that says so is right.
+    err = torch.where(got == want, torch.zeros_like(got), (got - want).abs())
+    bound = torch.where(torch.isinf(want), torch.zeros_like(bound), bound)  # (rtol * inf would pass anything)
     # NaN compares false, so `err <= bound` is False wherever got is NaN: NaN never passes.
     bad = ~(err <= bound)
     n_bad = int(bad.sum())

@@ -23,6 +23,15 @@ def test_nan_in_both_never_passes():
     assert not compare(torch.tensor([1.0, float("nan")]), expected, atol=1, rtol=1).ok
 
 
+def test_an_infinity_matches_only_the_same_infinity():
+    want = torch.tensor([float("-inf"), 1.0, float("inf")], dtype=torch.float64)
+    assert compare(torch.tensor([float("-inf"), 1.0, float("inf")]), want, atol=0, rtol=0).ok
+    for wrong in ([float("inf"), 1.0, float("inf")], [-1e30, 1.0, float("inf")], [float("nan"), 1.0, float("inf")]):
+        cmp = compare(torch.tensor(wrong), want, atol=1e-3, rtol=1e-3)
+        assert not cmp.ok and cmp.first_bad_index == [0], cmp.reason
+    assert not compare(torch.tensor([float("-inf")]), torch.tensor([0.0], dtype=torch.float64), atol=1, rtol=1).ok
+
+
 def test_one_ulp_error_passes_and_two_fail():
     expected = torch.full((4,), 1.0, dtype=torch.float64)
     atol, rtol = tolerance(torch.float16)
