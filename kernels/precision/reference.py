@@ -39,6 +39,55 @@ def sequential_sum(x: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
     return s
 
 
+def _tree(v: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
+    """Adjacent pairs, level by level, along the last dimension (a power of two), rounded each time."""
+    while v.shape[-1] > 1:
+        v = round_to(v[..., 0::2] + v[..., 1::2], acc)
+    return v[..., 0]
+
+
+def _two_sum_tree(s: torch.Tensor, c: torch.Tensor, acc: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    while s.shape[-1] > 1:
+        sa, sb, ca, cb = s[..., 0::2], s[..., 1::2], c[..., 0::2], c[..., 1::2]
+        t = round_to(sa + sb, acc)
+        b_virtual = round_to(t - sa, acc)
+        e = round_to(round_to(sa - round_to(t - b_virtual, acc), acc) + round_to(sb - b_virtual, acc), acc)
+        s, c = t, round_to(round_to(ca + cb, acc) - e, acc)
+    return s[..., 0], c[..., 0]
+
+
+def blocked_sum(x: torch.Tensor, acc: torch.dtype, algorithm: str, block: int, trips: int) -> torch.Tensor:
+    """The Triton kernels' sum, addition for addition (`triton_reduce.sum` with the same block and trips
+    returns these bits in both modes): rows cut into chunks of block * trips elements; within a chunk lane
+    j adds elements j, j + block, ... in order (naive, or Kahan with a compensation per lane), or, for
+    pairwise (trips = 1), the chunk is one tree; lanes then meet in a tree of adjacent pairs; the chunks'
+    partial sums (and minus their compensations) are summed the same way until one is left."""
+    v = round_to(x.detach().float().reshape(-1, x.shape[-1]), acc)
+    while True:
+        rows, n = v.shape
+        per_chunk = block * trips
+        chunks = max(1, -(-n // per_chunk))
+        v = torch.nn.functional.pad(v, (0, chunks * per_chunk - n)).view(rows, chunks, trips, block)
+        comp = torch.zeros(rows, chunks, dtype=torch.float32, device=v.device)
+        if algorithm == "pairwise":
+            total = _tree(v.reshape(rows, chunks, per_chunk), acc)
+        else:
+            s = torch.zeros(rows, chunks, block, dtype=torch.float32, device=v.device)
+            c = torch.zeros_like(s)
+            for t in range(trips):
+                if algorithm == "kahan":
+                    y = round_to(v[:, :, t] - c, acc)
+                    new = round_to(s + y, acc)
+                    c = round_to(round_to(new - s, acc) - y, acc)
+                    s = new
+                else:
+                    s = round_to(s + v[:, :, t], acc)
+            total, comp = _two_sum_tree(s, c, acc) if algorithm == "kahan" else (_tree(s, acc), comp)
+        if chunks == 1:
+            return round_to(total[:, 0] - comp[:, 0], acc).reshape(x.shape[:-1]).to(acc)
+        v = torch.cat([total, -comp], 1) if algorithm == "kahan" else total
+
+
 def sum_fp64(x: torch.Tensor) -> torch.Tensor:
     """Exact (to float64) sum over the last dimension."""
     return x.double().sum(-1)

@@ -132,8 +132,8 @@ def sum(x: torch.Tensor, acc: torch.dtype = torch.float32, algorithm: str = "nai
     check_sum_args("sum", x, acc, algorithm, device_type=runtime.DEVICE)
     block = block or (PAIRWISE_BLOCK if algorithm == "pairwise" else BLOCK)
     trips = 1 if algorithm == "pairwise" else (trips or TRIPS)
-    if block & (block - 1):
-        raise ValueError(f"sum: block must be a power of two, got {block}")
+    if block & (block - 1) or block * trips < 2:
+        raise ValueError(f"sum: block must be a power of two and block * trips at least 2, got {block} x {trips}")
     x2d = x.view(1, -1) if x.dim() == 1 else x
     rows, n = x2d.shape
     out = torch.empty(x.shape[:-1], dtype=acc, device=x.device) if out is None else out
