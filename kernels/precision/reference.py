@@ -169,6 +169,13 @@ def roundtrip_fp64(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, bl
     return (q.flatten().double() * _expand(scales, q.numel(), block).double()).view(x.shape)
 
 
+def fake_quantize(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, block: int | None = FP8_BLOCK,
+                  pow2: bool = False) -> torch.Tensor:
+    """The round trip in x's dtype: q * scale computed in float32, rounded once to x's dtype."""
+    q, scales = quantize(x, dtype, block, pow2)
+    return dequantize(q, scales, block, torch.float32).to(x.dtype)
+
+
 def roundtrip_tolerance(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, block: int | None = FP8_BLOCK,
                         pow2: bool = False) -> torch.Tensor:
     """One fp8 ulp at each element, times its scale: the interpreter rounds float32 -> fp8 differently from

@@ -71,7 +71,8 @@ def _scale_from_amax(amax, FP8_MAX: tl.constexpr, EMAX: tl.constexpr, POW2: tl.c
 @triton.jit
 def _to_fp8(v, scale, q_ptr, FP8_MAX: tl.constexpr, MANT: tl.constexpr, MIN_NORMAL: tl.constexpr,
             MAGIC: tl.constexpr):
-    v = tl.minimum(tl.maximum(v / scale, -FP8_MAX), FP8_MAX)
+    # div_rn: IEEE division, as PyTorch's; Triton's `/` on the GPU is an approximate (2-ulp) division
+    v = tl.minimum(tl.maximum(tl.math.div_rn(v, scale), -FP8_MAX), FP8_MAX)
     return round_to_fp8(v, MANT, MIN_NORMAL, MAGIC).to(q_ptr.dtype.element_ty)  # an exact conversion
 
 
@@ -87,6 +88,21 @@ def quantize_blocks_kernel(x_ptr, q_ptr, scale_ptr, n, n_blocks, BLOCK: tl.const
     scale = _scale_from_amax(tl.max(tl.abs(x), axis=1), FP8_MAX, EMAX, POW2)
     tl.store(q_ptr + offsets, _to_fp8(x, scale[:, None], q_ptr, FP8_MAX, MANT, MIN_NORMAL, MAGIC), mask=mask)
     tl.store(scale_ptr + blk, scale, mask=blk < n_blocks)
+
+
+@triton.jit
+def fake_quantize_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, GROUPS: tl.constexpr, FP8_MAX: tl.constexpr,
+                         EMAX: tl.constexpr, MANT: tl.constexpr, MIN_NORMAL: tl.constexpr, MAGIC: tl.constexpr,
+                         POW2: tl.constexpr):
+    """quantize then dequantize in one pass: the values the fp8 tensor represents, in x's dtype
+    (quantization-aware training's fake quantization; lab 04's reference)."""
+    blk = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
+    offsets = blk[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    scale = _scale_from_amax(tl.max(tl.abs(x), axis=1), FP8_MAX, EMAX, POW2)[:, None]
+    q = round_to_fp8(tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_MAX), FP8_MAX), MANT, MIN_NORMAL, MAGIC)
+    tl.store(out_ptr + offsets, (q * scale).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -155,6 +171,19 @@ def quantize(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, block: i
         quantize_blocks_kernel[(triton.cdiv(n_blocks, groups),)](x, q, scales, n, n_blocks, BLOCK=block,
                                                                  GROUPS=groups, num_warps=NUM_WARPS, **fp8)
     return q, scales
+
+
+def fake_quantize(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, block: int = FP8_BLOCK,
+                  pow2: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+    """dequantize(quantize(x)) per block, in one pass, in x's dtype (written into `out` if given)."""
+    check_fp8_args("fake_quantize", x, dtype, block)
+    out = torch.empty_like(x) if out is None else out
+    if x.numel():
+        n_blocks = triton.cdiv(x.numel(), block)
+        groups = max(1, min(GROUPS, triton.next_power_of_2(n_blocks)))
+        fake_quantize_kernel[(triton.cdiv(n_blocks, groups),)](x, out, x.numel(), BLOCK=block, GROUPS=groups,
+                                                               num_warps=NUM_WARPS, **fp8_constants(dtype, pow2))
+    return out
 
 
 def dequantize(q: torch.Tensor, scales: torch.Tensor, block: int | None = FP8_BLOCK,
