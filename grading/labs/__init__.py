@@ -6,6 +6,7 @@ import importlib
 LAB_MODULES = {
     "01_elementwise_add": "grading.labs.lab01_elementwise_add",
     "02_rmsnorm": "grading.labs.lab02_rmsnorm",
+    "04_mixed_precision": "grading.labs.lab04_mixed_precision",
 }
 
 
