@@ -79,5 +79,6 @@ CORPUS = {
                                        "elements wrong", "(hint: keep a compensation per lane"),
     # the largest values of a block whose amax has a mantissa above 1.8125 land above 464: 480 or 512, not 448
     "no_clamp": ("fp8_block_fake_quant", fp8_submission, "3x5000 float32: n=15000:", "(hint: scale"),
-    "scale_from_mean": ("fp8_block_fake_quant", fp8_submission, "1 float32: n=1: 1 of 1 elements wrong", "(hint: scale"),
+    "scale_from_mean": ("fp8_block_fake_quant", fp8_submission, "1 float32: n=1: 1 of 1 elements wrong",
+                        "(hint: scale"),
 }

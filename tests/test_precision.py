@@ -94,7 +94,8 @@ def test_seed_004_increments(name):
     assert f"{triton_reduce.sum(x16, torch.float32, **seq).item():.4f}" == "10.0021"
     assert triton_reduce.sum(x32, torch.bfloat16, **seq).item() == 4.0  # stalls: 4 + 0.01 rounds back to 4
     assert triton_reduce.sum(x32, torch.bfloat16, "kahan", block=1, trips=1024).item() == 10.0
-    assert torch.equal(triton_reduce.sum(x16, torch.float16, **seq).cpu(), reference.sequential_sum(x16, torch.float16).half())
+    want = reference.sequential_sum(x16, torch.float16).half()
+    assert torch.equal(triton_reduce.sum(x16, torch.float16, **seq).cpu(), want)
 
 
 def test_kahan_beats_naive_where_naive_drifts():
@@ -195,7 +196,8 @@ def test_clamp_matters_for_pow2_scales():
 
 
 BAD_FP8 = [
-    ("int input", lambda: triton_fp8.quantize(torch.ones(4, dtype=torch.int32, device=DEVICE)), TypeError, "dtype int32"),
+    ("int input", lambda: triton_fp8.quantize(torch.ones(4, dtype=torch.int32, device=DEVICE)), TypeError,
+     "dtype int32"),
     ("not fp8", lambda: triton_fp8.quantize(torch.ones(4, device=DEVICE), torch.float16), TypeError, "float8_e4m3fn"),
     ("block 100", lambda: triton_fp8.quantize(torch.ones(4, device=DEVICE), block=100), ValueError, "power of two"),
     ("strided", lambda: triton_fp8.quantize(torch.ones(4, 4, device=DEVICE).t()), ValueError, "contiguous"),

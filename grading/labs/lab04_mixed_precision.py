@@ -68,6 +68,11 @@ def _course_sum(x, out=None):
     return result if out is None else out.copy_(result)
 
 
+def _course_sum_cuda(x, out=None):
+    result = cupy_reduce.sum(x, torch.float32, "kahan")
+    return result if out is None else out.copy_(result)
+
+
 def _torch_sum(x, out=None):
     return torch.sum(x, dim=-1)
 
@@ -76,11 +81,11 @@ def _sum_bytes(x):
     return x.numel() * x.element_size()
 
 
-def _kahan_function(name, backend, points, description, hint):
+def _kahan_function(name, backend, course_kernel, points, description, hint):
     return GradedFunction(
         name=name, points=points, backend=backend, description=description,
         make_inputs=_sum_inputs, prepare=_sum_layout, reference_fp64=reference.sum_fp64,
-        tolerance=_sum_tolerance, scale=_sum_scale, course_kernel=_course_sum, torch_native=_torch_sum,
+        tolerance=_sum_tolerance, scale=_sum_scale, course_kernel=course_kernel, torch_native=_torch_sum,
         bytes_moved=_sum_bytes, cases=SUM_CASES, perf=SUM_PERF, hint=hint, input_names=("x",),
     )
 
@@ -139,10 +144,11 @@ LAB = LabSpec(
     id="04_mixed_precision",
     title="Mixed precision: Kahan summation in Triton and CUDA C, and a per-block fp8 quantizer",
     functions=(
-        _kahan_function("kahan_sum", "triton", 4, "Triton: Kahan-compensated float32 sum of each row",
+        _kahan_function("kahan_sum", "triton", _course_sum, 4, "Triton: Kahan-compensated float32 sum of each row",
                         "keep a compensation per lane: y = x - c; t = s + y; c = (t - s) - y; s = t -- in that "
                         "order, as separate statements -- and combine the lanes without losing it"),
-        _kahan_function("kahan_sum_cuda", "cupy", 3, "CUDA C through CuPy: Kahan-compensated float32 sum of each row",
+        _kahan_function("kahan_sum_cuda", "cupy", _course_sum_cuda, 3,
+                        "CUDA C through CuPy: Kahan-compensated float32 sum of each row",
                         "each thread carries (s, c); combine the threads' s - c in double, or with a two-sum"),
         GradedFunction(
             name="fp8_block_fake_quant", points=3, backend="triton",

@@ -75,8 +75,8 @@ def _two_sum_tree(s, c, N: tl.constexpr, LOG2N: tl.constexpr, ACC: tl.constexpr)
 def sum_kernel(x_ptr, out_ptr, n, x_row_stride, out_row_stride, chunks,
                ALGO: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr, LOG2_BLOCK: tl.constexpr,
                TRIPS: tl.constexpr, FINAL: tl.constexpr):
-    """Program p sums elements [chunk * BLOCK * TRIPS, ...) of row p // chunks, chunk = p % chunks. FINAL (one chunk): store
-    the row's sum. Otherwise store the partial sum at [row, chunk] and, for Kahan, minus the
+    """Program p sums elements [chunk * BLOCK * TRIPS, ...) of row p // chunks, chunk = p % chunks.
+    FINAL (one chunk): store the row's sum. Otherwise store the partial sum at [row, chunk] and, for Kahan, minus the
     compensation at [row, chunks + chunk]: the next launch sums those 2 * chunks values."""
     pid = tl.program_id(0).to(tl.int64)
     chunk = pid % chunks
