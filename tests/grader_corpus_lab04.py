@@ -1,0 +1,84 @@
+"""Known-wrong lab 04 submissions, as plain Triton functions, and what the grader must say.
+
+Each is the lab's solution with one mistake a student makes."""
+import torch
+import triton
+import triton.language as tl
+
+from kernels import runtime
+from kernels.precision.triton_fp8 import round_to_fp8
+
+BLOCK = runtime.pick(gpu=1024, cpu=16384)
+
+
+@triton.jit
+def _kahan(x_ptr, out_ptr, n, row_stride, BLOCK: tl.constexpr, MISTAKE: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    lanes = tl.arange(0, BLOCK)
+    s = tl.zeros([BLOCK], dtype=tl.float32)
+    c = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, n, BLOCK):
+        idx = start + lanes
+        x = tl.load(x_ptr + row * row_stride + idx, mask=idx < n, other=0.0)
+        y = x - c
+        t = s + y
+        if MISTAKE == "compensation_in_one_expression":
+            c = t - (s + y)  # "simplified": s + y rounds exactly as t did, so c is always 0: a naive sum
+        else:
+            c = (t - s) - y
+        s = t
+    tl.store(out_ptr + row, tl.sum(s.to(tl.float64) - c.to(tl.float64), axis=0).to(tl.float32))
+
+
+def kahan_submission(mistake: str):
+    def kahan_sum(x, out=None):
+        if x.dim() != 2 or x.stride(1) != 1:
+            raise ValueError("kahan_sum: x must be rows (rows, n) with contiguous rows")
+        out = torch.empty(x.shape[0], dtype=torch.float32, device=x.device) if out is None else out
+        if x.shape[0]:
+            _kahan[(x.shape[0],)](x, out, x.shape[1], x.stride(0), BLOCK=BLOCK, MISTAKE=mistake)
+        return out
+    return kahan_sum
+
+
+@triton.jit
+def _fake_quant(x_ptr, out_ptr, n, GROUPS: tl.constexpr, BLOCK: tl.constexpr, MISTAKE: tl.constexpr):
+    blk = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
+    offsets = blk[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    if MISTAKE == "scale_from_mean":
+        amax = tl.sum(tl.abs(x), axis=1) / BLOCK  # the mean |x|: most blocks' large values overflow it
+    else:
+        amax = tl.max(tl.abs(x), axis=1)
+    exponent = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    scale = tl.where(amax > 0, ((exponent - 8) << 23).to(tl.float32, bitcast=True), 1.0)[:, None]
+    v = tl.math.div_rn(x, scale)
+    if MISTAKE != "no_clamp":
+        v = tl.minimum(tl.maximum(v, -448.0), 448.0)
+    q = round_to_fp8(v, 3, 2.0**-6, 2.0**14)
+    tl.store(out_ptr + offsets, (q * scale).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def fp8_submission(mistake: str):
+    def fp8_block_fake_quant(x, out=None):
+        if not x.is_contiguous():
+            raise ValueError("fp8_block_fake_quant: x must be contiguous")
+        out = torch.empty_like(x) if out is None else out
+        if x.numel():
+            blocks = triton.cdiv(x.numel(), 128)
+            groups = min(runtime.pick(gpu=32, cpu=256), triton.next_power_of_2(blocks))
+            _fake_quant[(triton.cdiv(blocks, groups),)](x, out, x.numel(), GROUPS=groups, BLOCK=128, MISTAKE=mistake)
+        return out
+    return fp8_block_fake_quant
+
+
+# function graded, submission factory, and the failure message's expected beginning and diagnosis
+CORPUS = {
+    "compensation_in_one_expression": ("kahan_sum", kahan_submission, "1 float32 drift n=10000000: n=1: 1 of 1 "
+                                       "elements wrong", "(hint: keep a compensation per lane"),
+    # the largest values of a block whose amax has a mantissa above 1.8125 land above 464: 480 or 512, not 448
+    "no_clamp": ("fp8_block_fake_quant", fp8_submission, "3x5000 float32: n=15000:", "(hint: scale"),
+    "scale_from_mean": ("fp8_block_fake_quant", fp8_submission, "1 float32: n=1: 1 of 1 elements wrong",
+                        "(hint: scale"),
+}
