@@ -21,10 +21,12 @@ ITEM_CHOICES = (2, 4)
 # Wider than 512 packs (4096 bf16, 2048 fp32), a register-resident row needs 512 threads, one or two rows
 # per SM, and measured slower than staging the row in shared memory (H200, 64M bf16 elements: 8192 wide
 # 85% of copy in registers, 90% staged with 256 threads; 16384 wide 71% in registers, 85% staged with
-# 512 threads; kernels/rmsnorm/PERFORMANCE.md). Staged rows take up to 64 KB of shared memory (3 rows
-# per SM on an H100/H200); wider rows are read twice (two-pass kernel, the second read from L2).
+# 512 threads; kernels/rmsnorm/PERFORMANCE.md). A block gets 48 KB of shared memory without an opt-in,
+# static and dynamic together; the reduction's warp sums take 128 bytes, so staged rows get up to 47 KB
+# (16384 bf16, 8192 fp32 and up to 12032); wider rows are read twice (the two-pass kernel, the second
+# read from L2).
 REGISTER_MAX_PACKS = 512
-STAGED_MAX_BYTES = 64 * 1024
+STAGED_MAX_BYTES = 47 * 1024
 STAGED_UNROLL = 4
 
 
@@ -76,6 +78,10 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, out: torch.Ten
     pack = 16 // x.element_size() if vec else 1
     kind, block, items = launch_config(width, pack, x.element_size(), threads)
     if staged:
+        if width * x.element_size() > STAGED_MAX_BYTES:
+            raise ValueError(f"rms_norm: staged=True holds a row in at most {STAGED_MAX_BYTES // 1024} KB of shared "
+                             f"memory; a row of {width} {str(x.dtype).removeprefix('torch.')} needs "
+                             f"{width * x.element_size() // 1024} KB")
         kind, block, items = "staged", threads or (block if kind == "staged" else 256), unroll or STAGED_UNROLL
     elif staged is False and kind == "staged":
         kind, block, items = launch_config(width, pack, x.element_size(), MAX_THREADS)
