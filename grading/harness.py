@@ -360,6 +360,7 @@ class FunctionResult:
     cases: list[CaseResult] = field(default_factory=list)
     perf: list[PerfResult] = field(default_factory=list)
     seed: int | None = None
+    extra_credit: bool = False
 
     @property
     def tier(self) -> str | None:
@@ -370,6 +371,12 @@ class FunctionResult:
         d = asdict(self)
         d["tier"] = self.tier
         return d
+
+
+def error_result(spec: GradedFunction, seed: int, status: str, message: str) -> dict:
+    """The report entry of a function that could not be checked (status "error", "needs a GPU", ...)."""
+    return FunctionResult(spec.name, spec.backend, spec.description, status, 0, spec.points, message, seed=seed,
+                          extra_credit=spec.extra_credit).as_dict()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -854,7 +861,8 @@ def check_function(lab, name: str, fn, *, seed: int | None = None, perf: bool | 
 
     spec = lab.function(name)
     seed = secrets.randbits(31) if seed is None else seed
-    result = FunctionResult(spec.name, spec.backend, spec.description, "fail", 0, spec.points, seed=seed)
+    result = FunctionResult(spec.name, spec.backend, spec.description, "fail", 0, spec.points, seed=seed,
+                            extra_credit=spec.extra_credit)
     if fn is None:
         result.status, result.message = "missing", f"no function named {name} was defined"
         return result

@@ -1,7 +1,8 @@
 """Scores, grades and the human-readable reports.
 
 * **Points** (correctness): a function earns its points when every correctness case passes. Functions
-  that cannot run here (CuPy without a GPU) are left out of the maximum and listed as such.
+  that cannot run here (CuPy without a GPU) are left out of the maximum and listed as such. Extra-credit
+  functions add their points on top of the maximum (a lab can score 15/10) and do not enter the grade.
 * **Grade** (performance, GPU only): seed 003's boundaries on the speed relative to the course's
   reference kernel, measured in the same run: A > 80% on every graded kernel, B > 70%, C > 60%,
   D > 40%, otherwise F. A kernel that is not correct gets F. Without a GPU: "not measured".
@@ -24,10 +25,10 @@ def score_lab(lab: dict) -> dict:
     functions = lab.get("functions", [])
     graded = [f for f in functions if f["status"] != "needs a GPU"]
     points = sum(f["points"] for f in graded)
-    max_points = sum(f["max_points"] for f in graded)
+    max_points = sum(f["max_points"] for f in graded if not f.get("extra_credit"))
     tiers = []
-    for f in functions:
-        if f["status"] == "needs a GPU":
+    for f in graded:
+        if f.get("extra_credit"):  # on top of the lab: neither its points' absence nor its speed counts against it
             continue
         tiers.append(f.get("tier") or ("F" if f["status"] != "pass" else None))
     measured = [t for t in tiers if t]
@@ -91,7 +92,8 @@ def markdown(report: dict) -> str:
             lines.append("")
         lines += ["| function | backend | status | points | message |", "|---|---|---|---|---|"]
         for f in lab.get("functions", []):
-            lines.append(f"| `{f['name']}` | {f['backend']} | {f['status']} | {f['points']}/{f['max_points']} | "
+            extra = " (extra credit)" if f.get("extra_credit") else ""
+            lines.append(f"| `{f['name']}`{extra} | {f['backend']} | {f['status']} | {f['points']}/{f['max_points']} | "
                          f"{_cell(f['message'])} |")
         failing = [(f["name"], c) for f in lab.get("functions", []) for c in f["cases"] if not c["ok"]]
         if failing:

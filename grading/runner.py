@@ -248,9 +248,9 @@ def death_reason(attempt: Attempt, opts: Options) -> str:
 
 
 def _error_function(fn_spec, seed: int, message: str) -> dict:
-    return {"name": fn_spec.name, "backend": fn_spec.backend, "description": fn_spec.description,
-            "status": "error", "points": 0, "max_points": fn_spec.points, "message": message, "cases": [],
-            "perf": [], "seed": seed, "tier": None}
+    from grading import harness
+
+    return harness.error_result(fn_spec, seed, "error", message)
 
 
 def _worker_env(opts: Options) -> dict:

@@ -73,6 +73,8 @@ class GradedFunction:
     * `allowed_ops`: PyTorch ops (e.g. `"aten.mm.default"`) this function may call on top of the
       allocations and views every function may use: a lab whose lesson is elsewhere (chunked
       cross-entropy around cuBLAS GEMMs) names the library calls it permits.
+    * `extra_credit`: its points come on top of the lab's maximum, and its speed does not enter the
+      lab's letter grade: a student who leaves it alone loses nothing.
     * A case's `params` are passed as keyword arguments to the function, `reference_fp64`, `scale` and
       `bit_exact`.
     """
@@ -102,6 +104,7 @@ class GradedFunction:
     output_shapes: Callable | None = None
     memory_budget: Callable | None = None
     allowed_ops: tuple[str, ...] = ()
+    extra_credit: bool = False
 
 
 @dataclass(frozen=True)

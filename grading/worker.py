@@ -94,12 +94,6 @@ def _warm_up(harness, runtime) -> None:
         torch.ones(2, device=runtime.DEVICE).add(1)
 
 
-def _error_result(fn_spec, seed: int, status: str, message: str) -> dict:
-    return {"name": fn_spec.name, "backend": fn_spec.backend, "description": fn_spec.description, "status": status,
-            "points": 0, "max_points": fn_spec.points, "message": message, "cases": [], "perf": [], "seed": seed,
-            "tier": None}
-
-
 def grade(notebook: Path, source: Path, lab_id: str, seed: int, progress: Progress, *, skip=(),
           perf: bool | None = None, host_gib: float = 16.0, gpu_fraction: float = 0.9) -> int:
     from grading import harness
@@ -156,22 +150,22 @@ def grade(notebook: Path, source: Path, lab_id: str, seed: int, progress: Progre
             continue
         if import_error:
             if fn_spec.backend == "cupy" and not runtime.cupy_status()[0]:  # as check_function would say
-                result = _error_result(fn_spec, seed, "needs a GPU", runtime.cupy_status()[1])
+                result = harness.error_result(fn_spec, seed, "needs a GPU", runtime.cupy_status()[1])
             else:
-                result = _error_result(fn_spec, seed, "error", import_error)
+                result = harness.error_result(fn_spec, seed, "error", import_error)
             progress.emit(event="function", result=result)
             continue
         try:
             fr = harness.check_function(lab, fn_spec.name, getattr(module, fn_spec.name, None), seed=seed,
                                         perf=perf).as_dict()
         except harness.ContextLost as exc:
-            progress.emit(event="function", result=_error_result(
+            progress.emit(event="function", result=harness.error_result(
                 fn_spec, seed, "error", f"case {exc}; the rest of the lab was graded in a new process"))
             return EXIT_CONTEXT_LOST
         tampered = guard.changed()
         if tampered:
             import_error = f"{fn_spec.name} replaced part of the grader ({', '.join(tampered[:3])}): not graded"
-            fr = _error_result(fn_spec, seed, "error", import_error)
+            fr = harness.error_result(fn_spec, seed, "error", import_error)
         progress.emit(event="function", result=fr)
     progress.emit(event="done")
     return 0

@@ -82,7 +82,9 @@ def grade(notebook):
 def test_solution_gets_full_marks_and_the_lab_zero():
     solution = grade(SOLUTIONS_DIR / "03_flash_attention_lab.ipynb")
     messages = [f["message"] for f in solution["functions"]]
-    assert solution["score"]["points"] == solution["score"]["max_points"] == 15, messages
+    # the forward's 10 points are the lab; the backward's 5 are extra credit, on top
+    assert (solution["score"]["points"], solution["score"]["max_points"]) == (15, 10), messages
+    assert [f["extra_credit"] for f in solution["functions"]] == [False, True]
     stub = grade(LABS_DIR / "03_flash_attention_lab.ipynb")
-    assert stub["score"]["points"] == 0
+    assert (stub["score"]["points"], stub["score"]["max_points"]) == (0, 10)
     assert [f["status"] for f in stub["functions"]] == ["not implemented", "not implemented"]

@@ -149,3 +149,20 @@ def test_rss_of_this_process():
     else:
         assert rss_bytes(os.getpid()) > 10 * 2**20
     assert rss_bytes(2**22 + 12345) is None
+
+
+def test_extra_credit_adds_points_and_never_lowers_the_grade():
+    from grading.report import score_lab
+
+    gpu = {"mode": "gpu"}
+    forward = {"name": "forward", "status": "pass", "points": 10, "max_points": 10, "tier": "A"}
+    backward = {"name": "backward", "status": "not implemented", "points": 0, "max_points": 5, "tier": None,
+                "extra_credit": True}
+    score = score_lab({"functions": [forward, backward], "fingerprint": gpu})
+    assert (score["points"], score["max_points"], score["grade"]) == (10, 10, "A")
+    done = {**backward, "status": "pass", "points": 5, "tier": "C"}  # a slow backward is still a bonus
+    score = score_lab({"functions": [forward, done], "fingerprint": gpu})
+    assert (score["points"], score["max_points"], score["grade"]) == (15, 10, "A")
+    # the same missing function, not extra credit, costs the lab its points and its grade
+    score = score_lab({"functions": [forward, {**backward, "extra_credit": False}], "fingerprint": gpu})
+    assert (score["points"], score["max_points"], score["grade"]) == (10, 15, "F")

@@ -214,7 +214,7 @@ def _backward_flops(q, k, v, o, lse, do, causal=False):
 
 
 BACKWARD = GradedFunction(
-    name="flash_attention_backward", points=5, backend="triton",
+    name="flash_attention_backward", points=5, backend="triton", extra_credit=True,
     description="extra credit, Triton: dQ, dK, dV recomputing P from lse (delta pre-pass, dK/dV and dQ kernels)",
     make_inputs=_backward_inputs, prepare=_backward_layout, reference_fp64=_backward_reference,
     tolerance=_tolerance, scale=_backward_scale, n_outputs=3, output_names=("dq", "dk", "dv"),
