@@ -27,6 +27,7 @@ import inspect
 import secrets
 import time
 import traceback
+import warnings
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -265,7 +266,9 @@ def watch(profile_cuda: bool = False, snapshot=None, allowed_ops: tuple[str, ...
     prof = None
     if profile_cuda:
         prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
-        prof.__enter__()
+        with warnings.catch_warnings():  # "Profiler clears events at the end of each cycle": not the student's
+            warnings.simplefilter("ignore", UserWarning)
+            prof.__enter__()
     grader = torch.cuda.current_stream() if runtime.ON_GPU else None
     _LaunchState.grader_stream, _LaunchState.delay_side_streams, _LaunchState.side_streams = grader, True, []
     try:
@@ -288,9 +291,11 @@ def watch(profile_cuda: bool = False, snapshot=None, allowed_ops: tuple[str, ...
             except Exception as exc:  # noqa: BLE001 - e.g. an illegal memory access surfaces here
                 failure = exc
         if prof is not None and failure is None:
-            prof.__exit__(None, None, None)
-            record.cuda_kernels = sorted({e.name for e in prof.events()
-                                          if e.device_type == torch.autograd.DeviceType.CUDA})
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                prof.__exit__(None, None, None)
+                record.cuda_kernels = sorted({e.name for e in prof.events()
+                                              if e.device_type == torch.autograd.DeviceType.CUDA})
         if failure is not None:
             raise failure
 
