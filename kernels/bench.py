@@ -226,6 +226,18 @@ def measure_matmul_tflops(n: int = 8192, dtype: torch.dtype = torch.bfloat16) ->
     return t.tflops(2 * n**3)
 
 
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "data" / "results"
+
+
+def save_results(name: str, results: dict, gpu_slug: str | None = None) -> Path:
+    """Write a benchmark's results (which carry their environment fingerprint) to
+    data/results/<gpu>/<name>.json, <gpu> being this GPU's short name unless `gpu_slug` says otherwise."""
+    path = RESULTS_DIR / (gpu_slug or runtime.gpu_info().slug) / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1, default=str))
+    return path
+
+
 def ceilings(refresh: bool = False) -> dict | None:
     """Copy GB/s and bf16 matmul TFLOP/s of this GPU, measured once and cached per GPU and software.
 

@@ -107,3 +107,12 @@ def test_invalid_mode_is_rejected(value, monkeypatch):
         importlib.reload(runtime)
     monkeypatch.delenv("KERNELS_MODE")
     importlib.reload(runtime)
+
+
+def test_results_are_saved_per_gpu_as_strict_json(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setattr(bench, "RESULTS_DIR", tmp_path)
+    path = bench.save_results("99_example", {"fingerprint": {"gpu": "Test GPU"}, "median_us": 1.5}, gpu_slug="testgpu")
+    assert path == tmp_path / "testgpu" / "99_example.json"
+    assert json.loads(path.read_text()) == {"fingerprint": {"gpu": "Test GPU"}, "median_us": 1.5}

@@ -8,18 +8,16 @@ in the same process as the torch equivalent it is compared with.
 """
 from __future__ import annotations
 
-import json
 import math
 import sys
-from pathlib import Path
 
 import torch
 
 from kernels import bench, runtime
+from kernels.bench import RESULTS_DIR  # noqa: F401 (the notebooks find the committed results through it)
 from kernels.add import cupy_add, reference, triton_add
 from kernels.testing import generator, random_tensor
 
-RESULTS_DIR = Path(__file__).resolve().parents[2] / "data" / "results"
 TARGET_N = 64 * 2**20  # the issue's size for the bandwidth targets: 64M elements, far beyond L2
 
 
@@ -178,10 +176,7 @@ def main() -> int:
         "micro_vs_decode": [fused_vs_two_adds((1024, 2560)), fused_vs_two_adds((1, 2560))],
         "decode": decode_residual_stream(),
     }
-    out_dir = RESULTS_DIR / runtime.gpu_info().slug
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "01_elementwise_add.json"
-    path.write_text(json.dumps(results, indent=1))
+    path = bench.save_results("01_elementwise_add", results)
     print(bench.table([{k: (v if not isinstance(v, float) or math.isfinite(v) else None)
                         for k, v in c.items() if k in ("target", "value", "threshold", "pass")}
                        for c in results["targets"]], floatfmt=".3f"))

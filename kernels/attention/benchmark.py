@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import bench, runtime
-from kernels.add.benchmark import RESULTS_DIR
+from kernels.bench import RESULTS_DIR
 from kernels.attention import reference, triton_decode, triton_flash
 from kernels.testing import generator, random_tensor
 
@@ -316,8 +316,7 @@ def main(argv: list[str]) -> int:
         print(f"unknown sections {unknown}; choose from {SECTIONS}")
         return 1
     ceilings = bench.ceilings()
-    out_dir = RESULTS_DIR / runtime.gpu_info().slug
-    path = out_dir / "03_flash_attention.json"
+    path = RESULTS_DIR / runtime.gpu_info().slug / "03_flash_attention.json"
     # A run of some sections updates them in the existing record (one file, whether the run was split
     # over several calls or not); each section carries its own fingerprint.
     results = json.loads(path.read_text()) if len(sections) < len(SECTIONS) and path.exists() else {}
@@ -335,8 +334,7 @@ def main(argv: list[str]) -> int:
     results.setdefault("autotune", {}).update({f"{k} ({'+'.join(sections)})": v
                                                for k, v in autotune_choices().items()})
     results["checks"] = performance_targets(results, ceilings["copy_gbps"])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=1, default=str))
+    path = bench.save_results("03_flash_attention", results)
     report(results)
     print(f"wrote {path}")
     return 0 if all(c["pass"] for c in results["checks"]) else 2

@@ -16,14 +16,12 @@ Time: interleaved device events (`kernels.bench.benchmark`); flops: 3 products o
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 
 import torch
 
 from kernels import bench, runtime
-from kernels.add.benchmark import RESULTS_DIR
 from kernels.memory import estimator, gpt, profiling, reference, timeline, triton_chunked_loss
 from kernels.memory import triton_cross_entropy as tce
 from kernels.testing import generator
@@ -168,10 +166,7 @@ def main() -> int:
     results["estimator"] = estimator_vs_measured()
     results["timeline_render_s"] = timeline_render_seconds()
     results["targets"] = performance_targets(results)
-    out_dir = RESULTS_DIR / runtime.gpu_info().slug
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "05_memory_profiling.json"
-    path.write_text(json.dumps(results, indent=1))
+    path = bench.save_results("05_memory_profiling", results)
     for c in results["targets"]:
         print(f"{'PASS' if c['pass'] else 'FAIL'}  {c['target']}: {c['value']:.3f} (limit {c['threshold']})")
     for name, row in results["fused_linear_cross_entropy"]["impls"].items():

@@ -10,13 +10,11 @@ GB/s. The copy of the same 256M floats is timed in the same interleaved run, bes
 """
 from __future__ import annotations
 
-import json
 import sys
 
 import torch
 
 from kernels import bench, runtime
-from kernels.add.benchmark import RESULTS_DIR
 from kernels.precision import cupy_reduce, reference, triton_fp8, triton_reduce
 from kernels.testing import generator
 
@@ -117,10 +115,7 @@ def main() -> int:
                "ceilings": {k: v for k, v in ceilings.items() if k != "fingerprint"},
                "n": N, "sums": sums(), "accumulators": accumulators(), "accuracy_in_u": accuracy(), "fp8": fp8()}
     results["targets"] = performance_targets(results)
-    out_dir = RESULTS_DIR / runtime.gpu_info().slug
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "04_mixed_precision.json"
-    path.write_text(json.dumps(results, indent=1))
+    path = bench.save_results("04_mixed_precision", results)
     print(bench.table([{k: c[k] for k in ("target", "value", "threshold", "pass")} for c in results["targets"]],
                       floatfmt=".3f"))
     for section in ("sums", "accumulators", "fp8"):

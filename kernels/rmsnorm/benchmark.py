@@ -9,13 +9,12 @@ moves 5 tensors (forward: read x, write y; backward: read x and dy, write dx).
 """
 from __future__ import annotations
 
-import json
 import sys
 
 import torch
 
 from kernels import bench, runtime
-from kernels.add.benchmark import RESULTS_DIR
+from kernels.bench import RESULTS_DIR  # noqa: F401 (the notebooks find the committed results through it)
 from kernels.rmsnorm import cupy_rmsnorm, reference, triton_rmsnorm
 from kernels.testing import generator, random_tensor
 
@@ -182,10 +181,7 @@ def main() -> int:
                "forward_backward": forward_backward(), "width_sweep": width_sweep(), "rows_sweep": rows_sweep(),
                "decode_graph": decode_in_graph(), "cupy_wide_rows": cupy_wide_rows_sweep()}
     results["targets"] = performance_targets(ceilings, results)
-    out_dir = RESULTS_DIR / runtime.gpu_info().slug
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "02_rmsnorm.json"
-    path.write_text(json.dumps(results, indent=1))
+    path = bench.save_results("02_rmsnorm", results)
     print(bench.table([{k: c[k] for k in ("target", "value", "threshold", "pass")} for c in results["targets"]],
                       floatfmt=".3f"))
     for section in ("forward", "cupy_threads", "fused_residual", "forward_backward", "decode_graph"):
