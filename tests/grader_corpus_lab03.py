@@ -239,9 +239,9 @@ BACKWARD_CORPUS = {
     "none": (None, None),
     # with one key the softmax is constant: dQ = 0 exactly, but P * dP is not
     "backward_no_delta": ("1x2x2x1x1x64 float16",
-                          "dq: n=256: 128 of 128 elements wrong; first bad index (0, 0, 0, 0): expected "),  # 0 or -0
+                          "dq: shape 1x2x2x1x1x64: 128 of 128 elements wrong; first bad index (0, 0, 0, 0): expected "),  # 0 or -0
     # the first query row sees one key, so its dQ is 0; with the diagonal block unmasked it is not
-    "backward_no_causal_mask": ("2x2x2x100x100x64 float16 causal causal=True", "dq: n=5120000: "),
+    "backward_no_causal_mask": ("2x2x2x100x100x64 float16 causal causal=True", "dq: shape 2x2x2x100x100x64: "),
     # dK of KV head 0 gets query head 0's share, not heads 0 and 1's
-    "backward_first_head_of_group": ("2x4x2x100x197x64 bfloat16", "dk: n=20172800: "),
+    "backward_first_head_of_group": ("2x4x2x100x197x64 bfloat16", "dk: shape 2x4x2x100x197x64: "),
 }
