@@ -93,6 +93,21 @@ def moe_loop(x: torch.Tensor, w: MoEWeights, top_k: int, *, fp64: bool = False,
     return out if fp64 else out.to(x.dtype)
 
 
+def output_scale(x: torch.Tensor, w: MoEWeights, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """sum_j weights[t, j] * (|h_j| @ |w_down[e_j]|.T) in float64, h_j the expert's SwiGLU activations:
+    the magnitude of the terms each output sums. Rounding h (the kernel stores it in x's dtype) moves the
+    output by at most an ulp of this, however much the terms cancel; tests scale their tolerance by it."""
+    xs = x.double()
+    out = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
+    for e in range(w.experts):
+        token, slot = torch.nonzero(ids == e, as_tuple=True)
+        if token.numel() == 0:
+            continue
+        h = F.silu(xs[token] @ w.gate[e].double().T) * (xs[token] @ w.up[e].double().T)
+        out.index_add_(0, token, (h.abs() @ w.down[e].double().abs().T) * weights[token, slot, None].double())
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------
 # Load balance (Switch Transformer, Fedus et al. 2021; GShard): the auxiliary loss and what it watches.
 
