@@ -20,6 +20,15 @@ DTYPES = [torch.bfloat16, torch.float16]
 needs_gpu = pytest.mark.skipif(not runtime.ON_GPU, reason="needs a GPU (CuPy kernels, CUDA graphs)")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_gemm_config():
+    """On the GPU, one grouped-GEMM configuration per case (the benchmark autotunes over all of them and
+    checks the result at full size); the CPU has only one."""
+    triton_grouped_gemm.TUNING_OVERRIDE = 0
+    yield
+    triton_grouped_gemm.TUNING_OVERRIDE = None
+
+
 @pytest.fixture
 def poisoned_empty(monkeypatch):
     """torch.empty / empty_like return poisoned memory while the test runs (the kernels allocate their

@@ -35,10 +35,12 @@ from kernels.moe.triton_permute import Permutation
 
 UPCAST = not runtime.ON_GPU  # bf16 tl.dot is wrong in the interpreter (DESIGN.md): float32 tiles there
 
-# (BLOCK_N, BLOCK_K, num_warps, num_stages) for sm_90. The SwiGLU kernel holds two float32 accumulators,
-# so BLOCK_N = 256 (2 x 128 x 256 floats = 256 registers a thread at 8 warps) is pruned for it; shared
-# memory (227 KB) bounds stages x (A tile + one or two B tiles); configs over it fail to compile and the
-# autotuner skips them.
+# (BLOCK_N, BLOCK_K, num_warps, num_stages) for sm_90. Registers bound them: a configuration is pruned
+# when its float32 accumulators (two for SwiGLU) exceed ACC_REGS per thread -- compiled offline for sm_90
+# (see PERFORMANCE.md), SwiGLU at 128 x 128 with 4 warps (256 accumulator registers a thread) spilled
+# 520 bytes, every configuration at or under 128 spilled nothing. Shared memory (227 KB) bounds
+# stages x (A tile + one or two B tiles); a configuration over it fails to compile and the autotuner
+# skips it.
 GPU_TUNING = [(128, 64, 8, 4), (128, 64, 4, 4), (128, 128, 8, 3), (64, 64, 4, 4), (64, 128, 4, 3),
               (256, 64, 8, 3)]
 GROUP_M = 8
@@ -51,9 +53,31 @@ def _configs() -> list[triton.Config]:
             for n, k, w, s in GPU_TUNING]
 
 
+# None: autotune over the configurations the pruner keeps. An integer i: use the i-th kept one alone
+# (the GPU tests use 0, to compile one kernel per case). Set it before the first call of a shape: the
+# autotuner remembers its choice per key.
+TUNING_OVERRIDE: int | None = None
+ACC_REGS = 128
+SHARED_BYTES = 227 * 1024  # an sm_90 block's shared memory with the opt-in Triton makes
+
+
+def accumulator_registers(block_m: int, block_n: int, num_warps: int, swiglu: bool) -> int:
+    return (2 if swiglu else 1) * block_m * block_n // (32 * num_warps)
+
+
+def pipeline_bytes(block_m: int, block_n: int, block_k: int, num_stages: int, swiglu: bool, element_size=2) -> int:
+    """Shared memory of the software pipeline: per stage an A tile and one or two weight tiles."""
+    return num_stages * (block_m * block_k + (2 if swiglu else 1) * block_k * block_n) * element_size
+
+
 def _prune(configs, named_args, **kwargs):
-    swiglu = {**named_args, **kwargs}["SWIGLU"]
-    kept = [c for c in configs if not (swiglu and c.kwargs["BLOCK_N"] > 128)]
+    args = {**named_args, **kwargs}
+    bm, swiglu = args["BLOCK_M"], args["SWIGLU"]
+    kept = [c for c in configs
+            if accumulator_registers(bm, c.kwargs["BLOCK_N"], c.num_warps, swiglu) <= ACC_REGS
+            and pipeline_bytes(bm, c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_stages, swiglu) <= SHARED_BYTES]
+    if TUNING_OVERRIDE is not None:
+        kept = [kept[min(TUNING_OVERRIDE, len(kept) - 1)]] if kept else kept
     return kept or configs[:1]
 
 
