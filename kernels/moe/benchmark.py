@@ -34,6 +34,7 @@ from kernels.testing import generator
 EXPERTS, HIDDEN, INTER, TOP_K = 32, 4096, 11008, 2
 TOKENS = (2048, 8192, 32768, 65536)
 DTYPE = torch.bfloat16
+CUPY = runtime.cupy_status()[0]  # the CUDA C permutation runs where CuPy can
 # The issue's anchors (H200, 2026-11-21), for the printout; the targets use this run's own measurements.
 ANCHOR_MS = {2048: {"naive": 6.2, "grouped_mm": 4.9}, 8192: {"naive": 11.6, "grouped_mm": 9.1},
              32768: {"naive": 35.0, "grouped_mm": 32.7, "dense": 30.6}}
@@ -69,8 +70,9 @@ def layer_times(tokens: int, w: reference.MoEWeights, extra: dict, *, skew: bool
     x = x.to(DTYPE)
     ws = reference.MoEWeights(router, w.gate, w.up, w.down)
     fns = {"naive": lambda: reference.moe_loop(x, ws, TOP_K),
-           "ours": lambda: moe_layer.moe_forward(x, ws, TOP_K),
-           "ours (CUDA C permute)": lambda: moe_layer.moe_forward(x, ws, TOP_K, permutation="cuda")}
+           "ours": lambda: moe_layer.moe_forward(x, ws, TOP_K)}
+    if CUPY:
+        fns["ours (CUDA C permute)"] = lambda: moe_layer.moe_forward(x, ws, TOP_K, permutation="cuda")
     if extra.get("gate_up_t") is not None:
         fns["grouped_mm"] = lambda: grouped_mm_layer(x, ws, extra["gate_up_t"], extra["down_t"])
     if not skew:
@@ -81,8 +83,9 @@ def layer_times(tokens: int, w: reference.MoEWeights, extra: dict, *, skew: bool
     # Correctness at full size, against the naive loop in bf16 (both round; the CPU tests check against fp64).
     ours = moe_layer.moe_forward(x, ws, TOP_K)
     naive = reference.moe_loop(x, ws, TOP_K)
-    row = {"tokens": tokens, "skewed": skew, "rel_err_vs_naive": _rel_err(ours, naive),
-           "rel_err_cuda_permute": _rel_err(moe_layer.moe_forward(x, ws, TOP_K, permutation="cuda"), naive)}
+    row = {"tokens": tokens, "skewed": skew, "rel_err_vs_naive": _rel_err(ours, naive)}
+    if CUPY:
+        row["rel_err_cuda_permute"] = _rel_err(moe_layer.moe_forward(x, ws, TOP_K, permutation="cuda"), naive)
     if "grouped_mm" in fns:
         row["rel_err_grouped_mm"] = _rel_err(fns["grouped_mm"](), naive)
     timings = bench.benchmark(fns)
@@ -112,19 +115,19 @@ def layer_times(tokens: int, w: reference.MoEWeights, extra: dict, *, skew: bool
 
 def stage_times(x, w: reference.MoEWeights, block_m: int, layer_ms: float) -> dict:
     """Each stage of ours alone, on the previous stage's real outputs."""
-    from kernels.moe import cupy_permute
-
     probs, ids, weights = triton_router.route(x, w.router, TOP_K)
     perm = triton_permute.permute(ids, EXPERTS, block_m)
     h = triton_grouped_gemm.gate_up_swiglu(x, w.gate, w.up, perm)
     y = triton_grouped_gemm.down(h, w.down, perm)
     fns = {"router": lambda: triton_router.route(x, w.router, TOP_K),
            "permute (Triton)": lambda: triton_permute.permute(ids, EXPERTS, block_m),
-           "permute (CUDA C)": lambda: cupy_permute.permute(ids, EXPERTS, block_m),
            "gate_up + SwiGLU": lambda: triton_grouped_gemm.gate_up_swiglu(x, w.gate, w.up, perm),
            "gate_up unfused": lambda: triton_grouped_gemm.gate_up_unfused(x, w.gate, w.up, perm),
            "down": lambda: triton_grouped_gemm.down(h, w.down, perm),
            "combine": lambda: triton_combine.combine(y, weights, perm)}
+    if CUPY:
+        from kernels.moe import cupy_permute
+        fns["permute (CUDA C)"] = lambda: cupy_permute.permute(ids, EXPERTS, block_m)
     out = {name: t.median_us / 1e3 for name, t in bench.benchmark(fns).items()}
     small = out["router"] + out["permute (Triton)"] + out["combine"]
     out["router + permute + combine % of layer"] = 100 * small / layer_ms
@@ -159,7 +162,7 @@ def performance_targets(rows: dict) -> list[dict]:
                        "value": share, "threshold": 5})
     for t, r in rows.items():
         checks.append({"target": f"{t} tokens: matches the naive loop (relative error <= 2e-2)",
-                       "pass": r["rel_err_vs_naive"] <= 2e-2 and r["rel_err_cuda_permute"] <= 2e-2,
+                       "pass": r["rel_err_vs_naive"] <= 2e-2 and r.get("rel_err_cuda_permute", 0) <= 2e-2,
                        "value": r["rel_err_vs_naive"], "threshold": 2e-2})
     return checks
 
