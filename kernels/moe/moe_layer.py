@@ -1,0 +1,45 @@
+"""The MoE layer from the pieces, five steps, no host sync (so `torch.cuda.graphs` can capture it):
+
+    router   (triton_router)        x -> probs, ids (tokens, k), weights (tokens, k)     1 launch
+    permute  (triton_permute or     ids -> counts, padded offsets, sorted rows, tile ->   3 launches
+              cupy_permute)          expert map, row of each assignment                  (+1 fill)
+    gate_up  (grouped GEMM)         h = silu(x_e W_gate[e]^T) * (x_e W_up[e]^T)           1 launch
+    down     (grouped GEMM)         y = h_e W_down[e]^T                                   1 launch
+    combine  (triton_combine)       out[t] = sum_j weights[t, j] y[row of (t, j)]         1 launch
+
+Every buffer has a size known from the shapes alone (the padded-row bound), so nothing is read back.
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels.moe import triton_combine, triton_grouped_gemm, triton_permute, triton_router
+from kernels.moe.reference import MoEWeights
+from kernels.moe.validate import check_expert_weights, check_router_args
+
+
+def _permute(ids, experts, block_m, permutation: str):
+    if permutation == "triton":
+        return triton_permute.permute(ids, experts, block_m)
+    if permutation == "cuda":
+        from kernels.moe import cupy_permute
+        return cupy_permute.permute(ids, experts, block_m)
+    raise ValueError(f"moe_forward: permutation must be 'triton' or 'cuda', got {permutation!r}")
+
+
+def moe_forward(x: torch.Tensor, w: MoEWeights, top_k: int, *, permutation: str = "triton",
+                fuse_swiglu: bool = True, block_m: int | None = None, return_routing: bool = False):
+    """out (tokens, hidden) in x's dtype; with `return_routing`, also (probs, ids, weights, Permutation)."""
+    check_router_args("moe_forward", x, w.router, top_k)
+    check_expert_weights("moe_forward", x, w.gate, w.up, w.down)
+    if w.router.shape[0] != w.experts:
+        raise ValueError(f"moe_forward: the router has {w.router.shape[0]} experts but the expert weights "
+                         f"{w.experts}")
+    block_m = block_m or triton_grouped_gemm.block_m_for(x.shape[0], w.experts, top_k)
+    probs, ids, weights = triton_router.route(x, w.router, top_k)
+    perm = _permute(ids, w.experts, block_m, permutation)
+    gate_up = triton_grouped_gemm.gate_up_swiglu if fuse_swiglu else triton_grouped_gemm.gate_up_unfused
+    h = gate_up(x, w.gate, w.up, perm)
+    y = triton_grouped_gemm.down(h, w.down, perm)
+    out = triton_combine.combine(y, weights, perm)
+    return (out, (probs, ids, weights, perm)) if return_routing else out
