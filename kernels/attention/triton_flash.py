@@ -130,6 +130,20 @@ def _bucket(n: int) -> int:
 
 
 @triton.jit
+def _key_range(m0, n_k, causal_offset, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(unmasked_end, hi) for the query rows [m0, m0 + BLOCK_M): keys [0, unmasked_end) are whole blocks
+    every row sees (no mask needed), keys [unmasked_end, hi) need masks, keys from hi on are never visited.
+    Causal: every row sees keys j <= m0 + offset; the last row sees j < m0 + BLOCK_M + offset."""
+    if CAUSAL:
+        hi = tl.minimum(n_k, tl.maximum(0, m0 + BLOCK_M + causal_offset))
+        unmasked_end = tl.maximum(0, tl.minimum(n_k, m0 + causal_offset + 1)) // BLOCK_N * BLOCK_N
+    else:
+        hi = n_k
+        unmasked_end = n_k // BLOCK_N * BLOCK_N
+    return unmasked_end, hi
+
+
+@triton.jit
 def _fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, rows, lo, hi, n_k, causal_offset,
                  qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                  CAUSAL: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr):
@@ -222,13 +236,7 @@ def flash_fwd_kernel(Q, K, V, O, LSE,
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
 
     causal_offset = n_k - n_q
-    if CAUSAL:
-        # Every row of this block sees keys j <= m0 + offset; the last row sees j < m0 + BLOCK_M + offset.
-        hi = tl.minimum(n_k, tl.maximum(0, m0 + BLOCK_M + causal_offset))
-        unmasked_end = tl.maximum(0, tl.minimum(n_k, m0 + causal_offset + 1)) // BLOCK_N * BLOCK_N
-    else:
-        hi = n_k
-        unmasked_end = n_k // BLOCK_N * BLOCK_N
+    unmasked_end, hi = _key_range(m0, n_k, causal_offset, CAUSAL, BLOCK_M, BLOCK_N)
     acc, l_i, m_i = _fwd_kv_loop(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, rows, 0, unmasked_end,
                                  n_k, causal_offset, qk_scale, HEAD_DIM, BLOCK_N, False, CAUSAL, UPCAST, TMA)
     acc, l_i, m_i = _fwd_kv_loop(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, rows, unmasked_end, hi,
@@ -538,12 +546,7 @@ def flash_bwd_dq_kernel(Q, K, V, DO, LSE2, DELTA, DQ,
     v_base = V + b.to(tl.int64) * stride_vb + kv_h.to(tl.int64) * stride_vh
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     causal_offset = n_k - n_q
-    if CAUSAL:
-        hi = tl.minimum(n_k, tl.maximum(0, m0 + BLOCK_M + causal_offset))
-        unmasked_end = tl.maximum(0, tl.minimum(n_k, m0 + causal_offset + 1)) // BLOCK_N * BLOCK_N
-    else:
-        hi = n_k
-        unmasked_end = n_k // BLOCK_N * BLOCK_N
+    unmasked_end, hi = _key_range(m0, n_k, causal_offset, CAUSAL, BLOCK_M, BLOCK_N)
     dq = _dq_kv_loop(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, rows, 0, unmasked_end, n_k,
                      causal_offset, qk_scale, HEAD_DIM, BLOCK_N, False, CAUSAL, UPCAST)
     dq = _dq_kv_loop(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, rows, unmasked_end, hi, n_k,
