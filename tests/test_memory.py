@@ -124,25 +124,9 @@ SMALL = gpt.GPTConfig(vocab=1000, max_seq=64, d_model=64, layers=2, heads=4)
 def _measured_phases(cfg, batch, seq, dtype=torch.float32):
     before = torch.cuda.memory_allocated() if runtime.ON_GPU else 0  # earlier tests' leftovers are not ours
     torch.manual_seed(0)
-    model = gpt.GPT(cfg).to(DEV, dtype)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-    idx, tg = gpt.make_batch(cfg, batch, seq, DEV)
-
-    def step():
-        model(idx, tg).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    step()  # AdamW allocates its state in the first step: measure the second
     est = estimator.estimate(cfg, batch, seq, dtype, **({} if runtime.ON_GPU else {"rounding": 1, "workspace": 0}))
     rec = profiling.PhaseRecorder(baseline=est.parameters + est.adam_state + est.inputs, exclude=before)
-    with rec.phase("forward"):
-        loss = model(idx, tg)
-    with rec.phase("backward"):
-        loss.backward()
-    with rec.phase("step"):
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    gpt.record_training_step(cfg, batch, seq, dtype, DEV, rec)
     return est, {p.name: p.peak for p in rec.phases}
 
 

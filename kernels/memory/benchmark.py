@@ -103,23 +103,10 @@ def estimator_vs_measured(batch=4, seq=1024, dtype=torch.float32) -> dict:
     cfg = gpt.GPT2_SMALL
     torch.cuda.empty_cache()
     before = torch.cuda.memory_allocated()  # e.g. the L2-flush buffer: not the model's
-    model = gpt.GPT(cfg).to("cuda", dtype)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-    idx, tg = gpt.make_batch(cfg, batch, seq, "cuda")
-    model(idx, tg).backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
     rec = profiling.PhaseRecorder(exclude=before)
-    with rec.phase("forward"):
-        loss = model(idx, tg)
-    with rec.phase("backward"):
-        loss.backward()
-    with rec.phase("step"):
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    gpt.record_training_step(cfg, batch, seq, dtype, "cuda", rec)
     est = estimator.estimate(cfg, batch, seq, dtype)
     predicted = {"forward": est.peak_forward, "backward": est.peak_forward_backward, "step": est.peak_optimizer}
-    del model, opt, loss
     torch.cuda.empty_cache()
     return {p.name: {"measured_peak": p.peak, "predicted_peak": predicted[p.name],
                      "error": predicted[p.name] / p.peak - 1, "reserved": p.reserved_end} for p in rec.phases}

@@ -79,3 +79,22 @@ def make_batch(cfg: GPTConfig, batch: int, seq: int, device, seed: int = 0) -> t
     g = torch.Generator(device=device).manual_seed(seed)
     idx = torch.randint(0, cfg.vocab, (batch, seq + 1), device=device, generator=g)
     return idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
+
+
+def record_training_step(cfg: GPTConfig, batch: int, seq: int, dtype: torch.dtype, device, recorder) -> None:
+    """Build the model and AdamW, take one training step (AdamW allocates its state in the first), then take
+    a second with its forward, backward and optimizer phases recorded by `recorder` (a
+    `profiling.PhaseRecorder`). Everything is freed on return; the recorder keeps the measurements."""
+    model = GPT(cfg).to(device, dtype)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    idx, targets = make_batch(cfg, batch, seq, device)
+    model(idx, targets).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    with recorder.phase("forward"):
+        loss = model(idx, targets)
+    with recorder.phase("backward"):
+        loss.backward()
+    with recorder.phase("step"):
+        opt.step()
+        opt.zero_grad(set_to_none=True)
