@@ -41,6 +41,17 @@ __device__ __forceinline__ void store_pack(T* __restrict__ p, const float (&in)[
     }
 }
 
+// The second half of every variant: y = x * rstd * w for one pack of the row (v holds x as floats).
+template <typename T, int V>
+__device__ __forceinline__ void scale_pack(const float (&v)[V], const T* __restrict__ w, T* __restrict__ y,
+                                           float rstd) {
+    float wv[V], out[V];
+    load_pack<T, V>(w, wv);
+#pragma unroll
+    for (int k = 0; k < V; ++k) out[k] = v[k] * rstd * wv[k];
+    store_pack<T, V>(y, out);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
@@ -88,13 +99,7 @@ __device__ __forceinline__ void rmsnorm_rows(const T* __restrict__ x, const T* _
 #pragma unroll
         for (int i = 0; i < ITEMS; ++i) {
             const int col = (i * lanes + lane) * V;
-            if (col < width) {
-                float wv[V], out[V];
-                load_pack<T, V>(w + col, wv);
-#pragma unroll
-                for (int k = 0; k < V; ++k) out[k] = v[i][k] * rstd * wv[k];
-                store_pack<T, V>(yr + col, out);
-            }
+            if (col < width) scale_pack<T, V>(v[i], w + col, yr + col, rstd);
         }
     } else {
         for (int col = lane * V; col < width; col += lanes * V) {
@@ -106,12 +111,9 @@ __device__ __forceinline__ void rmsnorm_rows(const T* __restrict__ x, const T* _
         sum_sq = WARP_PER_ROW ? warp_sum(sum_sq) : block_sum(sum_sq);
         const float rstd = rsqrtf(sum_sq / width + eps);
         for (int col = lane * V; col < width; col += lanes * V) {
-            float v[V], wv[V], out[V];
-            load_pack<T, V>(xr + col, v);
-            load_pack<T, V>(w + col, wv);
-#pragma unroll
-            for (int k = 0; k < V; ++k) out[k] = v[k] * rstd * wv[k];
-            store_pack<T, V>(yr + col, out);
+            float v[V];
+            load_pack<T, V>(xr + col, v);  // the second read of the row, mostly from L2
+            scale_pack<T, V>(v, w + col, yr + col, rstd);
         }
     }
 }
@@ -142,12 +144,9 @@ __device__ __forceinline__ void rmsnorm_row_staged(const T* __restrict__ x, cons
     const float rstd = rsqrtf(block_sum(sum_sq) / width + eps);
 #pragma unroll UNROLL
     for (int col = threadIdx.x * V; col < width; col += blockDim.x * V) {
-        float v[V], wv[V], out[V];
+        float v[V];
         load_pack<T, V>(staged + col, v);
-        load_pack<T, V>(w + col, wv);
-#pragma unroll
-        for (int k = 0; k < V; ++k) out[k] = v[k] * rstd * wv[k];
-        store_pack<T, V>(yr + col, out);
+        scale_pack<T, V>(v, w + col, yr + col, rstd);
     }
 }
 
