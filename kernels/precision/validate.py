@@ -12,13 +12,17 @@ def _name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def check_sum_args(op: str, x, acc, algorithm: str, *, device_type: str) -> None:
-    """x: a float32/float16/bfloat16 tensor of 1 or 2 dimensions (rows are summed) whose last dimension
-    is contiguous; acc: float32, float16 or bfloat16; algorithm: naive, pairwise or kahan."""
+def _check_float_tensor(op: str, x) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{op}: x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{op}: x has dtype {_name(x.dtype)}; supported: float32, float16, bfloat16")
+
+
+def check_sum_args(op: str, x, acc, algorithm: str, *, device_type: str) -> None:
+    """x: a float32/float16/bfloat16 tensor of 1 or 2 dimensions (rows are summed) whose last dimension
+    is contiguous; acc: float32, float16 or bfloat16; algorithm: naive, pairwise or kahan."""
+    _check_float_tensor(op, x)
     if acc not in FLOAT_DTYPES:
         raise TypeError(f"{op}: acc (the accumulator dtype) must be torch.float32, float16 or bfloat16, not {acc!r}")
     if algorithm not in ALGORITHMS:
@@ -35,10 +39,7 @@ def check_sum_args(op: str, x, acc, algorithm: str, *, device_type: str) -> None
 def check_fp8_args(op: str, x, dtype, block) -> None:
     from kernels.precision.reference import FP8_DTYPES
 
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{op}: x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{op}: x has dtype {_name(x.dtype)}; supported: float32, float16, bfloat16")
+    _check_float_tensor(op, x)
     if dtype not in FP8_DTYPES:
         raise TypeError(f"{op}: dtype must be torch.float8_e4m3fn or torch.float8_e5m2, not {dtype!r}")
     if block is not None and (not isinstance(block, int) or block <= 0 or block & (block - 1)):
