@@ -121,6 +121,9 @@ BAD_SUMS = [
     ("not a tensor", lambda: triton_reduce.sum([1.0, 2.0]), TypeError, "torch.Tensor"),
     ("block not a power of two", lambda: triton_reduce.sum(torch.ones(4, device=DEVICE), block=3), ValueError,
      "power of two"),
+    # 2 elements per chunk would pass (sum, compensation) = 2 values on: the launches would never end
+    ("kahan with 2 per chunk", lambda: triton_reduce.sum(torch.ones(8, device=DEVICE), algorithm="kahan", block=2,
+                                                         trips=1), ValueError, "at least 4 for kahan"),
 ]
 
 
