@@ -71,7 +71,7 @@ def test_router_matches_fp64(tokens, experts, top_k, dtype, poisoned_empty):
     for got, want in ((probs, p64), (weights, w64)):
         c = compare(got, want, atol=1e-7, rtol=64 * ULP[torch.float32])
         assert c.ok, c.reason
-    assert torch.allclose(weights.sum(-1).double(), torch.ones(tokens, dtype=torch.float64), atol=1e-6)
+    assert torch.allclose(weights.sum(-1).double(), torch.ones(tokens, dtype=torch.float64, device=weights.device), atol=1e-6)
 
 
 def test_router_weights_are_renormalized():
