@@ -490,6 +490,15 @@ def diagnose(case: Case, result: torch.Tensor, want: torch.Tensor, cmp, atol: fl
     return ""
 
 
+def _lab_diagnosis(spec: GradedFunction, case: Case, inputs, oname: str, result, want, atol: float, rtol: float,
+                   scale) -> str:
+    """The lab's own reading of the wrong elements (`GradedFunction.diagnose`), or ""."""
+    if spec.diagnose is None or tuple(result.shape) != tuple(want.shape):
+        return ""
+    bad = _bad_mask(result, want, atol, rtol, scale).view(want.shape)
+    return spec.diagnose(oname, result, want, bad, *inputs, **case.kwargs)
+
+
 def input_names(spec: GradedFunction, count: int) -> list[str]:
     names = list(spec.input_names)
     if not names:
@@ -658,7 +667,8 @@ def _trial(fn, spec: GradedFunction, case: Case, inputs, outs: tuple, *, seed: i
             if previous is not None and _same_bits(result, previous[i]):
                 return fail(f"{prefix}returned the previous call's result for new inputs: does it cache outputs "
                             f"between calls? ({_size_context(case)}: {cmp.reason})", cmp.as_dict(), detail())
-            why = diagnose(case, result, want, cmp, atol, rtol, scale)
+            why = (_lab_diagnosis(spec, case, inputs, oname, result, want, atol, rtol, scale)
+                   or diagnose(case, result, want, cmp, atol, rtol, scale))
             return fail(f"{prefix}{_size_context(case)}: {cmp.reason}" + (f"; {why}" if why else ""),
                         cmp.as_dict(), detail())
         if exact is not None:
@@ -697,7 +707,9 @@ def _run_case(fn, spec: GradedFunction, case: Case, seed: int, profile: bool = F
 
 def _allocating_call(fn, spec: GradedFunction, seed: int) -> CaseResult | None:
     """Called without out=, the function must allocate and return a correct result (None if it does)."""
-    case = next(c for c in spec.cases if c.layout == "contiguous" and min(c.shape) > 1 and not c.params)
+    plain = [c for c in spec.cases if c.layout == "contiguous" and min(c.shape) > 1]
+    case = next((c for c in plain if not c.params), plain[0])
+    kw = case.kwargs
     label = "without out="
     inputs = _make_inputs(spec, case, generator(seed, runtime.DEVICE))
     # Poison the allocator: the next blocks of this size it hands out hold NaN, so a result that is an
@@ -706,7 +718,7 @@ def _allocating_call(fn, spec: GradedFunction, seed: int) -> CaseResult | None:
     del junk
     try:
         with watch(allowed_ops=spec.allowed_ops) as seen:
-            returned = fn(*inputs)
+            returned = fn(*inputs, **kw)
     except SystemExit as exc:
         return CaseResult(label, False, f"called without out=: called sys.exit({exc.code!r})")
     except Exception as exc:  # noqa: BLE001
@@ -720,8 +732,8 @@ def _allocating_call(fn, spec: GradedFunction, seed: int) -> CaseResult | None:
         return CaseResult(label, False, f"called without out=: returned {type(returned).__name__}, expected "
                           f"{spec.n_outputs} tensors")
     atol, rtol = spec.tolerance(case.dtype)
-    wants = _as_tuple(spec.reference_fp64(*inputs), spec.n_outputs)
-    scales = _as_tuple(spec.scale(*inputs), spec.n_outputs) if spec.scale else (None,) * spec.n_outputs
+    wants = _as_tuple(spec.reference_fp64(*inputs, **kw), spec.n_outputs)
+    scales = _as_tuple(spec.scale(*inputs, **kw), spec.n_outputs) if spec.scale else (None,) * spec.n_outputs
     for oname, result, want, scale in zip(output_names(spec), results, wants, scales):
         prefix = "" if spec.n_outputs == 1 else f"{oname}: "
         if isinstance(result, torch.Tensor) and any(t.data_ptr() == result.data_ptr() for t in inputs):
@@ -797,14 +809,15 @@ def _measure(fn, spec: GradedFunction, config, seed: int, expected_rows: dict | 
     from grading import expected as expected_table
 
     gen = generator(seed, "cuda")
-    case = Case(config.shape, config.dtype)
+    case = Case(config.shape, config.dtype, params=config.params)
+    kw = case.kwargs
     inputs = _make_inputs(spec, case, gen, "cuda")
     outs = {name: _new_outputs(spec, case, "cuda") for name in ("student", "reference", "torch")}
     atol, rtol = spec.tolerance(config.dtype)
     side = {"streams": 0}
 
     def student():
-        fn(*inputs, out=_out_argument(outs["student"]))
+        fn(*inputs, **kw, out=_out_argument(outs["student"]))
         side["streams"] = max(side["streams"], len(_LaunchState.side_streams))
 
     def new_inputs():
@@ -814,19 +827,19 @@ def _measure(fn, spec: GradedFunction, config, seed: int, expected_rows: dict | 
             poison_(out)
 
     def count_wrong():
-        wants = _as_tuple(spec.reference_fp64(*inputs), spec.n_outputs)
-        scales = _as_tuple(spec.scale(*inputs), spec.n_outputs) if spec.scale else (None,) * spec.n_outputs
+        wants = _as_tuple(spec.reference_fp64(*inputs, **kw), spec.n_outputs)
+        scales = _as_tuple(spec.scale(*inputs, **kw), spec.n_outputs) if spec.scale else (None,) * spec.n_outputs
         return sum(_bad_mask(out, want, atol, rtol, scale).sum()
                    for out, want, scale in zip(outs["student"], wants, scales))
 
     timings, wrong = timed_rounds({
         "student": student,
-        "reference": lambda: spec.course_kernel(*inputs, out=_out_argument(outs["reference"])),
-        "torch": lambda: spec.torch_native(*inputs, out=_out_argument(outs["torch"])),
+        "reference": lambda: spec.course_kernel(*inputs, **kw, out=_out_argument(outs["reference"])),
+        "torch": lambda: spec.torch_native(*inputs, **kw, out=_out_argument(outs["torch"])),
     }, new_inputs, count_wrong)
     student_t = timings["student"]
-    nbytes = spec.bytes_moved(*inputs)
-    flops = spec.flops(*inputs) if spec.flops else 0.0
+    nbytes = spec.bytes_moved(*inputs, **kw)
+    flops = spec.flops(*inputs, **kw) if spec.flops else 0.0
     floor = bench.floor_us(nbytes=nbytes, flops=flops)
     bad_rounds = [i for i, w in enumerate(wrong) if w]
     result = PerfResult(
@@ -881,8 +894,8 @@ def check_function(lab, name: str, fn, *, seed: int | None = None, perf: bool | 
         result.status, result.message = "needs a GPU", runtime.cupy_status()[1]
         return result
     # On a GPU, profile the largest case to see which kernels ran (one profile: it is slow to start).
-    profiled = max((c for c in spec.cases if c.layout == "contiguous" and not c.params),
-                   key=lambda c: torch.Size(c.shape).numel())
+    plain = [c for c in spec.cases if c.layout == "contiguous"]
+    profiled = max([c for c in plain if not c.params] or plain, key=lambda c: torch.Size(c.shape).numel())
     try:
         for i, case in enumerate(spec.cases):
             _step(name, f"case {case.label}")
