@@ -107,6 +107,7 @@ class _LaunchState:
     grader_stream = None  # PyTorch's current stream when the graded call started (GPU), else None
     delay_side_streams = False
     side_streams: list = []
+    course_kernels: list = []  # the course's own kernels (defined under `kernels.`) launched, by name
 
 
 def _on_side_stream() -> bool:
@@ -148,6 +149,9 @@ def _install_launch_hooks() -> None:
         def run(self, *args, _original=original, **kwargs):
             if not kwargs.get("warmup", False):
                 _LaunchState.launches += 1
+                name = _course_kernel_name(self)
+                if name and name not in _LaunchState.course_kernels:
+                    _LaunchState.course_kernels.append(name)
             _LaunchState.depth += 1
             try:
                 if _on_side_stream() and not kwargs.get("warmup", False):
@@ -176,6 +180,14 @@ def _install_launch_hooks() -> None:
         launch._grading_hook = True
         launch.__doc__ = original_launch.__doc__
         cuda.launch = launch
+
+
+def _course_kernel_name(kernel) -> str | None:
+    """`kernels.moe.triton_permute.histogram_kernel` for a kernel of the course's package, else None: a
+    graded function must launch kernels of its own, not the course's (which the grader times it against)."""
+    fn = getattr(kernel, "fn", None)
+    module = getattr(fn, "__module__", None) or ""
+    return f"{module}.{fn.__name__}" if module.split(".")[0] == "kernels" else None
 
 
 # Where PyTorch's C functions are documented (F.scaled_dot_product_attention is torch._C._nn's).
@@ -221,13 +233,15 @@ class _OpWatcher(TorchDispatchMode):
         self.functions = functions
         self.also_allowed = frozenset(also_allowed)
         self.forbidden: list[str] = []
+        self.host_reads: list[str] = []  # a tensor's value read by Python: .item(), int(t), bool(t)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if _LaunchState.depth == 0 and func not in ALLOWED_OPS and str(func) not in self.also_allowed:
             caller = self.functions.current
             what = f"{torch_name(caller)} ({func})" if caller is not None else str(func)
-            if what not in self.forbidden:
-                self.forbidden.append(what)
+            seen = self.host_reads if func is _aten._local_scalar_dense.default else self.forbidden
+            if what not in seen:
+                seen.append(what)
         return func(*args, **(kwargs or {}))
 
 
@@ -247,6 +261,8 @@ class Watched:
     cupy_launches: int = 0
     side_streams: int = 0
     stream_snapshot: tuple | None = None
+    course_kernels: list[str] = field(default_factory=list)
+    host_reads: list[str] = field(default_factory=list)
 
 
 @contextmanager
@@ -271,13 +287,15 @@ def watch(profile_cuda: bool = False, snapshot=None, allowed_ops: tuple[str, ...
             prof.__enter__()
     grader = torch.cuda.current_stream() if runtime.ON_GPU else None
     _LaunchState.grader_stream, _LaunchState.delay_side_streams, _LaunchState.side_streams = grader, True, []
+    _LaunchState.course_kernels = []
     try:
         with functions, watcher:
             yield record
     finally:
         record.side_streams = len(_LaunchState.side_streams)
+        record.course_kernels, _LaunchState.course_kernels = _LaunchState.course_kernels, []
         _LaunchState.grader_stream, _LaunchState.side_streams = None, []
-        record.forbidden_ops = watcher.forbidden
+        record.forbidden_ops, record.host_reads = watcher.forbidden, watcher.host_reads
         record.triton_launches = _LaunchState.launches - before
         record.cupy_launches = _LaunchState.cupy_launches - before_cupy
         failure = None
@@ -617,8 +635,14 @@ def _trial(fn, spec: GradedFunction, case: Case, inputs, outs: tuple, *, seed: i
     except Exception as exc:  # noqa: BLE001 - a student's code may raise anything; report it
         _check_context(label, exc)
         return fail(_describe_exception(exc))
+    if seen.host_reads:
+        return fail(f"reads a tensor's value on the host inside the call ({', '.join(seen.host_reads[:3])}): a host "
+                    f"synchronization, which stalls the GPU's queue and cannot be captured in a CUDA graph; keep "
+                    f"counts and sizes on the device")
     if seen.forbidden_ops:
         return fail("computes with PyTorch instead of its own kernel: " + ", ".join(seen.forbidden_ops[:3]))
+    if spec.own_kernels_only and seen.course_kernels:
+        return fail(_COURSE_KERNEL + ", ".join(seen.course_kernels[:3]))
     if budget is not None:
         # the watcher's output snapshot (one copy of the outputs) is not the function's
         extra = (torch.cuda.max_memory_allocated() - allocated_before
@@ -686,6 +710,9 @@ def _trial(fn, spec: GradedFunction, case: Case, inputs, outs: tuple, *, seed: i
     # The report keeps the comparison of the output that came closest to failing.
     worst = max(comparisons, key=lambda c: c.max_rel_err if c.numel else 0.0)
     return CaseResult(label, True, "", worst.as_dict())
+
+
+_COURSE_KERNEL = "launches the course's kernel instead of its own (write the kernel in the notebook): "
 
 
 def _run_case(fn, spec: GradedFunction, case: Case, seed: int, profile: bool = False) -> CaseResult:

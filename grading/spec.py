@@ -71,6 +71,9 @@ class GradedFunction:
     * `memory_budget(*inputs, **params)` optional: bytes of device memory one call may allocate beyond
       its inputs and outputs (its peak, from PyTorch's caching allocator; GPU only). A kernel that
       materializes what it should stream (attention's N x N scores, cross-entropy's logits) fails it.
+    * `own_kernels_only`: launching a kernel of the course's package (`kernels/`) fails the call: set it
+      where the course has a kernel that does the graded job whole (lab 06's permutation and grouped
+      GEMM). Labs 01-05 leave it off: their self-tests grade the course's kernels as known-good submissions.
     * `diagnose(output_name, result, want, bad, *inputs, **params)` optional: what a wrong output's
       pattern of bad elements (`bad`, a bool tensor of `want`'s shape) says in the lab's own terms
       ("wrong for tokens not a multiple of the block (tokens=37, first bad token 32)"), or "" to let the
@@ -111,6 +114,7 @@ class GradedFunction:
     memory_budget: Callable | None = None
     allowed_ops: tuple[str, ...] = ()
     extra_credit: bool = False
+    own_kernels_only: bool = False
     diagnose: Callable | None = None
 
 
