@@ -774,6 +774,51 @@ def _allocating_call(fn, spec: GradedFunction, seed: int) -> CaseResult | None:
     return None
 
 
+GRAPH_NOT_CHECKED = "CUDA-graph capture not checked: needs a GPU"
+GRAPH_SYNC_HINT = ("does it synchronize with the host inside the call: .item(), .cpu(), .tolist(), int(tensor), "
+                   "a grid or a buffer sized from a tensor's value? Size buffers by the data-independent bound")
+
+
+def _graph_capture(fn, spec: GradedFunction, case: Case, seed: int) -> CaseResult | None:
+    """GPU: the call captured in a CUDA graph, then the graph replayed on new input values and checked
+    (None if both work). A host synchronization inside the call (`.item()`) makes the capture fail; a
+    graph that replays what the host decided during capture gives wrong results for the new values."""
+    label = f"CUDA graph {case.label}"
+    kw = case.kwargs
+    gen = generator(seed, runtime.DEVICE)
+    inputs = _make_inputs(spec, case, gen)
+    outs = _new_outputs(spec, case)
+    warm_up = torch.cuda.Stream()  # compiling and autotuning happen here, outside the capture
+    warm_up.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.stream(warm_up):
+            fn(*inputs, **kw, out=_out_argument(outs))
+        torch.cuda.current_stream().wait_stream(warm_up)
+        with torch.cuda.graph(graph):
+            fn(*inputs, **kw, out=_out_argument(outs))
+    except Exception as exc:  # noqa: BLE001 - a capture fails with whatever the forbidden call raises
+        _check_context(label, exc)
+        return CaseResult(label, False, f"could not be captured in a CUDA graph ({_short_exception(exc)}): "
+                          f"{GRAPH_SYNC_HINT}")
+    for t, fresh in zip(inputs, _make_inputs(spec, case, gen)):
+        t.copy_(fresh)
+    for out in outs:
+        poison_(out)
+    graph.replay()
+    torch.cuda.synchronize()
+    atol, rtol = spec.tolerance(case.dtype)
+    wants = _as_tuple(spec.reference_fp64(*inputs, **kw), spec.n_outputs)
+    scales = _as_tuple(spec.scale(*inputs, **kw), spec.n_outputs) if spec.scale else (None,) * spec.n_outputs
+    for oname, out, want, scale in zip(output_names(spec), outs, wants, scales):
+        cmp = compare(out, want, atol=atol, rtol=rtol, scale=scale)
+        if not cmp.ok:
+            prefix = "" if spec.n_outputs == 1 else f"{oname}: "
+            return CaseResult(label, False, f"{prefix}the CUDA graph replayed on new inputs is wrong ({cmp.reason}): "
+                              f"does the call depend on values the host read while it was captured?", cmp.as_dict())
+    return None
+
+
 # --------------------------------------------------------------------------------------------------
 # Performance (GPU only)
 
@@ -939,6 +984,9 @@ def check_function(lab, name: str, fn, *, seed: int | None = None, perf: bool | 
     if not failures:
         _step(name, "case without out=")
         problem = _allocating_call(fn, spec, seed)
+        if problem is None and spec.graph_capture and runtime.ON_GPU:
+            _step(name, "CUDA graph capture")
+            problem = _graph_capture(fn, spec, profiled, seed)
         if problem is not None:
             failures = [problem]
             result.cases.append(problem)
@@ -949,6 +997,8 @@ def check_function(lab, name: str, fn, *, seed: int | None = None, perf: bool | 
             result.message += f" (hint: {spec.hint})"
         return result
     result.status, result.points = "pass", spec.points
+    if spec.graph_capture and not runtime.ON_GPU:
+        result.message = GRAPH_NOT_CHECKED
     if runtime.ON_GPU and (perf is None or perf):  # no timing without a GPU, whatever was asked
         rows = expected_table.load(lab.id)
         for config in spec.perf:

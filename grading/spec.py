@@ -78,6 +78,9 @@ class GradedFunction:
       pattern of bad elements (`bad`, a bool tensor of `want`'s shape) says in the lab's own terms
       ("wrong for tokens not a multiple of the block (tokens=37, first bad token 32)"), or "" to let the
       generic diagnosis speak.
+    * `graph_capture`: on a GPU, the call must be capturable in a CUDA graph (no host synchronization
+      inside it: `.item()`, `.cpu()`, a size read from a tensor), and the graph, replayed on new input
+      values, must compute them right. Not exercised without a GPU (the report says so).
     * `allowed_ops`: PyTorch ops (e.g. `"aten.mm.default"`) this function may call on top of the
       allocations and views every function may use: a lab whose lesson is elsewhere (chunked
       cross-entropy around cuBLAS GEMMs) names the library calls it permits.
@@ -116,6 +119,7 @@ class GradedFunction:
     extra_credit: bool = False
     own_kernels_only: bool = False
     diagnose: Callable | None = None
+    graph_capture: bool = False
 
 
 @dataclass(frozen=True)
