@@ -13,9 +13,9 @@ import torch
 from grading.harness import GRAPH_NOT_CHECKED, check_function
 from grading.labs import get_lab
 from grading.labs.lab06_moe import BLOCK_M, HOT_EXPERT, check_layer
-from grading.notebooks import LABS_DIR, SOLUTIONS_DIR, grade_id, read_notebook, solution_module
+from grading.notebooks import LABS_DIR, SOLUTIONS_DIR, grade_id, read_notebook, role, solution_module
 from kernels import runtime
-from tests.grader_corpus_lab06 import CORPUS, NOTEBOOK, edit
+from tests.grader_corpus_lab06 import CORPUS, NOTEBOOK, SOLUTION_CELLS, edit
 
 LAB = get_lab("06_moe")
 BOTH_MODES = sorted(name for name, s in CORPUS.items() if not s.gpu_only)
@@ -108,14 +108,23 @@ def test_layer_check_passes_the_solution_and_fails_a_broken_gemm(tmp_path, capsy
 
 
 def test_solution_gets_full_marks_and_the_untouched_lab_zero(tmp_path):
-    """`python -m grading` on the solution notebook and the untouched lab, as an instructor runs it."""
+    """`python -m grading` on the solution notebook, the untouched lab, and the solution with its check
+    cells edited to print PASS (restored from the source, and reported), as an instructor runs it."""
     name = "06_moe_lab.ipynb"
     for folder, source in (("solution", SOLUTIONS_DIR), ("lab", LABS_DIR)):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / name).write_bytes((source / name).read_bytes())
-    proc = subprocess.run([sys.executable, "-m", "grading", tmp_path / "solution", tmp_path / "lab", "--out",
-                           tmp_path / "out", "--seed", "1234", "--jobs", "2", "--no-perf"],
-                          capture_output=True, text=True, timeout=900)
+    edited = json.loads((LABS_DIR / name).read_text())
+    for cell in edited["cells"]:
+        if role(cell) == "solution":
+            cell["source"] = SOLUTION_CELLS[grade_id(cell)]
+        if grade_id(cell) == "check_permute":
+            cell["source"] = "print('PASS')"
+    (tmp_path / "edited").mkdir()
+    (tmp_path / "edited" / name).write_text(json.dumps(edited))
+    proc = subprocess.run([sys.executable, "-m", "grading", tmp_path / "solution", tmp_path / "lab",
+                           tmp_path / "edited", "--out", tmp_path / "out", "--seed", "1234", "--jobs", "2",
+                           "--no-perf"], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     labs = {lab["notebook"].split("/")[-2]: lab for lab in report["labs"]}
@@ -127,3 +136,6 @@ def test_solution_gets_full_marks_and_the_untouched_lab_zero(tmp_path):
     assert messages == [runtime.pick(gpu="", cpu=GRAPH_NOT_CHECKED)] * 4
     assert (stub["score"]["points"], stub["score"]["max_points"]) == (0, 12)
     assert [f["status"] for f in stub["functions"]] == ["not implemented"] * 4
+    assert labs["edited"]["score"]["points"] == 15
+    assert ("locked cell check_permute was modified (the grader used the original) (its nbgrader checksum does "
+            "not match)") in labs["edited"]["notes"]
