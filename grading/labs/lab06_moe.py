@@ -23,7 +23,7 @@ from kernels.testing import TINY, ULP
 
 BLOCK_M = runtime.pick(gpu=64, cpu=16)  # rows per GEMM tile: every expert's rows are padded to a multiple
 HOT_EXPERT = 1  # the expert a "skewed" routing prefers
-LOGIT_GAP = 0.75  # a token's logits are at least 0.375 apart (see _router_inputs)
+LOGIT_GAP = 0.75  # a token's logits are at least 0.5 apart (see _router_inputs)
 FLOAT32_UNIT = 2.0**-24  # the unit roundoff of a float32 accumulator
 
 # ----------------------------------------------------------------------------------------------------
@@ -78,10 +78,10 @@ ROUTER_CASES = (
 
 
 def _router_inputs(shape, dtype, device, gen):
-    """Logits whose values within a token are at least LOGIT_GAP / 2 apart, also after rounding to
-    bfloat16 (|logit| <= 24 there, where bfloat16's spacing is 0.125): no two experts tie, and no
-    rounding of a correct kernel can swap two of them, so the float64 reference's choice is the only
-    right one. A random permutation of evenly spaced values, each jittered by up to a third of a gap."""
+    """Logits whose values within a token are at least 2/3 of LOGIT_GAP (0.5) apart: a random permutation
+    of evenly spaced values, each jittered by up to a third of a gap. |logit| <= 48 (128 experts), where
+    bfloat16's spacing is 0.25, so after rounding they stay 0.25 apart: no two experts tie, and no rounding
+    of a correct kernel can swap two of them: the float64 reference's choice is the only right one."""
     tokens, experts, _ = shape
     order = torch.rand(tokens, experts, device=device, generator=gen).argsort(dim=1)
     jitter = torch.rand(tokens, experts, device=device, generator=gen) / 3
