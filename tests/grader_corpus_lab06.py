@@ -89,8 +89,9 @@ CORPUS: dict[str, Submission] = {
         diagnosis="tiles past the last expert's rows must hold -1"),
     # as the course's kernel does (its combine never reads them), but the lab asks for zeros
     "gemm_skips_unused_tiles": Submission(
-        edit("grouped_gemm", "    tl.store(c_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], acc.to(c_ptr.dtype.element_ty),\n"
-                             "             mask=cols_ok[None, :])",
+        edit("grouped_gemm",
+             "    tl.store(c_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], acc.to(c_ptr.dtype.element_ty),\n"
+             "             mask=cols_ok[None, :])",
              "    if expert >= 0:\n        tl.store(c_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], "
              "acc.to(c_ptr.dtype.element_ty), mask=cols_ok[None, :])"),
         fails("grouped_gemm", "first: 37x8x2x80x96 bfloat16 top_k=2: "),
@@ -109,15 +110,15 @@ CORPUS: dict[str, Submission] = {
         cpu=fails("grouped_gemm", "wrong for N not a multiple of BLOCK_N (N=96, first bad column 64)")),
     # a sanity check that reads a count on the host: a sync the op watcher sees, in both modes
     "host_item_sync": Submission(
-        edit("permute", "    return counts, padded_offsets", "    assert padded_offsets[-1].item() <= sorted_ids.numel()\n"
-                                                             "    return counts, padded_offsets"),
+        edit("permute", "    return counts, padded_offsets",
+             "    assert padded_offsets[-1].item() <= sorted_ids.numel()\n    return counts, padded_offsets"),
         fails("permute", "reads a tensor's value on the host inside the call (Tensor.item "
                          "(aten._local_scalar_dense.default)): a host synchronization")),
     # the same check through .tolist(), which PyTorch runs without dispatching an op: only the CUDA-graph
     # capture sees the sync
     "host_tolist_sync": Submission(
-        edit("permute", "    return counts, padded_offsets", "    assert padded_offsets.tolist()[-1] <= sorted_ids.numel()\n"
-                                                             "    return counts, padded_offsets"),
+        edit("permute", "    return counts, padded_offsets",
+             "    assert padded_offsets.tolist()[-1] <= sorted_ids.numel()\n    return counts, padded_offsets"),
         fails("permute", "could not be captured in a CUDA graph ("),
         cpu={"permute": ("pass", GRAPH_NOT_CHECKED)},
         gpu_only="a CPU has no stream to capture: the sync is harmless there, and the call is right"),
@@ -133,10 +134,11 @@ CORPUS: dict[str, Submission] = {
                               "'row_of')):\n    mine.copy_(getattr(reference, name))"),
         fails("permute", "computes with PyTorch instead of its own kernel: torch.bincount")),
     "calls_the_course_kernel": Submission(
-        solve_with("grouped_gemm_swiglu", "from kernels.moe import triton_grouped_gemm\n"
-                                          "from kernels.moe.triton_permute import Permutation\n"
-                                          "perm = Permutation(None, None, sorted_ids, tile_expert, None, BLOCK_M, top_k)\n"
-                                          "return out.copy_(triton_grouped_gemm.gate_up_swiglu(x, w_gate, w_up, perm))"),
+        solve_with("grouped_gemm_swiglu",
+                   "from kernels.moe import triton_grouped_gemm\n"
+                   "from kernels.moe.triton_permute import Permutation\n"
+                   "perm = Permutation(None, None, sorted_ids, tile_expert, None, BLOCK_M, top_k)\n"
+                   "return out.copy_(triton_grouped_gemm.gate_up_swiglu(x, w_gate, w_up, perm))"),
         fails("grouped_gemm_swiglu", "launches the course's kernel instead of its own (write the kernel in the "
                                      "notebook): kernels.moe.triton_grouped_gemm.grouped_gemm_kernel")),
     "caches_outputs": Submission(
@@ -151,8 +153,9 @@ def grouped_gemm(x, w, sorted_ids, tile_expert, top_k, out=None):
     # the probabilities written over the logits, "to save a buffer"
     "mutates_its_input": Submission(
         edit("route_topk", "    probs = z / tl.sum(z, axis=1)[:, None]\n",
-             "    probs = z / tl.sum(z, axis=1)[:, None]\n    tl.store(logits_ptr + t[:, None].to(tl.int64) * stride_t + "
-             "e[None, :], probs, mask=t_ok[:, None] & e_ok[None, :])\n"),
+             "    probs = z / tl.sum(z, axis=1)[:, None]\n"
+             "    tl.store(logits_ptr + t[:, None].to(tl.int64) * stride_t + e[None, :], probs, "
+             "mask=t_ok[:, None] & e_ok[None, :])\n"),
         fails("route_topk", "first: 1x8x1 float32 top_k=1: modified its input logits")),
     # the control: the solution itself
     "solution": Submission({}, {name: PASS for name in GRADED}),

@@ -12,7 +12,7 @@ import torch
 
 from grading.harness import GRAPH_NOT_CHECKED, check_function
 from grading.labs import get_lab
-from grading.labs.lab06_moe import BLOCK_M, HOT_EXPERT, check_layer
+from grading.labs.lab06_moe import HOT_EXPERT, check_layer
 from grading.notebooks import LABS_DIR, SOLUTIONS_DIR, grade_id, read_notebook, role, solution_module
 from kernels import runtime
 from tests.grader_corpus_lab06 import CORPUS, NOTEBOOK, SOLUTION_CELLS, edit
@@ -59,8 +59,7 @@ def test_gpu_only_submission_as_the_cpu_sees_it(name, tmp_path):
     """What a CPU can assert: the call is right, and the report says the capture was not checked."""
     if runtime.ON_GPU:
         pytest.skip("CPU mode only: on a GPU the next test asserts the failure itself")
-    assert_classified(name, False, tmp_path)
-    assert CORPUS[name].expected(False)[next(iter(CORPUS[name].expect))][1] == GRAPH_NOT_CHECKED
+    assert_classified(name, False, tmp_path)  # its `cpu` expectation: a pass, GRAPH_NOT_CHECKED in the message
 
 
 @pytest.mark.parametrize("name", GPU_ONLY)
@@ -104,7 +103,6 @@ def test_layer_check_passes_the_solution_and_fails_a_broken_gemm(tmp_path, capsy
     assert not check_layer(solution.route_topk, solution.permute, broken.grouped_gemm, broken.grouped_gemm_swiglu)
     out = capsys.readouterr().out
     assert "PASS  layer" in out and "FAIL  layer" in out
-    assert BLOCK_M == runtime.pick(gpu=64, cpu=16)
 
 
 def test_solution_gets_full_marks_and_the_untouched_lab_zero(tmp_path):
