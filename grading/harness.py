@@ -107,6 +107,7 @@ class _LaunchState:
     grader_stream = None  # PyTorch's current stream when the graded call started (GPU), else None
     delay_side_streams = False
     side_streams: list = []
+    course_kernels: list = []  # the course's own kernels (defined under `kernels.`) launched, by name
 
 
 def _on_side_stream() -> bool:
@@ -148,6 +149,9 @@ def _install_launch_hooks() -> None:
         def run(self, *args, _original=original, **kwargs):
             if not kwargs.get("warmup", False):
                 _LaunchState.launches += 1
+                name = _course_kernel_name(self)
+                if name and name not in _LaunchState.course_kernels:
+                    _LaunchState.course_kernels.append(name)
             _LaunchState.depth += 1
             try:
                 if _on_side_stream() and not kwargs.get("warmup", False):
@@ -176,6 +180,14 @@ def _install_launch_hooks() -> None:
         launch._grading_hook = True
         launch.__doc__ = original_launch.__doc__
         cuda.launch = launch
+
+
+def _course_kernel_name(kernel) -> str | None:
+    """`kernels.moe.triton_permute.histogram_kernel` for a kernel of the course's package, else None: a
+    graded function must launch kernels of its own, not the course's (which the grader times it against)."""
+    fn = getattr(kernel, "fn", None)
+    module = getattr(fn, "__module__", None) or ""
+    return f"{module}.{fn.__name__}" if module.split(".")[0] == "kernels" else None
 
 
 # Where PyTorch's C functions are documented (F.scaled_dot_product_attention is torch._C._nn's).
@@ -221,13 +233,15 @@ class _OpWatcher(TorchDispatchMode):
         self.functions = functions
         self.also_allowed = frozenset(also_allowed)
         self.forbidden: list[str] = []
+        self.host_reads: list[str] = []  # a tensor's value read by Python: .item(), int(t), bool(t)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if _LaunchState.depth == 0 and func not in ALLOWED_OPS and str(func) not in self.also_allowed:
             caller = self.functions.current
             what = f"{torch_name(caller)} ({func})" if caller is not None else str(func)
-            if what not in self.forbidden:
-                self.forbidden.append(what)
+            seen = self.host_reads if func is _aten._local_scalar_dense.default else self.forbidden
+            if what not in seen:
+                seen.append(what)
         return func(*args, **(kwargs or {}))
 
 
@@ -247,6 +261,8 @@ class Watched:
     cupy_launches: int = 0
     side_streams: int = 0
     stream_snapshot: tuple | None = None
+    course_kernels: list[str] = field(default_factory=list)
+    host_reads: list[str] = field(default_factory=list)
 
 
 @contextmanager
@@ -271,13 +287,15 @@ def watch(profile_cuda: bool = False, snapshot=None, allowed_ops: tuple[str, ...
             prof.__enter__()
     grader = torch.cuda.current_stream() if runtime.ON_GPU else None
     _LaunchState.grader_stream, _LaunchState.delay_side_streams, _LaunchState.side_streams = grader, True, []
+    _LaunchState.course_kernels = []
     try:
         with functions, watcher:
             yield record
     finally:
         record.side_streams = len(_LaunchState.side_streams)
+        record.course_kernels, _LaunchState.course_kernels = _LaunchState.course_kernels, []
         _LaunchState.grader_stream, _LaunchState.side_streams = None, []
-        record.forbidden_ops = watcher.forbidden
+        record.forbidden_ops, record.host_reads = watcher.forbidden, watcher.host_reads
         record.triton_launches = _LaunchState.launches - before
         record.cupy_launches = _LaunchState.cupy_launches - before_cupy
         failure = None
@@ -490,6 +508,15 @@ def diagnose(case: Case, result: torch.Tensor, want: torch.Tensor, cmp, atol: fl
     return ""
 
 
+def _lab_diagnosis(spec: GradedFunction, case: Case, inputs, oname: str, result, want, atol: float, rtol: float,
+                   scale) -> str:
+    """The lab's own reading of the wrong elements (`GradedFunction.diagnose`), or ""."""
+    if spec.diagnose is None or tuple(result.shape) != tuple(want.shape):
+        return ""
+    bad = _bad_mask(result, want, atol, rtol, scale).view(want.shape)
+    return spec.diagnose(oname, result, want, bad, *inputs, **case.kwargs)
+
+
 def input_names(spec: GradedFunction, count: int) -> list[str]:
     names = list(spec.input_names)
     if not names:
@@ -608,8 +635,14 @@ def _trial(fn, spec: GradedFunction, case: Case, inputs, outs: tuple, *, seed: i
     except Exception as exc:  # noqa: BLE001 - a student's code may raise anything; report it
         _check_context(label, exc)
         return fail(_describe_exception(exc))
+    if seen.host_reads:
+        return fail(f"reads a tensor's value on the host inside the call ({', '.join(seen.host_reads[:3])}): a host "
+                    f"synchronization, which stalls the GPU's queue and cannot be captured in a CUDA graph; keep "
+                    f"counts and sizes on the device")
     if seen.forbidden_ops:
         return fail("computes with PyTorch instead of its own kernel: " + ", ".join(seen.forbidden_ops[:3]))
+    if spec.own_kernels_only and seen.course_kernels:
+        return fail(_COURSE_KERNEL + ", ".join(seen.course_kernels[:3]))
     if budget is not None:
         # the watcher's output snapshot (one copy of the outputs) is not the function's
         extra = (torch.cuda.max_memory_allocated() - allocated_before
@@ -658,7 +691,8 @@ def _trial(fn, spec: GradedFunction, case: Case, inputs, outs: tuple, *, seed: i
             if previous is not None and _same_bits(result, previous[i]):
                 return fail(f"{prefix}returned the previous call's result for new inputs: does it cache outputs "
                             f"between calls? ({_size_context(case)}: {cmp.reason})", cmp.as_dict(), detail())
-            why = diagnose(case, result, want, cmp, atol, rtol, scale)
+            why = (_lab_diagnosis(spec, case, inputs, oname, result, want, atol, rtol, scale)
+                   or diagnose(case, result, want, cmp, atol, rtol, scale))
             return fail(f"{prefix}{_size_context(case)}: {cmp.reason}" + (f"; {why}" if why else ""),
                         cmp.as_dict(), detail())
         if exact is not None:
@@ -676,6 +710,9 @@ def _trial(fn, spec: GradedFunction, case: Case, inputs, outs: tuple, *, seed: i
     # The report keeps the comparison of the output that came closest to failing.
     worst = max(comparisons, key=lambda c: c.max_rel_err if c.numel else 0.0)
     return CaseResult(label, True, "", worst.as_dict())
+
+
+_COURSE_KERNEL = "launches the course's kernel instead of its own (write the kernel in the notebook): "
 
 
 def _run_case(fn, spec: GradedFunction, case: Case, seed: int, profile: bool = False) -> CaseResult:
@@ -697,7 +734,9 @@ def _run_case(fn, spec: GradedFunction, case: Case, seed: int, profile: bool = F
 
 def _allocating_call(fn, spec: GradedFunction, seed: int) -> CaseResult | None:
     """Called without out=, the function must allocate and return a correct result (None if it does)."""
-    case = next(c for c in spec.cases if c.layout == "contiguous" and min(c.shape) > 1 and not c.params)
+    plain = [c for c in spec.cases if c.layout == "contiguous" and min(c.shape) > 1]
+    case = next((c for c in plain if not c.params), plain[0])
+    kw = case.kwargs
     label = "without out="
     inputs = _make_inputs(spec, case, generator(seed, runtime.DEVICE))
     # Poison the allocator: the next blocks of this size it hands out hold NaN, so a result that is an
@@ -706,7 +745,7 @@ def _allocating_call(fn, spec: GradedFunction, seed: int) -> CaseResult | None:
     del junk
     try:
         with watch(allowed_ops=spec.allowed_ops) as seen:
-            returned = fn(*inputs)
+            returned = fn(*inputs, **kw)
     except SystemExit as exc:
         return CaseResult(label, False, f"called without out=: called sys.exit({exc.code!r})")
     except Exception as exc:  # noqa: BLE001
@@ -720,8 +759,8 @@ def _allocating_call(fn, spec: GradedFunction, seed: int) -> CaseResult | None:
         return CaseResult(label, False, f"called without out=: returned {type(returned).__name__}, expected "
                           f"{spec.n_outputs} tensors")
     atol, rtol = spec.tolerance(case.dtype)
-    wants = _as_tuple(spec.reference_fp64(*inputs), spec.n_outputs)
-    scales = _as_tuple(spec.scale(*inputs), spec.n_outputs) if spec.scale else (None,) * spec.n_outputs
+    wants = _as_tuple(spec.reference_fp64(*inputs, **kw), spec.n_outputs)
+    scales = _as_tuple(spec.scale(*inputs, **kw), spec.n_outputs) if spec.scale else (None,) * spec.n_outputs
     for oname, result, want, scale in zip(output_names(spec), results, wants, scales):
         prefix = "" if spec.n_outputs == 1 else f"{oname}: "
         if isinstance(result, torch.Tensor) and any(t.data_ptr() == result.data_ptr() for t in inputs):
@@ -732,6 +771,51 @@ def _allocating_call(fn, spec: GradedFunction, seed: int) -> CaseResult | None:
                               cmp.as_dict(), _detail(spec, case, inputs, seed, 0,
                                                      result if isinstance(result, torch.Tensor) else None,
                                                      want, atol, rtol, scale))
+    return None
+
+
+GRAPH_NOT_CHECKED = "CUDA-graph capture not checked: needs a GPU"
+GRAPH_SYNC_HINT = ("does it synchronize with the host inside the call: .item(), .cpu(), .tolist(), int(tensor), "
+                   "a grid or a buffer sized from a tensor's value? Size buffers by the data-independent bound")
+
+
+def _graph_capture(fn, spec: GradedFunction, case: Case, seed: int) -> CaseResult | None:
+    """GPU: the call captured in a CUDA graph, then the graph replayed on new input values and checked
+    (None if both work). A host synchronization inside the call (`.item()`) makes the capture fail; a
+    graph that replays what the host decided during capture gives wrong results for the new values."""
+    label = f"CUDA graph {case.label}"
+    kw = case.kwargs
+    gen = generator(seed, runtime.DEVICE)
+    inputs = _make_inputs(spec, case, gen)
+    outs = _new_outputs(spec, case)
+    warm_up = torch.cuda.Stream()  # compiling and autotuning happen here, outside the capture
+    warm_up.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.stream(warm_up):
+            fn(*inputs, **kw, out=_out_argument(outs))
+        torch.cuda.current_stream().wait_stream(warm_up)
+        with torch.cuda.graph(graph):
+            fn(*inputs, **kw, out=_out_argument(outs))
+    except Exception as exc:  # noqa: BLE001 - a capture fails with whatever the forbidden call raises
+        _check_context(label, exc)
+        return CaseResult(label, False, f"could not be captured in a CUDA graph ({_short_exception(exc)}): "
+                          f"{GRAPH_SYNC_HINT}")
+    for t, fresh in zip(inputs, _make_inputs(spec, case, gen)):
+        t.copy_(fresh)
+    for out in outs:
+        poison_(out)
+    graph.replay()
+    torch.cuda.synchronize()
+    atol, rtol = spec.tolerance(case.dtype)
+    wants = _as_tuple(spec.reference_fp64(*inputs, **kw), spec.n_outputs)
+    scales = _as_tuple(spec.scale(*inputs, **kw), spec.n_outputs) if spec.scale else (None,) * spec.n_outputs
+    for oname, out, want, scale in zip(output_names(spec), outs, wants, scales):
+        cmp = compare(out, want, atol=atol, rtol=rtol, scale=scale)
+        if not cmp.ok:
+            prefix = "" if spec.n_outputs == 1 else f"{oname}: "
+            return CaseResult(label, False, f"{prefix}the CUDA graph replayed on new inputs is wrong ({cmp.reason}): "
+                              f"does the call depend on values the host read while it was captured?", cmp.as_dict())
     return None
 
 
@@ -797,14 +881,15 @@ def _measure(fn, spec: GradedFunction, config, seed: int, expected_rows: dict | 
     from grading import expected as expected_table
 
     gen = generator(seed, "cuda")
-    case = Case(config.shape, config.dtype)
+    case = Case(config.shape, config.dtype, params=config.params)
+    kw = case.kwargs
     inputs = _make_inputs(spec, case, gen, "cuda")
     outs = {name: _new_outputs(spec, case, "cuda") for name in ("student", "reference", "torch")}
     atol, rtol = spec.tolerance(config.dtype)
     side = {"streams": 0}
 
     def student():
-        fn(*inputs, out=_out_argument(outs["student"]))
+        fn(*inputs, **kw, out=_out_argument(outs["student"]))
         side["streams"] = max(side["streams"], len(_LaunchState.side_streams))
 
     def new_inputs():
@@ -814,19 +899,19 @@ def _measure(fn, spec: GradedFunction, config, seed: int, expected_rows: dict | 
             poison_(out)
 
     def count_wrong():
-        wants = _as_tuple(spec.reference_fp64(*inputs), spec.n_outputs)
-        scales = _as_tuple(spec.scale(*inputs), spec.n_outputs) if spec.scale else (None,) * spec.n_outputs
+        wants = _as_tuple(spec.reference_fp64(*inputs, **kw), spec.n_outputs)
+        scales = _as_tuple(spec.scale(*inputs, **kw), spec.n_outputs) if spec.scale else (None,) * spec.n_outputs
         return sum(_bad_mask(out, want, atol, rtol, scale).sum()
                    for out, want, scale in zip(outs["student"], wants, scales))
 
     timings, wrong = timed_rounds({
         "student": student,
-        "reference": lambda: spec.course_kernel(*inputs, out=_out_argument(outs["reference"])),
-        "torch": lambda: spec.torch_native(*inputs, out=_out_argument(outs["torch"])),
+        "reference": lambda: spec.course_kernel(*inputs, **kw, out=_out_argument(outs["reference"])),
+        "torch": lambda: spec.torch_native(*inputs, **kw, out=_out_argument(outs["torch"])),
     }, new_inputs, count_wrong)
     student_t = timings["student"]
-    nbytes = spec.bytes_moved(*inputs)
-    flops = spec.flops(*inputs) if spec.flops else 0.0
+    nbytes = spec.bytes_moved(*inputs, **kw)
+    flops = spec.flops(*inputs, **kw) if spec.flops else 0.0
     floor = bench.floor_us(nbytes=nbytes, flops=flops)
     bad_rounds = [i for i, w in enumerate(wrong) if w]
     result = PerfResult(
@@ -881,8 +966,8 @@ def check_function(lab, name: str, fn, *, seed: int | None = None, perf: bool | 
         result.status, result.message = "needs a GPU", runtime.cupy_status()[1]
         return result
     # On a GPU, profile the largest case to see which kernels ran (one profile: it is slow to start).
-    profiled = max((c for c in spec.cases if c.layout == "contiguous" and not c.params),
-                   key=lambda c: torch.Size(c.shape).numel())
+    plain = [c for c in spec.cases if c.layout == "contiguous"]
+    profiled = max([c for c in plain if not c.params] or plain, key=lambda c: torch.Size(c.shape).numel())
     try:
         for i, case in enumerate(spec.cases):
             _step(name, f"case {case.label}")
@@ -899,6 +984,9 @@ def check_function(lab, name: str, fn, *, seed: int | None = None, perf: bool | 
     if not failures:
         _step(name, "case without out=")
         problem = _allocating_call(fn, spec, seed)
+        if problem is None and spec.graph_capture and runtime.ON_GPU:
+            _step(name, "CUDA graph capture")
+            problem = _graph_capture(fn, spec, profiled, seed)
         if problem is not None:
             failures = [problem]
             result.cases.append(problem)
@@ -909,6 +997,8 @@ def check_function(lab, name: str, fn, *, seed: int | None = None, perf: bool | 
             result.message += f" (hint: {spec.hint})"
         return result
     result.status, result.points = "pass", spec.points
+    if spec.graph_capture and not runtime.ON_GPU:
+        result.message = GRAPH_NOT_CHECKED
     if runtime.ON_GPU and (perf is None or perf):  # no timing without a GPU, whatever was asked
         rows = expected_table.load(lab.id)
         for config in spec.perf:

@@ -41,6 +41,7 @@ class PerfConfig:
     id: str
     shape: tuple[int, ...]
     dtype: torch.dtype
+    params: tuple[tuple[str, object], ...] = ()  # keyword arguments, as a Case's (e.g. (("top_k", 2),))
 
 
 @dataclass(frozen=True)
@@ -70,13 +71,24 @@ class GradedFunction:
     * `memory_budget(*inputs, **params)` optional: bytes of device memory one call may allocate beyond
       its inputs and outputs (its peak, from PyTorch's caching allocator; GPU only). A kernel that
       materializes what it should stream (attention's N x N scores, cross-entropy's logits) fails it.
+    * `own_kernels_only`: launching a kernel of the course's package (`kernels/`) fails the call: set it
+      where the course has a kernel that does the graded job whole (lab 06's permutation and grouped
+      GEMM). Labs 01-05 leave it off: their self-tests grade the course's kernels as known-good submissions.
+    * `diagnose(output_name, result, want, bad, *inputs, **params)` optional: what a wrong output's
+      pattern of bad elements (`bad`, a bool tensor of `want`'s shape) says in the lab's own terms
+      ("wrong for tokens not a multiple of the block (tokens=37, first bad token 32)"), or "" to let the
+      generic diagnosis speak.
+    * `graph_capture`: on a GPU, the call must be capturable in a CUDA graph (no host synchronization
+      inside it: `.item()`, `.cpu()`, a size read from a tensor), and the graph, replayed on new input
+      values, must compute them right. Not exercised without a GPU (the report says so).
     * `allowed_ops`: PyTorch ops (e.g. `"aten.mm.default"`) this function may call on top of the
       allocations and views every function may use: a lab whose lesson is elsewhere (chunked
       cross-entropy around cuBLAS GEMMs) names the library calls it permits.
     * `extra_credit`: its points come on top of the lab's maximum, and its speed does not enter the
       lab's letter grade: a student who leaves it alone loses nothing.
-    * A case's `params` are passed as keyword arguments to the function, `reference_fp64`, `scale` and
-      `bit_exact`.
+    * A case's (or performance configuration's) `params` are passed as keyword arguments to the function,
+      `reference_fp64`, `scale` and `bit_exact` (and, in timing, to the course kernel, PyTorch's version,
+      `bytes_moved` and `flops`).
     """
 
     name: str
@@ -105,6 +117,9 @@ class GradedFunction:
     memory_budget: Callable | None = None
     allowed_ops: tuple[str, ...] = ()
     extra_credit: bool = False
+    own_kernels_only: bool = False
+    diagnose: Callable | None = None
+    graph_capture: bool = False
 
 
 @dataclass(frozen=True)

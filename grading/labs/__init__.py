@@ -9,6 +9,7 @@ LAB_MODULES = {
     "03_flash_attention": "grading.labs.lab03_flash_attention",
     "04_mixed_precision": "grading.labs.lab04_mixed_precision",
     "05_memory_profiling": "grading.labs.lab05_memory_profiling",
+    "06_moe": "grading.labs.lab06_moe",
 }
 
 

@@ -1,0 +1,139 @@
+"""Lab 06: the solution gets full marks, the untouched lab zero, and every wrong submission in the corpus
+(tests/grader_corpus_lab06.py) is caught with the reason a student can act on -- in this mode; the
+failures only a GPU can show are asserted on a GPU and skipped, saying so, on a CPU."""
+import copy
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from grading.harness import GRAPH_NOT_CHECKED, check_function
+from grading.labs import get_lab
+from grading.labs.lab06_moe import HOT_EXPERT, check_layer
+from grading.notebooks import LABS_DIR, SOLUTIONS_DIR, grade_id, read_notebook, role, solution_module
+from kernels import runtime
+from tests.grader_corpus_lab06 import CORPUS, NOTEBOOK, SOLUTION_CELLS, edit
+
+LAB = get_lab("06_moe")
+BOTH_MODES = sorted(name for name, s in CORPUS.items() if not s.gpu_only)
+GPU_ONLY = sorted(name for name, s in CORPUS.items() if s.gpu_only)
+
+
+def import_submission(cells: dict[str, str], folder):
+    """The graded module the worker would build from the solution notebook with `cells` replaced."""
+    source = read_notebook(NOTEBOOK)
+    student = copy.deepcopy(source)
+    for cell in student["cells"]:
+        cell["source"] = cells.get(grade_id(cell), cell["source"])
+    code, _ = solution_module(student, source)
+    path = folder / "student_06_moe.py"  # Triton reads a kernel's source with inspect: a real file
+    path.write_text(code)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def assert_classified(name, on_gpu, folder):
+    submission = CORPUS[name]
+    module = import_submission(submission.cells, folder)
+    for function, (status, phrase) in submission.expected(on_gpu).items():
+        result = check_function(LAB, function, getattr(module, function), seed=7, perf=False)
+        assert result.status == status, (function, result.message)
+        assert phrase in result.message, result.message
+        if status == "fail":
+            assert result.points == 0
+            assert submission.diagnosis in result.message, result.message
+
+
+@pytest.mark.parametrize("name", BOTH_MODES)
+def test_submission_is_classified(name, tmp_path):
+    assert_classified(name, runtime.ON_GPU, tmp_path)
+
+
+@pytest.mark.parametrize("name", GPU_ONLY)
+def test_gpu_only_submission_as_the_cpu_sees_it(name, tmp_path):
+    """What a CPU can assert: the call is right, and the report says the capture was not checked."""
+    if runtime.ON_GPU:
+        pytest.skip("CPU mode only: on a GPU the next test asserts the failure itself")
+    assert_classified(name, False, tmp_path)  # its `cpu` expectation: a pass, GRAPH_NOT_CHECKED in the message
+
+
+@pytest.mark.parametrize("name", GPU_ONLY)
+def test_gpu_only_submission_is_caught_on_a_gpu(name, tmp_path):
+    if not runtime.ON_GPU:
+        pytest.skip(f"GPU-only: {CORPUS[name].gpu_only}; the CUDA-graph capture check runs on a GPU")
+    assert_classified(name, True, tmp_path)
+
+
+def test_every_edit_must_match_the_solution():
+    with pytest.raises(AssertionError, match="occurs 0 times"):
+        edit("permute", "text that is not in the solution", "")
+
+
+def test_the_routings_are_what_the_lab_says():
+    """Skewed: 7 of 8 tokens pick the hot expert first; few tokens over many experts: most idle; a token's
+    logits never tie, even in bfloat16."""
+    from grading.harness import _make_inputs
+    from kernels.testing import generator
+
+    router, permute = LAB.function("route_topk"), LAB.function("permute")
+    gen = generator(11, runtime.DEVICE)
+    skewed = next(c for c in permute.cases if c.layout == "skewed")
+    (ids,) = _make_inputs(permute, skewed, gen)
+    assert (ids[:, 0] == HOT_EXPERT).float().mean() >= 0.85
+    assert all(len(set(row)) == len(row) for row in ids.tolist())
+    sparse = next(c for c in permute.cases if c.shape == (5, 64, 2))
+    (ids,) = _make_inputs(permute, sparse, gen)
+    assert torch.bincount(ids.flatten().long(), minlength=64).eq(0).sum() >= 54
+    for case in router.cases:
+        (logits,) = _make_inputs(router, case, gen)
+        gaps = logits.double().sort(dim=1).values.diff(dim=1)
+        assert gaps.min() >= 0.25, (case.label, gaps.min())
+
+
+def test_layer_check_passes_the_solution_and_fails_a_broken_gemm(tmp_path, capsys):
+    solution = import_submission({}, tmp_path)
+    pieces = [solution.route_topk, solution.permute, solution.grouped_gemm, solution.grouped_gemm_swiglu]
+    assert check_layer(*pieces)
+    broken = import_submission(CORPUS["gemm_drops_last_column_tile"].cells, tmp_path)
+    assert not check_layer(solution.route_topk, solution.permute, broken.grouped_gemm, broken.grouped_gemm_swiglu)
+    out = capsys.readouterr().out
+    assert "PASS  layer" in out and "FAIL  layer" in out
+
+
+def test_solution_gets_full_marks_and_the_untouched_lab_zero(tmp_path):
+    """`python -m grading` on the solution notebook, the untouched lab, and the solution with its check
+    cells edited to print PASS (restored from the source, and reported), as an instructor runs it."""
+    name = "06_moe_lab.ipynb"
+    for folder, source in (("solution", SOLUTIONS_DIR), ("lab", LABS_DIR)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / name).write_bytes((source / name).read_bytes())
+    edited = json.loads((LABS_DIR / name).read_text())
+    for cell in edited["cells"]:
+        if role(cell) == "solution":
+            cell["source"] = SOLUTION_CELLS[grade_id(cell)]
+        if grade_id(cell) == "check_permute":
+            cell["source"] = "print('PASS')"
+    (tmp_path / "edited").mkdir()
+    (tmp_path / "edited" / name).write_text(json.dumps(edited))
+    proc = subprocess.run([sys.executable, "-m", "grading", tmp_path / "solution", tmp_path / "lab",
+                           tmp_path / "edited", "--out", tmp_path / "out", "--seed", "1234", "--jobs", "2",
+                           "--no-perf"], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    labs = {lab["notebook"].split("/")[-2]: lab for lab in report["labs"]}
+    solution, stub = labs["solution"], labs["lab"]
+    messages = [f["message"] for f in solution["functions"]]
+    # 3 + 4 + 5 points; the fused SwiGLU's 3 are extra credit, on top
+    assert (solution["score"]["points"], solution["score"]["max_points"]) == (15, 12), messages
+    assert [f["extra_credit"] for f in solution["functions"]] == [False, False, False, True]
+    assert messages == [runtime.pick(gpu="", cpu=GRAPH_NOT_CHECKED)] * 4
+    assert (stub["score"]["points"], stub["score"]["max_points"]) == (0, 12)
+    assert [f["status"] for f in stub["functions"]] == ["not implemented"] * 4
+    assert labs["edited"]["score"]["points"] == 15
+    assert ("locked cell check_permute was modified (the grader used the original) (its nbgrader checksum does "
+            "not match)") in labs["edited"]["notes"]
