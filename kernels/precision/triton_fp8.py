@@ -54,7 +54,10 @@ def round_to_fp8(v, MANT: tl.constexpr, MIN_NORMAL: tl.constexpr, MAGIC: tl.cons
     # subnormals: a float32 add at MAGIC's scale rounds to a multiple of the subnormal spacing
     subnormal = (a + MAGIC) - MAGIC
     r = tl.where(a < MIN_NORMAL, subnormal, normal)
-    return tl.where(v < 0, -r, r)
+    # v's sign bit put back on the bits: on the H100 `tl.where(v < 0, -r, r)` gave +0.0 where a
+    # negative v rounds to zero (the interpreter, like PyTorch, gave -0.0)
+    sign = v.to(tl.uint32, bitcast=True) & 0x80000000
+    return (r.to(tl.uint32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -64,7 +67,7 @@ def _scale_from_amax(amax, FP8_MAX: tl.constexpr, EMAX: tl.constexpr, POW2: tl.c
         exponent = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
         scale = ((exponent - EMAX) << 23).to(tl.float32, bitcast=True)
     else:
-        scale = amax / FP8_MAX
+        scale = tl.math.div_rn(amax, FP8_MAX)  # IEEE division, as PyTorch's (see _to_fp8)
     return tl.where(amax > 0, scale, 1.0)
 
 
