@@ -90,11 +90,13 @@ def read_notebook(path: Path) -> dict:
 
 
 def make_lab(solution_nb):
-    """The student's lab: solution regions stubbed, outputs cleared, nbgrader checksums written."""
+    """The student's lab: solution regions stubbed, outputs and run timestamps cleared, nbgrader
+    checksums written."""
     lab = copy.deepcopy(solution_nb)
     for cell in lab.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
+            cell.metadata.pop("execution", None)  # when the solution was last run: not the student's
         if role(cell) == "solution":
             cell.source = stub_solution_regions(cell.source)
     add_checksums(lab)
