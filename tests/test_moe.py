@@ -184,11 +184,10 @@ def test_gate_up_and_down(top_k, skew, dtype, fused, poisoned_empty):
     h = gate_up(x, w.gate, w.up, perm)
     real, token, expert, padding = _rows(perm)
     xs = x.double()[token]
-    g = torch.einsum("rh,rih->ri", xs, w.gate.double()[expert])
-    u = torch.einsum("rh,rih->ri", xs, w.up.double()[expert])
-    h_ref = torch.nn.functional.silu(g) * u
-    # fused: h rounded once; unfused: gate and up rounded too, and silu'(g) <= 1.1 carries gate's rounding
-    scale = h_ref.abs() if fused else h_ref.abs() + 1.1 * (g * u).abs()
+    wg, wu = w.gate.double()[expert], w.up.double()[expert]
+    h_ref, scale = reference.swiglu_with_error_scale(
+        torch.einsum("rh,rih->ri", xs, wg), torch.einsum("rh,rih->ri", xs, wu),
+        torch.einsum("rh,rih->ri", xs.abs(), wg.abs()), torch.einsum("rh,rih->ri", xs.abs(), wu.abs()), fused=fused)
     c = compare(h[real], h_ref, atol=1e-6 * h_ref.abs().mean().item(), rtol=2 * ULP[dtype], scale=scale)
     assert c.ok, c.reason
     assert (h[padding] == 0).all(), "padding rows must compute zeros"

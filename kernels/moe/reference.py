@@ -71,6 +71,24 @@ def swiglu_expert(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: t
     return (F.silu(x @ gate.T) * (x @ up.T)) @ down.T
 
 
+def swiglu_with_error_scale(gate: torch.Tensor, up: torch.Tensor, gate_terms: torch.Tensor,
+                            up_terms: torch.Tensor, *, fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """h = silu(gate) * up in float64, from the float64 products gate = x @ w_gate.T and up = x @ w_up.T,
+    and the scale a kernel's h is compared against (|h_kernel - h| <= atol + rtol * scale):
+    * |h|: h is rounded once to the output dtype;
+    * 2**-8 of the products' term sums (gate_terms = |x| @ |w_gate|.T, likewise up_terms): the float32
+      accumulations' error, which does not shrink with gate or up (the down product's checks allow the same),
+      reaching h through |silu'(gate)| <= 1.1 and |silu(gate)|. Without it, an h near zero fails on
+      accumulation noise alone (the H100 at hidden 1024: 3 of 2.8M elements, 5% off an h of 3e-5);
+    * unfused: gate and up are rounded to the dtype too, carried by the same factors."""
+    h = F.silu(gate) * up
+    carried = 1.1 * up.abs() * gate_terms + F.silu(gate).abs() * up_terms
+    scale = h.abs() + 2**-8 * carried
+    if not fused:
+        scale = scale + 1.1 * (gate * up).abs()
+    return h, scale
+
+
 def moe_loop(x: torch.Tensor, w: MoEWeights, top_k: int, *, fp64: bool = False,
              ids: torch.Tensor | None = None, weights: torch.Tensor | None = None) -> torch.Tensor:
     """The spec: route, then one expert at a time over the tokens routed to it.
