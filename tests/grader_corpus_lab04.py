@@ -78,7 +78,9 @@ CORPUS = {
     "compensation_in_one_expression": ("kahan_sum", kahan_submission, "1 float32 drift n=10000000: n=1: 1 of 1 "
                                        "elements wrong", "(hint: keep a compensation per lane"),
     # the largest values of a block whose amax has a mantissa above 1.8125 land above 464: 480 or 512, not 448
-    "no_clamp": ("fp8_block_fake_quant", fp8_submission, "3x5000 float32: n=15000:", "(hint: scale"),
+    # which case first holds a value the missing clamp rounds past 448 depends on the random inputs, which
+    # differ between the CPU and CUDA generators: the CPU's first is 3x5000, the H100's 1000
+    "no_clamp": ("fp8_block_fake_quant", fp8_submission, "elements wrong; first bad index", "(hint: scale"),
     "scale_from_mean": ("fp8_block_fake_quant", fp8_submission, "1 float32: n=1: 1 of 1 elements wrong",
                         "(hint: scale"),
 }

@@ -62,7 +62,8 @@ CORPUS: dict[str, Submission] = {
     # the padding rows keep what the buffer held (the grader's poison): the GEMM would gather garbage
     "permute_leaves_padding_unwritten": Submission(
         edit("permute", '    sorted_ids.fill_(-1)  # padding rows: the GEMM reads -1 as "no token here"\n', ""),
-        fails("permute", "first: 1x8x1 int32 experts=8: sorted_ids: shape 1x8x1: 111 of 112 elements wrong"),
+        # how many rows are padding depends on BLOCK_M (16 on the CPU, 64 on a GPU): the count is left out
+        fails("permute", "first: 1x8x1 int32 experts=8: sorted_ids: shape 1x8x1: "),
         diagnosis="padding rows (past an expert's count in its last tile) must hold -1"),
     # experts back to back: a tile holds the end of one expert and the start of the next
     "permute_does_not_pad": Submission(
