@@ -508,6 +508,13 @@ def diagnose(case: Case, result: torch.Tensor, want: torch.Tensor, cmp, atol: fl
     return ""
 
 
+def _references(spec: GradedFunction, inputs, kw: dict) -> tuple[tuple, tuple]:
+    """The float64 reference of each output and the scale its tolerance is relative to (None: |want|)."""
+    wants = _as_tuple(spec.reference_fp64(*inputs, **kw), spec.n_outputs)
+    scales = _as_tuple(spec.scale(*inputs, **kw), spec.n_outputs) if spec.scale else (None,) * spec.n_outputs
+    return wants, scales
+
+
 def _lab_diagnosis(spec: GradedFunction, case: Case, inputs, oname: str, result, want, atol: float, rtol: float,
                    scale) -> str:
     """The lab's own reading of the wrong elements (`GradedFunction.diagnose`), or ""."""
@@ -671,8 +678,7 @@ def _trial(fn, spec: GradedFunction, case: Case, inputs, outs: tuple, *, seed: i
                         "current stream when the function returned: work on a side stream without "
                         "synchronizing? (torch.cuda.current_stream().wait_stream(side))")
     atol, rtol = spec.tolerance(case.dtype)
-    wants = _as_tuple(spec.reference_fp64(*inputs, **kw), spec.n_outputs)
-    scales = _as_tuple(spec.scale(*inputs, **kw), spec.n_outputs) if spec.scale else (None,) * spec.n_outputs
+    wants, scales = _references(spec, inputs, kw)
     exacts = (_as_tuple(spec.bit_exact(*inputs, **kw), spec.n_outputs)
               if spec.bit_exact is not None and case.dtype in spec.exact_dtypes else (None,) * spec.n_outputs)
     comparisons = []
@@ -759,8 +765,7 @@ def _allocating_call(fn, spec: GradedFunction, seed: int) -> CaseResult | None:
         return CaseResult(label, False, f"called without out=: returned {type(returned).__name__}, expected "
                           f"{spec.n_outputs} tensors")
     atol, rtol = spec.tolerance(case.dtype)
-    wants = _as_tuple(spec.reference_fp64(*inputs, **kw), spec.n_outputs)
-    scales = _as_tuple(spec.scale(*inputs, **kw), spec.n_outputs) if spec.scale else (None,) * spec.n_outputs
+    wants, scales = _references(spec, inputs, kw)
     for oname, result, want, scale in zip(output_names(spec), results, wants, scales):
         prefix = "" if spec.n_outputs == 1 else f"{oname}: "
         if isinstance(result, torch.Tensor) and any(t.data_ptr() == result.data_ptr() for t in inputs):
@@ -808,8 +813,7 @@ def _graph_capture(fn, spec: GradedFunction, case: Case, seed: int) -> CaseResul
     graph.replay()
     torch.cuda.synchronize()
     atol, rtol = spec.tolerance(case.dtype)
-    wants = _as_tuple(spec.reference_fp64(*inputs, **kw), spec.n_outputs)
-    scales = _as_tuple(spec.scale(*inputs, **kw), spec.n_outputs) if spec.scale else (None,) * spec.n_outputs
+    wants, scales = _references(spec, inputs, kw)
     for oname, out, want, scale in zip(output_names(spec), outs, wants, scales):
         cmp = compare(out, want, atol=atol, rtol=rtol, scale=scale)
         if not cmp.ok:
@@ -899,8 +903,7 @@ def _measure(fn, spec: GradedFunction, config, seed: int, expected_rows: dict | 
             poison_(out)
 
     def count_wrong():
-        wants = _as_tuple(spec.reference_fp64(*inputs, **kw), spec.n_outputs)
-        scales = _as_tuple(spec.scale(*inputs, **kw), spec.n_outputs) if spec.scale else (None,) * spec.n_outputs
+        wants, scales = _references(spec, inputs, kw)
         return sum(_bad_mask(out, want, atol, rtol, scale).sum()
                    for out, want, scale in zip(outs["student"], wants, scales))
 
