@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from grading.spec import Case, GradedFunction, LabSpec, PerfConfig
 from kernels import runtime
-from kernels.moe import triton_grouped_gemm, triton_permute, triton_router
+from kernels.moe import reference, triton_grouped_gemm, triton_permute, triton_router
 from kernels.moe.triton_permute import Permutation, max_tiles, permute_reference
 from kernels.testing import TINY, ULP
 
@@ -393,9 +393,8 @@ def _swiglu_scale(x, w_gate, w_up, sorted_ids, tile_expert, top_k):
     (1.1 |u| G + |silu(g)| U) times the accumulation allowance, G and U the magnitudes |x| @ |w|.T."""
     def terms(a, g, u):
         gate, up = a @ g.T, a @ u.T
-        big_g, big_u = a.abs() @ g.abs().T, a.abs() @ u.abs().T
-        return 2 * (F.silu(gate) * up).abs() + _accumulation_ulps(x) * (1.1 * up.abs() * big_g
-                                                                         + F.silu(gate).abs() * big_u)
+        carried = reference.swiglu_carried_error(gate, up, a.abs() @ g.abs().T, a.abs() @ u.abs().T)
+        return 2 * (F.silu(gate) * up).abs() + _accumulation_ulps(x) * carried
     return _per_expert(x, [w_gate, w_up], sorted_ids, tile_expert, top_k, terms)
 
 
