@@ -832,52 +832,22 @@ PERF_MAX_ROUNDS = 100
 
 
 def timed_rounds(calls: dict[str, Callable[[], object]], before_round: Callable[[], None],
-                 after_round: Callable[[], torch.Tensor], *, warmup: int = PERF_WARMUP_ROUNDS,
-                 target_ms: float = PERF_TARGET_MS, max_rounds: int = PERF_MAX_ROUNDS,
-                 flush: bool = True) -> tuple[dict[str, bench.Timing], list[int]]:
-    """`kernels.bench.benchmark`'s method (interleaved, rotated order, L2 flushed, a spin ahead of each
-    start event, device events) with two additions a grader needs: `before_round()` runs before each
-    round, outside the timed regions (new input values, a freshly poisoned output), and `after_round()`
-    after it, returning a device tensor (the number of wrong output elements) that is read only at the
-    end, so checking never stalls the queue. Returns the timings and each round's count."""
-    names = list(calls)
+                 after_round: Callable[[], torch.Tensor]) -> tuple[dict[str, bench.Timing], list[int]]:
+    """`kernels.bench.benchmark` (interleaved, rotated order, L2 flushed, a spin ahead of each start
+    event, device events) with every call made with side streams joined, `before_round()` before each
+    round (new input values, a freshly poisoned output) and `after_round()` after each timed round,
+    returning a device tensor (the number of wrong output elements) that is read only at the end, so
+    checking never stalls the queue. Returns the timings and each timed round's count."""
+    def joined(call):
+        def run():
+            with _joined_side_streams():
+                call()
+        return run
 
-    def call(name):
-        with _joined_side_streams():
-            calls[name]()
-
-    for _ in range(warmup):
-        before_round()
-        for name in names:
-            call(name)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    before_round()
-    for name in names:
-        if flush:
-            bench.flush_l2()
-        call(name)
-    after_round()
-    torch.cuda.synchronize()
-    per_round_ms = max((time.perf_counter() - t0) * 1e3, 1e-3)
-    rounds = int(min(max_rounds, max(10, target_ms / per_round_ms)))
-    starts = {n: [torch.cuda.Event(enable_timing=True) for _ in range(rounds)] for n in names}
-    ends = {n: [torch.cuda.Event(enable_timing=True) for _ in range(rounds)] for n in names}
     wrong = []
-    for i in range(rounds):
-        before_round()
-        order = names[i % len(names):] + names[: i % len(names)]
-        for name in order:
-            if flush:
-                bench.flush_l2()
-            torch.cuda._sleep(bench.GUARD_CYCLES)  # as bench._guard: the host queues the call meanwhile
-            starts[name][i].record()
-            call(name)
-            ends[name][i].record()
-        wrong.append(after_round())
-    torch.cuda.synchronize()  # every stream
-    timings = {n: bench.Timing(n, [s.elapsed_time(e) * 1e3 for s, e in zip(starts[n], ends[n])], "cuda-events")
-               for n in names}
+    timings = bench.benchmark({name: joined(call) for name, call in calls.items()}, warmup=PERF_WARMUP_ROUNDS,
+                              target_ms=PERF_TARGET_MS, max_reps=PERF_MAX_ROUNDS, before_round=before_round,
+                              after_round=lambda: wrong.append(after_round()))
     return timings, [int(w) for w in torch.stack(wrong).tolist()]
 
 

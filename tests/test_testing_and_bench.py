@@ -1,6 +1,7 @@
 """The correctness and timing helpers: a comparison that a wrong kernel cannot pass, and timers that say
 what they measured."""
 import math
+import time
 
 import pytest
 import torch
@@ -71,6 +72,41 @@ def test_cpu_timings_are_labelled_as_host_timings():
         assert t.clock == "cpu-host"
         assert bench.ceilings() is None and bench.floor_us(1e9) is None
     assert len(t.times_us) >= 3 and t.median_us >= 0
+
+
+def test_guard_outlasts_the_host_launch_path():
+    assert bench.guard_cycles(0.0) == bench.GUARD_CYCLES  # about 100 us even for the fastest launch
+    assert bench.guard_cycles(400.0) == 2 * 400 * bench.CYCLES_PER_US  # twice the host's time at 2 GHz
+
+
+def test_round_hooks_run_around_every_timed_round():
+    """before_round before every round (warm-up included), after_round after every timed one."""
+    calls = []
+    timings = bench.benchmark({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, reps=4, warmup=2,
+                              before_round=lambda: calls.append("new inputs"),
+                              after_round=lambda: calls.append("check"))
+    assert len(timings["a"].times_us) == len(timings["b"].times_us) == 4
+    assert calls.count("check") == 4
+    warmups = 2 if runtime.ON_GPU else 1  # the host timer warms up once
+    assert calls.count("new inputs") == 4 + warmups
+    first_check = calls.index("check")
+    assert calls[first_check - 3] == "new inputs" and sorted(calls[first_check - 2:first_check]) == ["a", "b"]
+
+
+@pytest.mark.skipif(not runtime.ON_GPU, reason="device events need a GPU")
+def test_events_do_not_time_a_slow_host_launch_path():
+    """A call that spends 300 us in Python before launching a tiny kernel: the device time is the kernel's,
+    not the host's. With a fixed 100 us spin ahead of the start event it read about 200 us more."""
+    x = torch.randn(1024, device="cuda")
+
+    def slow_host_then_tiny_kernel():
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 300e-6:
+            pass
+        x.add_(1.0)
+
+    t = bench.benchmark({"slow host": slow_host_then_tiny_kernel}, reps=20)["slow host"]
+    assert t.median_us < 50, t.median_us
 
 
 def test_ratio_pairs_repetitions():
