@@ -289,18 +289,41 @@ DECODE_CASES = [
     ((1, 4, 4, 1, 100, 32), False, 7),  # more splits than key blocks: the wrapper recounts
     ((1, 4, 2, 4, 3, 64), True, None),  # Nq > Nk: the first query sees no key
     ((1, 16, 2, 3, 300, 64), True, None),  # 8 query heads x 3 queries: 24 rows per program
-    ((1, 4, 2, 1, 4500, 64), False, 70),  # the combine walks 70 splits in chunks of 32
+    ((1, 4, 2, 1, 4500, 64), False, 70),  # the combine walks 70 splits
 ]
 
 
+@pytest.mark.parametrize("fuse_combine", [True, False], ids=["fused-combine", "combine-launch"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", DECODE_CASES,
                          ids=lambda c: "B{}_H{}:{}_Nq{}_Nk{}_D{}".format(*c[0]) + ("_causal" if c[1] else "")
                          + f"_splits{c[2]}")
-def test_decode_matches_fp64(case, dtype):
+def test_decode_matches_fp64(case, dtype, fuse_combine):
     (b, hq, hkv, nq, nk, d), causal, splits = case
     q, k, v = make((b, hq, nq, d), (b, hkv, nk, d), dtype, seed=nk + nq)
-    check_forward(*run_forward(decode_forward, q, k, v, causal, num_splits=splits), q, k, v, causal)
+    check_forward(*run_forward(decode_forward, q, k, v, causal, num_splits=splits, fuse_combine=fuse_combine),
+                  q, k, v, causal)
+
+
+def test_fused_combine_leaves_its_counters_at_zero_and_repeats():
+    """The last program of each group resets its arrival counter: a second call on new values (and a
+    different number of splits) is as right as the first, and a counter left non-zero would make the
+    wrong program combine (or none)."""
+    for trial, splits in enumerate((5, 9, 9)):
+        q, k, v = make((2, 8, 1, 64), (2, 2, 700, 64), torch.float16, seed=100 + trial)
+        check_forward(*run_forward(decode_forward, q, k, v, False, num_splits=splits), q, k, v, False)
+        assert not triton_decode._ARRIVALS[q.device].any(), "arrival counters not reset"
+
+
+@pytest.mark.skipif(not runtime.ON_GPU, reason="races need concurrent programs, which the interpreter runs in turn")
+def test_fused_combine_has_no_race_on_the_gpu():
+    """Many calls on fresh values at the benchmark's shape (50 splits per KV head arriving concurrently):
+    a combine that read a partial before it was written would differ from the two-launch path."""
+    for trial in range(30):
+        q, k, v = make((1, 32, 1, 128), (1, 8, 4096 + 37 * trial, 128), torch.float16, seed=200 + trial)
+        fused = triton_decode.flash_decode(q, k, v, return_lse=True)
+        split = triton_decode.flash_decode(q, k, v, return_lse=True, fuse_combine=False)
+        assert torch.equal(fused[0], split[0]) and torch.equal(fused[1], split[1]), f"trial {trial}"
 
 
 def test_decode_strided_kv_cache():

@@ -11,6 +11,13 @@ partial output and its log-sum-exp, for *all* the query heads that share the KV 
 attention: K and V are read once, not once per query head), and a second, tiny kernel combines the
 partials:  out = sum_s exp(lse_s - lse) out_s,  lse = log sum_s exp(lse_s).
 
+At a 4k cache the whole read is 16 MiB, 4-6 us of HBM traffic, and a second launch costs a few
+microseconds of its own. So by default there is no second launch: each program, once its partial is
+stored, counts itself in with an atomic add on its (batch, KV head)'s arrival counter, and the program
+that arrives last combines the partials of all the splits (split-K's "last block reduces" pattern). The
+atomic is acquire-release: the partials stored before the others' increments are visible to the last
+program's loads after its own. `fuse_combine=False` keeps the two launches, for comparison.
+
 Rows of a program: the group's query heads times the queries, padded to 16 (the smallest `tl.dot`).
 """
 from __future__ import annotations
@@ -32,19 +39,52 @@ MAX_ROWS = 64  # query heads per KV head x queries; beyond that a query block is
 
 
 @triton.jit
-def flash_decode_split_kernel(Q, K, V, O_PART, LSE_PART,
+def _program_rows(pid, n_kv_heads, group, n_q, BLOCK_H: tl.constexpr):
+    """The (batch, KV head) of program `pid` and its rows: row r is query r % n_q of query head
+    kv_h * group + r // n_q (the group's query heads times the queries, padded to BLOCK_H)."""
+    b = pid // n_kv_heads
+    kv_h = pid % n_kv_heads
+    r = tl.arange(0, BLOCK_H)
+    return b, kv_h, r < group * n_q, kv_h * group + r // n_q, r % n_q
+
+
+@triton.jit
+def _combine_splits(O_PART, LSE_PART, O, LSE, b, h, i, row_ok, n_q_heads, n_q, n_splits,
+                    stride_ob, stride_oh, stride_om, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr):
+    """out = sum_s w_s out_s / sum_s w_s with w_s = 2^(lse_s - max_s lse_s), for a block of rows, reading
+    the float32 partials past L1 (.cg): in the fused kernel other SMs wrote them during this launch."""
+    dims = tl.arange(0, HEAD_DIM)
+    row = ((b * n_q_heads + h) * n_q + i).to(tl.int64)  # (b, h, i) flattened
+    m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    for s in range(0, n_splits):
+        m = tl.maximum(m, tl.load(LSE_PART + row * n_splits + s, mask=row_ok, other=float("-inf"),
+                                  cache_modifier=".cg"))
+    m_shift = tl.where(m == float("-inf"), 0.0, m)
+    total = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
+    for s in range(0, n_splits):
+        w = tl.math.exp2(tl.load(LSE_PART + row * n_splits + s, mask=row_ok, other=float("-inf"),
+                                 cache_modifier=".cg") - m_shift)  # 0 for a split where the row saw no key
+        o_s = tl.load(O_PART + (row * n_splits + s)[:, None] * HEAD_DIM + dims[None, :], mask=row_ok[:, None],
+                      other=0.0, cache_modifier=".cg")
+        total += w
+        acc += w[:, None] * o_s
+    total_safe = tl.where(total > 0.0, total, 1.0)
+    tl.store(O + b.to(tl.int64) * stride_ob + h[:, None].to(tl.int64) * stride_oh + i[:, None] * stride_om
+             + dims[None, :], (acc / total_safe[:, None]).to(O.dtype.element_ty), mask=row_ok[:, None])
+    lse = tl.where(total > 0.0, (m + tl.math.log2(total_safe)) * 0.6931471805599453, float("-inf"))
+    tl.store(LSE + row, lse, mask=row_ok)
+
+
+@triton.jit
+def flash_decode_split_kernel(Q, K, V, O_PART, LSE_PART, O, LSE, ARRIVALS,
                               stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
-                              stride_vb, stride_vh, stride_vn,
+                              stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
                               n_kv_heads, group, n_q, n_k, split_len, n_splits, qk_scale,
                               HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-                              CAUSAL: tl.constexpr, UPCAST: tl.constexpr):
+                              CAUSAL: tl.constexpr, UPCAST: tl.constexpr, FUSE_COMBINE: tl.constexpr):
     split = tl.program_id(0)
-    b = tl.program_id(1) // n_kv_heads
-    kv_h = tl.program_id(1) % n_kv_heads
-    r = tl.arange(0, BLOCK_H)  # row r is query r % n_q of query head kv_h * group + r // n_q
-    row_ok = r < group * n_q
-    h = kv_h * group + r // n_q
-    i = r % n_q
+    b, kv_h, row_ok, h, i = _program_rows(tl.program_id(1), n_kv_heads, group, n_q, BLOCK_H)
     dims = tl.arange(0, HEAD_DIM)
     q = tl.load(Q + b.to(tl.int64) * stride_qb + h[:, None].to(tl.int64) * stride_qh + i[:, None] * stride_qm
                 + dims[None, :], mask=row_ok[:, None], other=0.0)
@@ -92,41 +132,25 @@ def flash_decode_split_kernel(Q, K, V, O_PART, LSE_PART,
     row = ((b * n_kv_heads * group + h) * n_q + i).to(tl.int64) * n_splits + split
     tl.store(O_PART + row[:, None] * HEAD_DIM + dims[None, :], acc / l_safe[:, None], mask=row_ok[:, None])
     tl.store(LSE_PART + row, lse2, mask=row_ok)
+    if FUSE_COMBINE:
+        # The barrier puts every thread's partial stores before the (single-thread) release of the
+        # increment; the last program to arrive owns all the partials and combines them.
+        tl.debug_barrier()
+        arrived = tl.atomic_add(ARRIVALS + tl.program_id(1), 1, sem="acq_rel")
+        if arrived == n_splits - 1:
+            _combine_splits(O_PART, LSE_PART, O, LSE, b, h, i, row_ok, n_kv_heads * group, n_q, n_splits,
+                            stride_ob, stride_oh, stride_om, HEAD_DIM, BLOCK_H)
+            tl.store(ARRIVALS + tl.program_id(1), 0)  # ready for the next call, which runs after this one
 
 
 @triton.jit
-def flash_decode_combine_kernel(O_PART, LSE_PART, O, LSE, n_q_heads, n_q, n_splits,
-                                stride_ob, stride_oh, stride_om,
-                                HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
-    """One program per (batch, head, query): out = sum_s w_s out_s / sum_s w_s with w_s = 2^(lse_s - max),
-    over the splits in chunks of BLOCK_S (the maximum first, so each weight is computed once)."""
-    row = tl.program_id(0).to(tl.int64)  # (b, h, i) flattened
-    i = row % n_q
-    h = (row // n_q) % n_q_heads
-    b = row // (n_q * n_q_heads)
-    s0 = tl.arange(0, BLOCK_S)
-    dims = tl.arange(0, HEAD_DIM)
-    m = tl.full([BLOCK_S], float("-inf"), dtype=tl.float32)
-    for start in range(0, n_splits, BLOCK_S):
-        s = start + s0
-        m = tl.maximum(m, tl.load(LSE_PART + row * n_splits + s, mask=s < n_splits, other=float("-inf")))
-    m = tl.max(m, 0)
-    m_shift = tl.where(m == float("-inf"), 0.0, m)
-    total = tl.zeros([BLOCK_S], dtype=tl.float32)
-    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
-    for start in range(0, n_splits, BLOCK_S):
-        s = start + s0
-        lse_s = tl.load(LSE_PART + row * n_splits + s, mask=s < n_splits, other=float("-inf"))
-        w = tl.math.exp2(lse_s - m_shift)  # 0 for splits where the query saw no key
-        o_s = tl.load(O_PART + (row * n_splits + s)[:, None] * HEAD_DIM + dims[None, :],
-                      mask=(s < n_splits)[:, None], other=0.0)
-        total += w
-        acc += tl.sum(w[:, None] * o_s, 0)
-    total_sum = tl.sum(total, 0)
-    total_safe = tl.where(total_sum > 0.0, total_sum, 1.0)
-    tl.store(O + b * stride_ob + h * stride_oh + i * stride_om + dims, (acc / total_safe).to(O.dtype.element_ty))
-    lse = tl.where(total_sum > 0.0, (m + tl.math.log2(total_safe)) * 0.6931471805599453, float("-inf"))
-    tl.store(LSE + row, lse)
+def flash_decode_combine_kernel(O_PART, LSE_PART, O, LSE, n_kv_heads, group, n_q, n_splits,
+                                stride_ob, stride_oh, stride_om, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr):
+    """The second launch of the unfused path: program (batch, KV head) combines the rows its split
+    programs wrote."""
+    b, kv_h, row_ok, h, i = _program_rows(tl.program_id(0), n_kv_heads, group, n_q, BLOCK_H)
+    _combine_splits(O_PART, LSE_PART, O, LSE, b, h, i, row_ok, n_kv_heads * group, n_q, n_splits,
+                    stride_ob, stride_oh, stride_om, HEAD_DIM, BLOCK_H)
 
 
 def default_num_splits(batch: int, n_kv_heads: int, n_k: int, block_n: int = BLOCK_N) -> int:
@@ -137,13 +161,34 @@ def default_num_splits(batch: int, n_kv_heads: int, n_k: int, block_n: int = BLO
     return max(1, min(wanted, triton.cdiv(n_k, block_n)))
 
 
+_ARRIVALS: dict = {}
+
+
+def _arrival_counters(device: torch.device, programs: int) -> torch.Tensor:
+    """Zeroed int32 counters, one per (batch, KV head) program group, kept for the next call: the last
+    program of each group sets its counter back to 0. Allocated outside any CUDA-graph capture (a buffer
+    made during capture belongs to the graph's pool), so the first call must come before a capture, as
+    the autotuner of any Triton kernel already demands."""
+    counters = _ARRIVALS.get(device)
+    if counters is None or counters.numel() < programs:
+        if runtime.ON_GPU and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("flash_decode: call it once before capturing a CUDA graph (it allocates its "
+                               f"arrival counters for {programs} batch x KV-head groups then)")
+        counters = torch.zeros(max(programs, 1024), dtype=torch.int32, device=device)
+        _ARRIVALS[device] = counters
+    return counters
+
+
 def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                  scale: float | None = None, return_lse: bool = False, *, num_splits: int | None = None,
-                 block_n: int | None = None, out: torch.Tensor | None = None, lse: torch.Tensor | None = None):
+                 block_n: int | None = None, fuse_combine: bool = True, out: torch.Tensor | None = None,
+                 lse: torch.Tensor | None = None):
     """Attention for a few queries (q: (B, Hq, Nq, D), Nq small) against a KV cache (B, Hkv, Nk, D).
 
     Same contract as `flash_attention` (bottom-right causal, GQA, fp16/bf16, lse); forward only.
-    `num_splits` and `block_n` override the defaults, for sweeps; `out` and `lse` are buffers to write into.
+    `num_splits` and `block_n` override the defaults, for sweeps; `fuse_combine=False` combines the
+    splits in a second launch; `out` and `lse` are buffers to write into. The fused combine shares one set
+    of arrival counters per device: calls on one device run one at a time (one stream, or synchronized).
     """
     _check("flash_decode", q, k, v)
     scale = _scale(scale, q.shape[-1])
@@ -163,14 +208,18 @@ def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     splits = max(1, triton.cdiv(n_k, split_len))
     o_part = torch.empty((batch, n_heads, n_q, splits, head_dim), dtype=torch.float32, device=q.device)
     lse_part = torch.empty((batch, n_heads, n_q, splits), dtype=torch.float32, device=q.device)
-    flash_decode_split_kernel[(splits, batch * n_kv_heads)](
-        q, k, v, o_part, lse_part, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-        n_kv_heads, group, n_q, n_k, split_len, splits, scale * LOG2E,
-        HEAD_DIM=head_dim, BLOCK_H=max(16, triton.next_power_of_2(group * n_q)), BLOCK_N=block_n,
-        CAUSAL=bool(causal), UPCAST=UPCAST, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
-    flash_decode_combine_kernel[(batch * n_heads * n_q,)](
-        o_part, lse_part, out, lse, n_heads, n_q, splits, *out.stride()[:3],
-        HEAD_DIM=head_dim, BLOCK_S=min(32, triton.next_power_of_2(splits)), num_warps=runtime.pick(gpu=4, cpu=1))
+    programs = batch * n_kv_heads
+    arrivals = _arrival_counters(q.device, programs) if fuse_combine else lse_part  # unused when not fused
+    block_h = max(16, triton.next_power_of_2(group * n_q))
+    flash_decode_split_kernel[(splits, programs)](
+        q, k, v, o_part, lse_part, out, lse, arrivals, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+        *out.stride()[:3], n_kv_heads, group, n_q, n_k, split_len, splits, scale * LOG2E,
+        HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_N=block_n, CAUSAL=bool(causal), UPCAST=UPCAST,
+        FUSE_COMBINE=fuse_combine, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    if not fuse_combine:
+        flash_decode_combine_kernel[(programs,)](
+            o_part, lse_part, out, lse, n_kv_heads, group, n_q, splits, *out.stride()[:3],
+            HEAD_DIM=head_dim, BLOCK_H=block_h, num_warps=runtime.pick(gpu=4, cpu=1))
     return (out, lse) if return_lse else out
 
 
