@@ -18,9 +18,9 @@ cuBLAS's 750, and no tile configuration closes the gap (PERFORMANCE.md). What cu
    in the grouped order. The loop's bound is the number of tiles in use, read on the device
    (padded_offsets[E] / BLOCK_M): no host sync, and no work item is an empty tile, so the loop can be
    flattened with the K loop (`tl.range(flatten=True)`: the next tile's loads are issued during this
-   tile's epilogue) or warp-specialized (`warp_specialize=True`: a producer warp issues the TMA loads, the
-   consumer warpgroups only run wgmma, the structure of cuBLAS's sm_90 kernels). Warp specialization
-   needs every load of the loop to be a TMA load, so it is tried only where A comes by TMA.
+   tile's epilogue). Warp specialization (a producer warp for the TMA loads, consumer warpgroups for
+   wgmma, as cuBLAS's sm_90 kernels) is not tried: Triton 3.6 compiled `warp_specialize=True` on either
+   loop of this kernel for sm_90 without specializing it (no `ttg.warp_specialize` in the TTGIR).
 Without `persistent` the same kernel runs one work item per program (grid = the bound on work items; the
 programs past the work in use do nothing), which isolates what TMA alone buys.
 
@@ -52,13 +52,11 @@ VARIANTS = {
     "persistent_pregathered": {"persistent": True, "pregather": True},
 }
 
-# (BLOCK_N, BLOCK_K, num_warps, num_stages, FLATTEN, WARP_SPECIALIZE) for sm_90: the pointer kernel's best
-# tiles (PERFORMANCE.md's sweep) and BLOCK_N 256 with 8 warps (two consumer warpgroups, 128 accumulator
-# registers a thread) for the unfused products. A handful each, so the benchmark's autotuning stays short;
-# the pruner below drops what does not fit or does not apply.
-GPU_TUNING = [(128, 64, 8, 4, False, False), (256, 64, 8, 3, False, False), (128, 64, 4, 4, False, False),
-              (128, 64, 8, 4, True, False), (256, 64, 8, 3, True, False),
-              (128, 64, 8, 3, False, True), (256, 64, 8, 3, False, True)]
+# (BLOCK_N, BLOCK_K, num_warps, num_stages, FLATTEN) for sm_90: the pointer kernel's tiles and BLOCK_N 256
+# with 8 warps (two consumer warpgroups, 128 accumulator registers a thread) for the unfused products. A
+# handful each, so the benchmark's autotuning stays short; the pruner drops what does not fit or apply.
+GPU_TUNING = [(128, 64, 8, 4, False), (64, 64, 4, 4, False), (256, 64, 8, 3, False), (128, 64, 4, 4, False),
+              (128, 64, 8, 4, True), (256, 64, 8, 3, True)]
 GROUP_M = 8
 
 
@@ -73,21 +71,15 @@ def _set_block_shapes(nargs):
 
 def _configs() -> list[triton.Config]:
     if not runtime.ON_GPU:  # the interpreter: one configuration (DESIGN.md)
-        return [triton.Config({"BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 4, "FLATTEN": False,
-                               "WARP_SPECIALIZE": False}, num_warps=1, num_stages=1, pre_hook=_set_block_shapes)]
-    return [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "GROUP_M": GROUP_M, "FLATTEN": flatten,
-                           "WARP_SPECIALIZE": ws}, num_warps=w, num_stages=s, pre_hook=_set_block_shapes)
-            for n, k, w, s, flatten, ws in GPU_TUNING]
+        return [triton.Config({"BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 4, "FLATTEN": False}, num_warps=1,
+                              num_stages=1, pre_hook=_set_block_shapes)]
+    return [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "GROUP_M": GROUP_M, "FLATTEN": flatten}, num_warps=w,
+                          num_stages=s, pre_hook=_set_block_shapes)
+            for n, k, w, s, flatten in GPU_TUNING]
 
 
 # None: autotune over the configurations the pruner keeps; an integer i: the i-th kept one alone.
 TUNING_OVERRIDE: int | None = None
-
-
-def _applies(config, persistent: bool, gather: bool) -> bool:
-    # A loop of one trip has nothing to flatten or specialize; warp specialization wants TMA loads only.
-    flatten, ws = config.kwargs["FLATTEN"], config.kwargs["WARP_SPECIALIZE"]
-    return (persistent or not (flatten or ws)) and not (ws and gather)
 
 
 def _prune(configs, named_args, **kwargs):
@@ -97,7 +89,7 @@ def _prune(configs, named_args, **kwargs):
     for c in configs:
         bn, bk = c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]
         epilogue_bytes = bm * bn * 2  # the output tile staged in shared memory for the TMA store
-        if (_applies(c, args["PERSISTENT"], args["GATHER"])
+        if ((args["PERSISTENT"] or not c.kwargs["FLATTEN"])  # one trip per program: nothing to flatten
                 and accumulator_registers(bm, bn, c.num_warps, swiglu) <= ACC_REGS
                 and pipeline_bytes(bm, bn, bk, c.num_stages, swiglu) + epilogue_bytes <= SHARED_BYTES):
             kept.append(c)
@@ -113,16 +105,14 @@ def grouped_gemm_tma_kernel(a_ptr, a_desc, w1_desc, w2_desc, c_desc, sorted_ids_
                             padded_offsets_ptr, experts, N, K, TOKEN_BUCKET, TOP_K: tl.constexpr,
                             GATHER: tl.constexpr, SWIGLU: tl.constexpr, PERSISTENT: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                            GROUP_M: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-                            UPCAST: tl.constexpr):
+                            GROUP_M: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr):
     """c[rows, n] = A[rows] @ w1[expert].T (or silu(A @ w1.T) * (A @ w2.T)); w1, w2 viewed as (E * N, K).
     A is gathered from a_ptr's token rows (GATHER) or read by a_desc in row order."""
     used_tiles = tl.load(padded_offsets_ptr + experts) // BLOCK_M  # tiles holding rows, read on the device
     n_tiles = tl.cdiv(N, BLOCK_N)
     work = used_tiles * n_tiles
     per_group = GROUP_M * n_tiles
-    for item in tl.range(tl.program_id(0), work, tl.num_programs(0), flatten=FLATTEN,
-                         warp_specialize=WARP_SPECIALIZE):
+    for item in tl.range(tl.program_id(0), work, tl.num_programs(0), flatten=FLATTEN):
         # Grouped order, as in the pointer kernel: GROUP_M tiles (one expert's, mostly) walk the N tiles
         # together, so each weight tile is read from HBM once for all of them.
         first_m = item // per_group * GROUP_M
