@@ -16,6 +16,14 @@ from tests.test_moe import DEV, DTYPES, E, _check_layer, _problem, _rows, _tol, 
 VARIANTS = list(triton_grouped_gemm_tma.VARIANTS)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_variant_config():
+    """On the GPU, one configuration per case (the benchmark autotunes and checks at full size)."""
+    triton_grouped_gemm_tma.TUNING_OVERRIDE = 0
+    yield
+    triton_grouped_gemm_tma.TUNING_OVERRIDE = None
+
+
 def _routed(tokens, top_k, dtype, *, skew, hidden, inter):
     g = generator(0, DEV)
     w = reference.init_weights(E, hidden, inter, dtype, DEV, g)
