@@ -18,17 +18,23 @@ then each stage of ours alone (router, permute, gate_up, down, combine), the wei
 (expert weights + x + out over the measured copy bandwidth; flops over the measured matmul rate) and the
 routing statistics (load-balancing loss, usage coefficient of variation, dropped assignments at capacity
 factor 1.25) of random and of skewed routing.
+
+`python -m kernels.moe.benchmark variants` measures the grouped-GEMM variants of triton_grouped_gemm_tma.py
+instead (a few minutes, autotuning included): at 2048, 8192 and 32768 tokens, each variant's gate_up + SwiGLU
+and down against the pointer kernel's (same routing, same inputs; outputs compared first) and against dense
+cuBLAS products of the same flops; writes data/results/<gpu>/06_moe_variants.json.
 """
 from __future__ import annotations
 
+import functools
 import sys
 
 import torch
 import torch.nn.functional as F
 
 from kernels import bench, runtime
-from kernels.moe import (moe_layer, reference, triton_combine, triton_grouped_gemm, triton_permute,
-                         triton_router)
+from kernels.moe import (moe_layer, reference, triton_combine, triton_grouped_gemm, triton_grouped_gemm_tma,
+                         triton_permute, triton_router)
 from kernels.testing import generator
 
 EXPERTS, HIDDEN, INTER, TOP_K = 32, 4096, 11008, 2
@@ -167,10 +173,78 @@ def performance_targets(rows: dict) -> list[dict]:
     return checks
 
 
+VARIANT_TOKENS = (2048, 8192, 32768)
+
+
+def variant_times(tokens: int, w: reference.MoEWeights) -> list[dict]:
+    """Each grouped-GEMM variant's two products at one token count, timed interleaved with the pointer
+    kernel's and with dense cuBLAS products of the same flops (tokens * k rows through one expert)."""
+    g = generator(tokens, runtime.DEVICE)
+    x = torch.randn(tokens, HIDDEN, device=runtime.DEVICE, generator=g).to(DTYPE)
+    _, ids, _ = triton_router.route(x, w.router, TOP_K)
+    perm = triton_permute.permute(ids, EXPERTS, triton_grouped_gemm.block_m_for(tokens, EXPERTS, TOP_K))
+    used = (perm.sorted_ids >= 0).nonzero().flatten()  # rows holding an assignment (the rest is not compared)
+    h_ref = triton_grouped_gemm.gate_up_swiglu(x, w.gate, w.up, perm)
+    y_ref = triton_grouped_gemm.down(h_ref, w.down, perm)
+    fns, checks = {}, {}
+    for name in ["pointer", *triton_grouped_gemm_tma.VARIANTS]:
+        gate_up, down = moe_layer.grouped_gemm_functions(name)
+        h, y = gate_up(x, w.gate, w.up, perm), down(h_ref, w.down, perm)
+        # The same products in another order of summation: within a few bf16 ulps of the pointer kernel's;
+        # a NaN (a row nobody wrote) makes the error NaN, torch's max keeps it, and NaN fails the check.
+        checks[name] = torch.tensor([_rel_err(h[used], h_ref[used]), _rel_err(y[used], y_ref[used])]).max().item()
+        fns[f"{name} gate_up"] = functools.partial(gate_up, x, w.gate, w.up, perm)
+        fns[f"{name} down"] = functools.partial(down, h_ref, w.down, perm)
+    a1 = torch.randn(tokens * TOP_K, HIDDEN, device=runtime.DEVICE, generator=g).to(DTYPE)
+    a2 = torch.randn(tokens * TOP_K, INTER, device=runtime.DEVICE, generator=g).to(DTYPE)
+    w_gate_up, w_down = torch.cat([w.gate[0], w.up[0]]), w.down[0].clone()
+    fns["dense gate_up"] = lambda: a1 @ w_gate_up.T
+    fns["dense down"] = lambda: a2 @ w_down.T
+    timings = bench.benchmark(fns)
+    flops = {"gate_up": 2 * tokens * TOP_K * HIDDEN * 2 * INTER, "down": 2 * tokens * TOP_K * INTER * HIDDEN}
+    rows = []
+    for name in ["pointer", *triton_grouped_gemm_tma.VARIANTS, "dense"]:
+        row = {"tokens": tokens, "variant": name, "max rel err vs pointer": checks.get(name, 0.0)}
+        for gemm in ("gate_up", "down"):
+            t = timings[f"{name} {gemm}"]
+            row[f"{gemm} ms"] = t.median_us / 1e3
+            row[f"{gemm} TFLOP/s"] = t.tflops(flops[gemm])
+            row[f"{gemm} vs pointer"] = bench.ratio(timings[f"pointer {gemm}"], t)
+        row["sum ms"] = row["gate_up ms"] + row["down ms"]
+        row["sum % of dense"] = 100 * (timings["dense gate_up"].median_us + timings["dense down"].median_us) / (
+            1e3 * row["sum ms"])
+        row["ok"] = name == "dense" or row["max rel err vs pointer"] <= 1e-2  # NaN compares False
+        rows.append(row)
+    return rows
+
+
+def variant_autotune_choices() -> dict:
+    return {str(key): f"N{c.kwargs['BLOCK_N']} K{c.kwargs['BLOCK_K']} w{c.num_warps} s{c.num_stages}"
+                      f"{' flatten' if c.kwargs['FLATTEN'] else ''}"
+            for key, c in getattr(triton_grouped_gemm_tma.grouped_gemm_tma_kernel, "cache", {}).items()}
+
+
+def main_variants() -> int:
+    w = reference.init_weights(EXPERTS, HIDDEN, INTER, DTYPE, "cuda", generator(0, "cuda"))
+    rows = [row for tokens in VARIANT_TOKENS for row in variant_times(tokens, w)]
+    results = {"fingerprint": runtime.fingerprint(), "rows": rows, "autotune pointer": autotune_choices(),
+               "autotune variants": variant_autotune_choices()}
+    path = bench.save_results("06_moe_variants", results)
+    cols = ["tokens", "variant", "gate_up ms", "gate_up TFLOP/s", "gate_up vs pointer", "down ms", "down TFLOP/s",
+            "down vs pointer", "sum ms", "sum % of dense", "max rel err vs pointer", "ok"]
+    print(bench.table(rows, cols, floatfmt=".3g"))
+    for key, choice in {**results["autotune pointer"], **results["autotune variants"]}.items():
+        print(f"autotune {key}: {choice}")
+    print(f"wrote {path}")
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
 def main() -> int:
     if not runtime.ON_GPU:
         print(bench.NOT_MEASURED)
         return 1
+    if sys.argv[1:] == ["variants"]:
+        return main_variants()
     ceilings = bench.ceilings()
     w = reference.init_weights(EXPERTS, HIDDEN, INTER, DTYPE, "cuda", generator(0, "cuda"))
     extra = {"dense_gate_up": torch.cat([w.gate[0], w.up[0]]), "dense_down": w.down[0].clone(),

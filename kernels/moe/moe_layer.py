@@ -11,11 +11,29 @@ Every buffer has a size known from the shapes alone (the padded-row bound), so n
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from kernels.moe import triton_combine, triton_grouped_gemm, triton_permute, triton_router
+from kernels.moe import triton_combine, triton_grouped_gemm, triton_grouped_gemm_tma, triton_permute, triton_router
 from kernels.moe.reference import MoEWeights
 from kernels.moe.validate import check_expert_weights, check_router_args
+
+
+# The grouped GEMM of the fused path: "pointer" (triton_grouped_gemm) or one of triton_grouped_gemm_tma.VARIANTS.
+# `python -m kernels.moe.benchmark variants` measures them side by side; flip this line to the winner.
+GROUPED_GEMM = "pointer"
+
+
+def grouped_gemm_functions(variant: str):
+    """(gate_up_swiglu, down) of a grouped-GEMM variant, each called as the pointer kernel's functions are."""
+    if variant == "pointer":
+        return triton_grouped_gemm.gate_up_swiglu, triton_grouped_gemm.down
+    if variant not in triton_grouped_gemm_tma.VARIANTS:
+        raise ValueError(f"grouped GEMM variant must be 'pointer' or one of "
+                         f"{list(triton_grouped_gemm_tma.VARIANTS)}, got {variant!r}")
+    return (functools.partial(triton_grouped_gemm_tma.gate_up_swiglu, variant=variant),
+            functools.partial(triton_grouped_gemm_tma.down, variant=variant))
 
 
 def _permute(ids, experts, block_m, permutation: str):
@@ -38,8 +56,10 @@ def moe_forward(x: torch.Tensor, w: MoEWeights, top_k: int, *, permutation: str 
     block_m = block_m or triton_grouped_gemm.block_m_for(x.shape[0], w.experts, top_k)
     probs, ids, weights = triton_router.route(x, w.router, top_k)
     perm = _permute(ids, w.experts, block_m, permutation)
-    gate_up = triton_grouped_gemm.gate_up_swiglu if fuse_swiglu else triton_grouped_gemm.gate_up_unfused
+    gate_up, down = grouped_gemm_functions(GROUPED_GEMM)
+    if not fuse_swiglu:  # the lab's base task: two pointer-kernel products and an element-wise SwiGLU
+        gate_up, down = triton_grouped_gemm.gate_up_unfused, triton_grouped_gemm.down
     h = gate_up(x, w.gate, w.up, perm)
-    y = triton_grouped_gemm.down(h, w.down, perm)
+    y = down(h, w.down, perm)
     out = triton_combine.combine(y, weights, perm)
     return (out, (probs, ids, weights, perm)) if return_routing else out

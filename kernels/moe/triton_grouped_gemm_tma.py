@@ -1,0 +1,219 @@
+"""Grouped GEMM, second version: the operands that are contiguous arrive by TMA, and a program may loop over
+several output tiles (persistent). Same function as triton_grouped_gemm.py, same Permutation, same outputs.
+
+Why: on an H100 the pointer-based kernel runs at 530 (gate_up + SwiGLU) and 585 (down) TFLOP/s against
+cuBLAS's 750, and no tile configuration closes the gap (PERFORMANCE.md). What cuBLAS does that it does not:
+1. **TMA for the weights.** In the pointer kernel every thread computes 64-bit addresses for its share of
+   each (BLOCK_N x BLOCK_K) weight tile and issues `cp.async` copies of 16 bytes; with a tensor descriptor
+   one thread hands the whole tile to the copy engine (`cp.async.bulk.tensor`), which also zero-fills
+   past the edges (no masks). The weights are (E, N, K), K-contiguous: viewed as one (E * N, K) matrix,
+   expert e's tile n starts at row e * N + n * BLOCK_N. When N is not a multiple of BLOCK_N the last tile
+   reads the next expert's first rows; they only reach output columns >= N, which are never stored.
+2. **TMA for A where its rows are contiguous**: the down projection's A (h, already in expert order) and,
+   with `pregather`, gate_up's A copied into expert order by `gather_rows` first (TMA on Hopper cannot
+   gather rows, so the fused gather must stay a pointer load). The copy writes and reads tokens * k * H * 2
+   bytes (0.27 GB at 32768 tokens, ~0.2 ms on an H100) to free the gate_up loop of its address math.
+3. **The output tile leaves by TMA** (`c_desc.store`), which clips the columns past N.
+4. **Persistent programs** (`persistent`): one program per SM loops over the work items (M tile, N tile)
+   in the grouped order. The loop's bound is the number of tiles in use, read on the device
+   (padded_offsets[E] / BLOCK_M): no host sync, and no work item is an empty tile, so the loop can be
+   flattened with the K loop (`tl.range(flatten=True)`: the next tile's loads are issued during this
+   tile's epilogue). Warp specialization (a producer warp for the TMA loads, consumer warpgroups for
+   wgmma, as cuBLAS's sm_90 kernels) is not tried: Triton 3.6 compiled `warp_specialize=True` on either
+   loop of this kernel for sm_90 without specializing it (no `ttg.warp_specialize` in the TTGIR).
+Without `persistent` the same kernel runs one work item per program (grid = the bound on work items; the
+programs past the work in use do nothing), which isolates what TMA alone buys.
+
+Descriptors are built on the host (`triton.tools.tensor_descriptor.TensorDescriptor`): they work the same on
+Triton 3.6 and 3.9 and in the interpreter, need no device allocator (`tl.make_tensor_descriptor` in the
+kernel needs `triton.set_allocator` for its scratch), and cost nothing per program. Their block shapes
+depend on the autotuned tile, so each configuration's pre-hook sets them.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from kernels import runtime
+from kernels.moe.triton_grouped_gemm import (ACC_REGS, SHARED_BYTES, UPCAST, accumulator_registers,
+                                             pipeline_bytes, token_bucket)
+from kernels.moe.triton_permute import Permutation
+
+# The ways to run the kernel. Each is measured by `python -m kernels.moe.benchmark variants`, and any of them
+# can be the layer's grouped GEMM (moe_layer.GROUPED_GEMM).
+VARIANTS = {
+    "tma": {"persistent": False, "pregather": False},
+    "tma_pregathered": {"persistent": False, "pregather": True},
+    "persistent": {"persistent": True, "pregather": False},
+    "persistent_pregathered": {"persistent": True, "pregather": True},
+}
+
+# (BLOCK_N, BLOCK_K, num_warps, num_stages, FLATTEN) for sm_90: the pointer kernel's tiles and BLOCK_N 256
+# with 8 warps (two consumer warpgroups, 128 accumulator registers a thread) for the unfused products. A
+# handful each, so the benchmark's autotuning stays short; the pruner drops what does not fit or apply.
+GPU_TUNING = [(128, 64, 8, 4, False), (64, 64, 4, 4, False), (256, 64, 8, 3, False), (128, 64, 4, 4, False),
+              (128, 64, 8, 4, True), (256, 64, 8, 3, True)]
+GROUP_M = 8
+
+
+def _set_block_shapes(nargs):
+    """A descriptor's block shape is part of its type: set it from the configuration being launched."""
+    block_m, block_n, block_k = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
+    nargs["a_desc"].block_shape = [block_m, block_k]
+    nargs["w1_desc"].block_shape = [block_n, block_k]
+    nargs["w2_desc"].block_shape = [block_n, block_k]
+    nargs["c_desc"].block_shape = [block_m, block_n]
+
+
+def _configs() -> list[triton.Config]:
+    if not runtime.ON_GPU:  # the interpreter: one configuration (DESIGN.md)
+        return [triton.Config({"BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 4, "FLATTEN": False}, num_warps=1,
+                              num_stages=1, pre_hook=_set_block_shapes)]
+    return [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "GROUP_M": GROUP_M, "FLATTEN": flatten}, num_warps=w,
+                          num_stages=s, pre_hook=_set_block_shapes)
+            for n, k, w, s, flatten in GPU_TUNING]
+
+
+# None: autotune over the configurations the pruner keeps; an integer i: the i-th kept one alone.
+TUNING_OVERRIDE: int | None = None
+
+
+def _prune(configs, named_args, **kwargs):
+    args = {**named_args, **kwargs}
+    bm, swiglu = args["BLOCK_M"], args["SWIGLU"]
+    kept = []
+    for c in configs:
+        bn, bk = c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]
+        epilogue_bytes = bm * bn * 2  # the output tile staged in shared memory for the TMA store
+        if ((args["PERSISTENT"] or not c.kwargs["FLATTEN"])  # one trip per program: nothing to flatten
+                and accumulator_registers(bm, bn, c.num_warps, swiglu) <= ACC_REGS
+                and pipeline_bytes(bm, bn, bk, c.num_stages, swiglu) + epilogue_bytes <= SHARED_BYTES):
+            kept.append(c)
+    if TUNING_OVERRIDE is not None:
+        kept = [kept[min(TUNING_OVERRIDE, len(kept) - 1)]] if kept else kept
+    return kept or configs[:1]
+
+
+@triton.autotune(configs=_configs(), key=["TOKEN_BUCKET", "N", "K", "SWIGLU", "GATHER", "PERSISTENT"],
+                 prune_configs_by={"early_config_prune": _prune})
+@triton.jit
+def grouped_gemm_tma_kernel(a_ptr, a_desc, w1_desc, w2_desc, c_desc, sorted_ids_ptr, tile_expert_ptr,
+                            padded_offsets_ptr, experts, N, K, TOKEN_BUCKET, TOP_K: tl.constexpr,
+                            GATHER: tl.constexpr, SWIGLU: tl.constexpr, PERSISTENT: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                            GROUP_M: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr):
+    """c[rows, n] = A[rows] @ w1[expert].T (or silu(A @ w1.T) * (A @ w2.T)); w1, w2 viewed as (E * N, K).
+    A is gathered from a_ptr's token rows (GATHER) or read by a_desc in row order."""
+    used_tiles = tl.load(padded_offsets_ptr + experts) // BLOCK_M  # tiles holding rows, read on the device
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    work = used_tiles * n_tiles
+    per_group = GROUP_M * n_tiles
+    for item in tl.range(tl.program_id(0), work, tl.num_programs(0), flatten=FLATTEN):
+        # Grouped order, as in the pointer kernel: GROUP_M tiles (one expert's, mostly) walk the N tiles
+        # together, so each weight tile is read from HBM once for all of them.
+        first_m = item // per_group * GROUP_M
+        group_m = min(used_tiles - first_m, GROUP_M)
+        tile = first_m + (item % per_group) % group_m
+        n0 = (item % per_group) // group_m * BLOCK_N
+        w_row = tl.load(tile_expert_ptr + tile) * N + n0
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        if GATHER:
+            assignment = tl.load(sorted_ids_ptr + rows)
+            real = assignment >= 0  # padding rows load zeros and so compute zeros
+            a_ptrs = (a_ptr + tl.where(real, assignment // TOP_K, 0)[:, None].to(tl.int64) * K
+                      + tl.arange(0, BLOCK_K)[None, :])
+        acc1 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        acc2 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        for k0 in tl.range(0, K, BLOCK_K):
+            if GATHER:
+                a = tl.load(a_ptrs, mask=real[:, None] & (k0 + tl.arange(0, BLOCK_K) < K)[None, :], other=0.0)
+                a_ptrs += BLOCK_K
+            else:
+                a = a_desc.load([tile * BLOCK_M, k0])
+            b1 = w1_desc.load([w_row, k0])  # (BLOCK_N, BLOCK_K): K-contiguous, as wgmma's B operand wants
+            if UPCAST:
+                a = a.to(tl.float32)
+                b1 = b1.to(tl.float32)
+            acc1 = tl.dot(a, b1.T, acc1)
+            if SWIGLU:
+                b2 = w2_desc.load([w_row, k0])
+                if UPCAST:
+                    b2 = b2.to(tl.float32)
+                acc2 = tl.dot(a, b2.T, acc2)
+        if SWIGLU:
+            acc1 = acc1 * tl.sigmoid(acc1) * acc2  # silu(gate) * up
+        c_desc.store([tile * BLOCK_M, n0], acc1.to(c_desc.dtype))
+
+
+@triton.jit
+def gather_rows_kernel(x_ptr, out_ptr, sorted_ids_ptr, tile_expert_ptr, K, TOP_K: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[row] = x[sorted_ids[row] // TOP_K] for the rows of tiles in use; padding rows get zeros."""
+    tile = tl.program_id(0)
+    if tl.load(tile_expert_ptr + tile) >= 0:
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        assignment = tl.load(sorted_ids_ptr + rows)
+        real = assignment >= 0
+        source = tl.where(real, assignment // TOP_K, 0).to(tl.int64)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            values = tl.load(x_ptr + source[:, None] * K + k[None, :], mask=real[:, None] & (k < K)[None, :],
+                             other=0.0)
+            tl.store(out_ptr + rows[:, None].to(tl.int64) * K + k[None, :], values, mask=(k < K)[None, :])
+
+
+def gather_rows(x: torch.Tensor, perm: Permutation) -> torch.Tensor:
+    """x's rows in the permutation's order (max_rows, hidden): the A of gate_up, made contiguous."""
+    hidden = x.shape[1]
+    out = torch.empty(perm.sorted_ids.numel(), hidden, dtype=x.dtype, device=x.device)
+    if perm.max_tiles:
+        gather_rows_kernel[(perm.max_tiles,)](x, out, perm.sorted_ids, perm.tile_expert, hidden, TOP_K=perm.top_k,
+                                              BLOCK_M=perm.block_m, BLOCK_K=runtime.pick(gpu=128, cpu=64),
+                                              num_warps=runtime.pick(gpu=8, cpu=1))
+    return out
+
+
+@functools.cache
+def _programs_per_launch() -> int:
+    """Persistent programs: one per SM on the GPU; two in the interpreter, which is enough to interleave."""
+    return torch.cuda.get_device_properties(0).multi_processor_count if runtime.ON_GPU else 2
+
+
+def _descriptor(t: torch.Tensor) -> TensorDescriptor:
+    return TensorDescriptor.from_tensor(t, [16, 16])  # block shape placeholder, set by the pre-hook
+
+
+def _launch(a, w1, w2, perm: Permutation, *, gather: bool, swiglu: bool, persistent: bool) -> torch.Tensor:
+    experts, n, k = w1.shape
+    c = torch.empty(perm.sorted_ids.numel(), n, dtype=a.dtype, device=a.device)
+    if perm.max_tiles == 0:
+        return c
+
+    def grid(meta):
+        bound = perm.max_tiles * triton.cdiv(n, meta["BLOCK_N"])
+        return (min(bound, _programs_per_launch()) if persistent else bound,)
+
+    grouped_gemm_tma_kernel[grid](a, _descriptor(a), _descriptor(w1.view(experts * n, k)),
+                                  _descriptor(w2.view(experts * n, k)), _descriptor(c), perm.sorted_ids,
+                                  perm.tile_expert, perm.padded_offsets, experts, n, k, token_bucket(perm.max_tiles),
+                                  TOP_K=perm.top_k, GATHER=gather, SWIGLU=swiglu, PERSISTENT=persistent,
+                                  BLOCK_M=perm.block_m, UPCAST=UPCAST)
+    return c
+
+
+def gate_up_swiglu(x, w_gate, w_up, perm: Permutation, *, variant: str = "tma") -> torch.Tensor:
+    """h = silu(x_e @ w_gate[e].T) * (x_e @ w_up[e].T) per row, as triton_grouped_gemm.gate_up_swiglu."""
+    options = VARIANTS[variant]
+    if options["pregather"]:
+        return _launch(gather_rows(x, perm), w_gate, w_up, perm, gather=False, swiglu=True,
+                       persistent=options["persistent"])
+    return _launch(x, w_gate, w_up, perm, gather=True, swiglu=True, persistent=options["persistent"])
+
+
+def down(h, w_down, perm: Permutation, *, variant: str = "tma") -> torch.Tensor:
+    """y = h_e @ w_down[e].T per row, as triton_grouped_gemm.down (A by TMA in every variant)."""
+    return _launch(h, w_down, w_down, perm, gather=False, swiglu=False, persistent=VARIANTS[variant]["persistent"])

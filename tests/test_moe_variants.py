@@ -1,0 +1,113 @@
+"""The TMA / persistent grouped-GEMM variants (kernels/moe/triton_grouped_gemm_tma.py) against float64.
+
+The same checks as tests/test_moe.py's grouped-GEMM test, for every variant: skewed routing with an expert
+that gets no tokens, 100 tokens (not a multiple of the block), top-1 and top-2, bf16 and fp16, outputs
+poisoned. A second shape (hidden 80, intermediate 144) is a multiple of neither BLOCK_K nor BLOCK_N, so the
+descriptors' zero fill past K and clipping past N are exercised, and so is the last weight tile reading
+the next expert's rows.
+"""
+import pytest
+import torch
+
+from kernels.moe import moe_layer, reference, triton_grouped_gemm_tma, triton_permute
+from kernels.testing import ULP, compare, generator
+from tests.test_moe import DEV, DTYPES, E, _check_layer, _problem, _rows, _tol, poisoned_empty  # noqa: F401
+
+VARIANTS = list(triton_grouped_gemm_tma.VARIANTS)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_variant_config():
+    """On the GPU, one configuration per case (the benchmark autotunes and checks at full size)."""
+    triton_grouped_gemm_tma.TUNING_OVERRIDE = 0
+    yield
+    triton_grouped_gemm_tma.TUNING_OVERRIDE = None
+
+
+def _routed(tokens, top_k, dtype, *, skew, hidden, inter):
+    g = generator(0, DEV)
+    w = reference.init_weights(E, hidden, inter, dtype, DEV, g)
+    x = torch.randn(tokens, hidden, device=DEV, generator=g)
+    if skew:  # as tests/test_moe.py: expert 0 takes most tokens, expert 3 none
+        x += 0.5
+        w.router[0] += 0.1
+        w.router[3] -= 0.1
+    x = x.to(dtype)
+    _, ids, _ = reference.route(x, w.router, top_k, fp64=True)
+    perm = triton_permute.permute(ids.to(torch.int32), E, 16)
+    if skew:
+        assert (perm.counts == 0).any(), "the skewed case must leave an expert without tokens"
+    return x, w, perm
+
+
+def _check_h(h, x, w, perm, dtype):
+    real, token, expert, padding = _rows(perm)
+    xs = x.double()[token]
+    wg, wu = w.gate.double()[expert], w.up.double()[expert]
+    h_ref, scale = reference.swiglu_with_error_scale(
+        torch.einsum("rh,rih->ri", xs, wg), torch.einsum("rh,rih->ri", xs, wu),
+        torch.einsum("rh,rih->ri", xs.abs(), wg.abs()), torch.einsum("rh,rih->ri", xs.abs(), wu.abs()), fused=True)
+    c = compare(h[real], h_ref, atol=1e-6 * h_ref.abs().mean().item(), rtol=2 * ULP[dtype], scale=scale)
+    assert c.ok, c.reason
+    assert (h[padding] == 0).all(), "padding rows must compute zeros"
+
+
+def _check_y(y, h, w, perm, dtype):
+    real, _, expert, _ = _rows(perm)
+    hd, wd = h[real].double(), w.down.double()[expert]
+    y_ref = torch.einsum("ri,rhi->rh", hd, wd)
+    terms = torch.einsum("ri,rhi->rh", hd.abs(), wd.abs())
+    c = compare(y[real], y_ref, **_tol(dtype, 2), scale=y_ref.abs() + terms * 2**-8)
+    assert c.ok, c.reason
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("top_k,skew", [(1, True), (2, False), (2, True)])
+@pytest.mark.parametrize("hidden,inter", [(128, 256), (80, 144)])
+def test_variant_gate_up_and_down(variant, dtype, top_k, skew, hidden, inter, poisoned_empty):
+    x, w, perm = _routed(100, top_k, dtype, skew=skew, hidden=hidden, inter=inter)
+    h = triton_grouped_gemm_tma.gate_up_swiglu(x, w.gate, w.up, perm, variant=variant)
+    _check_h(h, x, w, perm, dtype)
+    y = triton_grouped_gemm_tma.down(h, w.down, perm, variant=variant)
+    _check_y(y, h, w, perm, dtype)
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_gather_rows(top_k, poisoned_empty):
+    x, _, perm = _routed(37, top_k, torch.bfloat16, skew=True, hidden=80, inter=144)
+    out = triton_grouped_gemm_tma.gather_rows(x, perm)
+    real, token, _, padding = _rows(perm)
+    assert torch.equal(out[real], x[token])
+    assert (out[padding] == 0).all()
+
+
+@pytest.mark.parametrize("variant", ["tma", "persistent_pregathered"])
+def test_variant_checks_can_fail(variant, poisoned_empty):
+    """A kernel that skips the last tile in use (the work bound read on the device, one tile short) leaves
+    poisoned rows, and weights of the wrong expert give wrong rows: both must fail the checks."""
+    dtype = torch.bfloat16
+    x, w, perm = _routed(100, 2, dtype, skew=False, hidden=128, inter=256)
+    perm.padded_offsets[-1] -= perm.block_m
+    with pytest.raises(AssertionError):
+        _check_h(triton_grouped_gemm_tma.gate_up_swiglu(x, w.gate, w.up, perm, variant=variant), x, w, perm, dtype)
+    perm.padded_offsets[-1] += perm.block_m
+    h = triton_grouped_gemm_tma.gate_up_swiglu(x, w.gate, w.up, perm, variant=variant)
+    _check_h(h, x, w, perm, dtype)
+    swapped = w.down.roll(1, dims=0)
+    with pytest.raises(AssertionError):
+        _check_y(triton_grouped_gemm_tma.down(h, swapped, perm, variant=variant), h, w, perm, dtype)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_layer_with_variant(variant, top_k, monkeypatch, poisoned_empty):
+    dtype = torch.bfloat16
+    x, w = _problem(37, dtype)
+    monkeypatch.setattr(moe_layer, "GROUPED_GEMM", variant)
+    _check_layer(moe_layer.moe_forward(x, w, top_k), x, w, top_k, dtype)
+
+
+def test_unknown_variant():
+    with pytest.raises(ValueError, match="variant"):
+        moe_layer.grouped_gemm_functions("wgmma")
