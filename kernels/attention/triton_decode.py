@@ -35,45 +35,39 @@ BLOCK_N = runtime.pick(gpu=64, cpu=64)
 NUM_WARPS = runtime.pick(gpu=4, cpu=1)
 NUM_STAGES = runtime.pick(gpu=3, cpu=1)
 PROGRAMS_PER_SM = 3  # a 64-key block, 3 stages: 70 KB of shared memory, 3 programs fit on an SM
+MAX_COMBINE_CHUNK = 32  # splits combined at once: a (32, D) float32 tile, 32 registers a thread at D 128
 MAX_ROWS = 64  # query heads per KV head x queries; beyond that a query block is big enough for flash_attention
 
 
 @triton.jit
-def _program_rows(pid, n_kv_heads, group, n_q, BLOCK_H: tl.constexpr):
-    """The (batch, KV head) of program `pid` and its rows: row r is query r % n_q of query head
-    kv_h * group + r // n_q (the group's query heads times the queries, padded to BLOCK_H)."""
-    b = pid // n_kv_heads
-    kv_h = pid % n_kv_heads
-    r = tl.arange(0, BLOCK_H)
-    return b, kv_h, r < group * n_q, kv_h * group + r // n_q, r % n_q
-
-
-@triton.jit
-def _combine_splits(O_PART, LSE_PART, O, LSE, b, h, i, row_ok, n_q_heads, n_q, n_splits,
-                    stride_ob, stride_oh, stride_om, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr):
-    """out = sum_s w_s out_s / sum_s w_s with w_s = 2^(lse_s - max_s lse_s), for a block of rows, reading
-    the float32 partials past L1 (.cg): in the fused kernel other SMs wrote them during this launch."""
-    dims = tl.arange(0, HEAD_DIM)
+def _combine_row(O_PART, LSE_PART, O, LSE, b, h, i, n_q_heads, n_q, n_splits, stride_ob, stride_oh, stride_om,
+                 HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
+    """out = sum_s w_s out_s / sum_s w_s, w_s = 2^(lse_s - max lse), for one (batch, head, query) row, over
+    the splits BLOCK_S at a time with the maximum carried online (one pass, every load of a chunk issued
+    at once). The float32 partials are read past L1 (.cg): in the fused kernel other SMs wrote them
+    during this launch."""
     row = ((b * n_q_heads + h) * n_q + i).to(tl.int64)  # (b, h, i) flattened
-    m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    for s in range(0, n_splits):
-        m = tl.maximum(m, tl.load(LSE_PART + row * n_splits + s, mask=row_ok, other=float("-inf"),
-                                  cache_modifier=".cg"))
-    m_shift = tl.where(m == float("-inf"), 0.0, m)
-    total = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
-    for s in range(0, n_splits):
-        w = tl.math.exp2(tl.load(LSE_PART + row * n_splits + s, mask=row_ok, other=float("-inf"),
-                                 cache_modifier=".cg") - m_shift)  # 0 for a split where the row saw no key
-        o_s = tl.load(O_PART + (row * n_splits + s)[:, None] * HEAD_DIM + dims[None, :], mask=row_ok[:, None],
-                      other=0.0, cache_modifier=".cg")
-        total += w
-        acc += w[:, None] * o_s
+    s0 = tl.arange(0, BLOCK_S)
+    dims = tl.arange(0, HEAD_DIM)
+    m = tl.full([], float("-inf"), dtype=tl.float32)
+    total = tl.zeros([], dtype=tl.float32)
+    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    for start in range(0, n_splits, BLOCK_S):
+        s = start + s0
+        lse_s = tl.load(LSE_PART + row * n_splits + s, mask=s < n_splits, other=float("-inf"), cache_modifier=".cg")
+        o_s = tl.load(O_PART + (row * n_splits + s)[:, None] * HEAD_DIM + dims[None, :],
+                      mask=(s < n_splits)[:, None], other=0.0, cache_modifier=".cg")
+        m_new = tl.maximum(m, tl.max(lse_s, 0))
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m - m_shift)
+        w = tl.math.exp2(lse_s - m_shift)  # 0 for a split where the row saw no key
+        total = total * alpha + tl.sum(w, 0)
+        acc = acc * alpha + tl.sum(w[:, None] * o_s, 0)
+        m = m_new
     total_safe = tl.where(total > 0.0, total, 1.0)
-    tl.store(O + b.to(tl.int64) * stride_ob + h[:, None].to(tl.int64) * stride_oh + i[:, None] * stride_om
-             + dims[None, :], (acc / total_safe[:, None]).to(O.dtype.element_ty), mask=row_ok[:, None])
-    lse = tl.where(total > 0.0, (m + tl.math.log2(total_safe)) * 0.6931471805599453, float("-inf"))
-    tl.store(LSE + row, lse, mask=row_ok)
+    tl.store(O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + i * stride_om + dims,
+             (acc / total_safe).to(O.dtype.element_ty))
+    tl.store(LSE + row, tl.where(total > 0.0, (m + tl.math.log2(total_safe)) * 0.6931471805599453, float("-inf")))
 
 
 @triton.jit
@@ -82,9 +76,15 @@ def flash_decode_split_kernel(Q, K, V, O_PART, LSE_PART, O, LSE, ARRIVALS,
                               stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
                               n_kv_heads, group, n_q, n_k, split_len, n_splits, qk_scale,
                               HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-                              CAUSAL: tl.constexpr, UPCAST: tl.constexpr, FUSE_COMBINE: tl.constexpr):
+                              CAUSAL: tl.constexpr, UPCAST: tl.constexpr, FUSE_COMBINE: tl.constexpr,
+                              BLOCK_S: tl.constexpr):
     split = tl.program_id(0)
-    b, kv_h, row_ok, h, i = _program_rows(tl.program_id(1), n_kv_heads, group, n_q, BLOCK_H)
+    b = tl.program_id(1) // n_kv_heads
+    kv_h = tl.program_id(1) % n_kv_heads
+    r = tl.arange(0, BLOCK_H)  # row r is query r % n_q of query head kv_h * group + r // n_q
+    row_ok = r < group * n_q
+    h = kv_h * group + r // n_q
+    i = r % n_q
     dims = tl.arange(0, HEAD_DIM)
     q = tl.load(Q + b.to(tl.int64) * stride_qb + h[:, None].to(tl.int64) * stride_qh + i[:, None] * stride_qm
                 + dims[None, :], mask=row_ok[:, None], other=0.0)
@@ -138,19 +138,19 @@ def flash_decode_split_kernel(Q, K, V, O_PART, LSE_PART, O, LSE, ARRIVALS,
         tl.debug_barrier()
         arrived = tl.atomic_add(ARRIVALS + tl.program_id(1), 1, sem="acq_rel")
         if arrived == n_splits - 1:
-            _combine_splits(O_PART, LSE_PART, O, LSE, b, h, i, row_ok, n_kv_heads * group, n_q, n_splits,
-                            stride_ob, stride_oh, stride_om, HEAD_DIM, BLOCK_H)
+            for g in range(0, group * n_q):  # the group's rows, one at a time, as the combine kernel's programs
+                _combine_row(O_PART, LSE_PART, O, LSE, b, kv_h * group + g // n_q, g % n_q, n_kv_heads * group,
+                             n_q, n_splits, stride_ob, stride_oh, stride_om, HEAD_DIM, BLOCK_S)
             tl.store(ARRIVALS + tl.program_id(1), 0)  # ready for the next call, which runs after this one
 
 
 @triton.jit
-def flash_decode_combine_kernel(O_PART, LSE_PART, O, LSE, n_kv_heads, group, n_q, n_splits,
-                                stride_ob, stride_oh, stride_om, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr):
-    """The second launch of the unfused path: program (batch, KV head) combines the rows its split
-    programs wrote."""
-    b, kv_h, row_ok, h, i = _program_rows(tl.program_id(0), n_kv_heads, group, n_q, BLOCK_H)
-    _combine_splits(O_PART, LSE_PART, O, LSE, b, h, i, row_ok, n_kv_heads * group, n_q, n_splits,
-                    stride_ob, stride_oh, stride_om, HEAD_DIM, BLOCK_H)
+def flash_decode_combine_kernel(O_PART, LSE_PART, O, LSE, n_q_heads, n_q, n_splits, stride_ob, stride_oh, stride_om,
+                                HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
+    """The second launch of the unfused path: one program per (batch, head, query) row."""
+    row = tl.program_id(0)
+    _combine_row(O_PART, LSE_PART, O, LSE, row // (n_q * n_q_heads), (row // n_q) % n_q_heads, row % n_q,
+                 n_q_heads, n_q, n_splits, stride_ob, stride_oh, stride_om, HEAD_DIM, BLOCK_S)
 
 
 def default_num_splits(batch: int, n_kv_heads: int, n_k: int, block_n: int = BLOCK_N) -> int:
@@ -211,15 +211,16 @@ def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     programs = batch * n_kv_heads
     arrivals = _arrival_counters(q.device, programs) if fuse_combine else lse_part  # unused when not fused
     block_h = max(16, triton.next_power_of_2(group * n_q))
+    block_s = min(MAX_COMBINE_CHUNK, triton.next_power_of_2(splits))
     flash_decode_split_kernel[(splits, programs)](
         q, k, v, o_part, lse_part, out, lse, arrivals, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
         *out.stride()[:3], n_kv_heads, group, n_q, n_k, split_len, splits, scale * LOG2E,
         HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_N=block_n, CAUSAL=bool(causal), UPCAST=UPCAST,
-        FUSE_COMBINE=fuse_combine, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        FUSE_COMBINE=fuse_combine, BLOCK_S=block_s, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     if not fuse_combine:
-        flash_decode_combine_kernel[(programs,)](
-            o_part, lse_part, out, lse, n_kv_heads, group, n_q, splits, *out.stride()[:3],
-            HEAD_DIM=head_dim, BLOCK_H=block_h, num_warps=runtime.pick(gpu=4, cpu=1))
+        flash_decode_combine_kernel[(batch * n_heads * n_q,)](
+            o_part, lse_part, out, lse, n_heads, n_q, splits, *out.stride()[:3],
+            HEAD_DIM=head_dim, BLOCK_S=block_s, num_warps=runtime.pick(gpu=4, cpu=1))
     return (out, lse) if return_lse else out
 
 
