@@ -92,7 +92,7 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: 
 
 # (most rows, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) on sm_90, by the number of rows (tokens).
 # Decode: a weight read; 32 columns per program gives 128 programs for N = 4096 (one per SM), each with
-# 5 tiles of w in flight. Prefill: wgmma tiles of 128 rows, 256 columns once there are enough rows to fill
+# 5 tiles of b in flight. Prefill: wgmma tiles of 128 rows, 256 columns once there are enough rows to fill
 # 132 SMs several times. Compiled offline without spills (PERFORMANCE.md).
 GPU_TILES = [(16, 16, 32, 128, 4, 6), (64, 64, 64, 128, 4, 4), (1024, 128, 128, 64, 8, 4),
              (None, 128, 256, 64, 8, 3)]
