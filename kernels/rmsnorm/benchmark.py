@@ -15,8 +15,8 @@ import torch
 
 from kernels import bench, runtime
 from kernels.bench import RESULTS_DIR  # noqa: F401 (the notebooks find the committed results through it)
-from kernels.rmsnorm import cupy_rmsnorm, reference, triton_rmsnorm
-from kernels.testing import generator, random_tensor
+from kernels.rmsnorm import cupy_rmsnorm, reference, triton_pdl, triton_rmsnorm
+from kernels.testing import generator, poison_, random_tensor
 
 SHAPE = (32768, 4096)  # the issue's shape: 128M bf16 elements, 256 MiB per tensor
 DTYPE = torch.bfloat16
@@ -141,6 +141,69 @@ def cupy_wide_rows_sweep(widths=(4096, 8192, 16384), elements: int = 64 * 2**20,
     return rows
 
 
+
+PDL_TOKENS = (16, 512, 4096)  # a decode batch, a small prefill, a large one
+
+
+def _check_pdl(stack: triton_pdl.GemmNormLayers, graphs: dict) -> None:
+    """Before timing: PDL and plain give the same bits, eagerly and replayed from a CUDA graph, and both match
+    float64. Raises instead of timing a wrong kernel."""
+    stack.run(pdl=False)
+    wrong = {name: c.reason for name, c in stack.check().items() if not c.ok}
+    if wrong:
+        raise AssertionError(f"GEMM -> RMSNorm, T={stack.x.shape[0]}, against float64: {wrong}")
+    plain = [t.clone() for t in stack.outputs()]
+    runs = {"eager, PDL": lambda: stack.run(pdl=True), "graph, plain": graphs["pair"].replay,
+            "graph, PDL": graphs["pair, PDL"].replay}
+    for name, run in runs.items():
+        for t in stack.outputs():
+            poison_(t)
+        run()
+        torch.cuda.synchronize()
+        if not all(torch.equal(got, want) for got, want in zip(stack.outputs(), plain)):
+            raise AssertionError(f"GEMM -> RMSNorm, T={stack.x.shape[0]}: {name} differs from the plain eager pair")
+
+
+def pdl_pair(tokens=PDL_TOKENS, hidden: int = 4096, layers: int = 8, dtype=DTYPE) -> list[dict]:
+    """GEMM -> RMSNorm with and without programmatic dependent launch (triton_pdl.py): us per pair.
+
+    `layers` pairs chained with distinct weights (triton_pdl.GemmNormLayers), checked first (`_check_pdl`),
+    then timed two ways, L2 flushed before each repetition: replayed from a CUDA graph (no host in the
+    loop, where the gap between kernels is the GPU's own) and eagerly (the host launches every kernel).
+    Also the GEMMs alone and the norms alone (launched normally). [] in CPU mode (no PDL there)."""
+    if not runtime.ON_GPU:
+        return []
+    rows = []
+    for t in tokens:
+        stack = triton_pdl.GemmNormLayers.random(t, hidden, layers, dtype)
+        stack.run()  # every layer's input holds real data before the GEMMs and norms are captured alone
+        variants = {"GEMM": stack.gemms, "norm": stack.norms, "pair": lambda: stack.run(pdl=False),
+                    "pair, PDL": lambda: stack.run(pdl=True)}
+        graphs = {name: bench.capture_graph(fn) for name, fn in variants.items()}
+        _check_pdl(stack, graphs)
+        for launch, fns in (("CUDA graph", {name: g.replay for name, g in graphs.items()}), ("eager", variants)):
+            timings = bench.benchmark(fns)
+            us = {name: timing.median_us / layers for name, timing in timings.items()}
+            rows.append({"T": t, "launch": launch, "GEMM us": us["GEMM"], "norm us": us["norm"],
+                         "pair us": us["pair"], "pair PDL us": us["pair, PDL"],
+                         "saving us": us["pair"] - us["pair, PDL"],
+                         "saving %": 100 * (us["pair"] - us["pair, PDL"]) / us["pair"],
+                         "PDL speedup": bench.ratio(timings["pair"], timings["pair, PDL"])})
+    return rows
+
+
+def pdl_lines(rows: list[dict]) -> list[str]:
+    """One informational line per token count (the issue asks for a demonstration, not a target)."""
+    return [f"PDL, informational: GEMM -> RMSNorm at T={r['T']} ({r['launch']}): {r['pair us']:.2f} -> "
+            f"{r['pair PDL us']:.2f} us per pair, {r['saving us']:+.2f} us ({r['saving %']:+.1f}%)" for r in rows]
+
+
+def pdl_summary(rows: list[dict]) -> str:
+    """The table and the informational lines, or "not measured: no GPU"."""
+    if not rows:
+        return bench.NOT_MEASURED
+    return bench.table(rows, floatfmt=".2f") + "\n\n" + "\n".join(pdl_lines(rows))
+
 def performance_targets(ceilings: dict, results: dict) -> list[dict]:
     copy = ceilings["copy_gbps"]
     fwd, checks = results["forward"], []
@@ -179,7 +242,7 @@ def main() -> int:
                "ceilings": {k: v for k, v in ceilings.items() if k != "fingerprint"},
                "forward": forward(), "cupy_threads": cupy_threads_sweep(), "fused_residual": fused_residual(),
                "forward_backward": forward_backward(), "width_sweep": width_sweep(), "rows_sweep": rows_sweep(),
-               "decode_graph": decode_in_graph(), "cupy_wide_rows": cupy_wide_rows_sweep()}
+               "decode_graph": decode_in_graph(), "cupy_wide_rows": cupy_wide_rows_sweep(), "pdl_pair": pdl_pair()}
     results["targets"] = performance_targets(ceilings, results)
     path = bench.save_results("02_rmsnorm", results)
     print(bench.table([{k: c[k] for k in ("target", "value", "threshold", "pass")} for c in results["targets"]],
@@ -188,9 +251,20 @@ def main() -> int:
         print(f"\n{section}")
         print(bench.table([{"impl": k, **{kk: vv for kk, vv in v.items() if not isinstance(vv, str)}}
                            for k, v in results[section].items()], floatfmt=".2f"))
+    print(f"\npdl_pair\n{pdl_summary(results['pdl_pair'])}")
     print(f"wrote {path}")
     return 0 if all(c["pass"] for c in results["targets"]) else 2
 
 
+def main_pdl() -> int:
+    """`python -m kernels.rmsnorm.benchmark pdl`: the PDL pair alone, to data/results/<gpu>/02_rmsnorm_pdl.json."""
+    rows = pdl_pair()
+    print(pdl_summary(rows))
+    if not rows:
+        return 1
+    print(f"wrote {bench.save_results('02_rmsnorm_pdl', {'fingerprint': runtime.fingerprint(), 'pdl_pair': rows})}")
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main_pdl() if sys.argv[1:] == ["pdl"] else main())

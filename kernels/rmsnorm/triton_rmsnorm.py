@@ -36,14 +36,22 @@ def _tile(rows: int, width: int, rows_per_program: int | None = None, num_warps:
 
 @triton.jit
 def rmsnorm_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, rows, width, x_row_stride, y_row_stride, eps, x_scale,
-                       ROWS: tl.constexpr, BLOCK: tl.constexpr, STORE_RSTD: tl.constexpr, ACC: tl.constexpr):
+                       ROWS: tl.constexpr, BLOCK: tl.constexpr, STORE_RSTD: tl.constexpr, ACC: tl.constexpr,
+                       USE_PDL: tl.constexpr = False):
     row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     col = tl.arange(0, BLOCK)
     mask = (row[:, None] < rows) & (col[None, :] < width)
+    if USE_PDL:
+        # Launched with programmatic dependent launch (triton_pdl.py), this program may start while the
+        # kernel that writes x is still running. w does not depend on that kernel: start loading it, then
+        # wait (griddepcontrol.wait) until the previous grid has finished and its writes are visible.
+        w = tl.load(w_ptr + col, mask=col < width, other=0.0).to(ACC)
+        tl.extra.cuda.gdc_wait()
     x = tl.load(x_ptr + row[:, None] * x_row_stride + col[None, :], mask=mask, other=0.0).to(ACC)
     x = x * x_scale  # 1.0 except for fp8 inputs, which carry a per-tensor scale
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / width + eps)
-    w = tl.load(w_ptr + col, mask=col < width, other=0.0).to(ACC)
+    if not USE_PDL:
+        w = tl.load(w_ptr + col, mask=col < width, other=0.0).to(ACC)
     y = x * rstd[:, None] * w[None, :]
     tl.store(y_ptr + row[:, None] * y_row_stride + col[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
     if STORE_RSTD:  # saved for the backward pass: one float per row
@@ -74,26 +82,32 @@ def _acc(dtype: torch.dtype):
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
-def _forward(x, w, eps, out, x_scale, rstd, **tile):
+def _forward(x, w, eps, out, x_scale, rstd, pdl=False, **tile):
     x2d, y2d = rows_view(x), rows_view(out)
     rows, width = x2d.shape
     rows_per_program, block, num_warps = _tile(rows, width, **tile)
+    # PDL is a GPU launch attribute plus PTX the interpreter cannot run: in CPU mode the plain kernel runs.
+    use_pdl = pdl and runtime.ON_GPU
     rmsnorm_fwd_kernel[(triton.cdiv(rows, rows_per_program),)](
         x2d, w, y2d, rstd if rstd is not None else y2d, rows, width, x2d.stride(0), y2d.stride(0), eps, x_scale,
-        ROWS=rows_per_program, BLOCK=block, STORE_RSTD=rstd is not None, ACC=_acc(x.dtype), num_warps=num_warps)
+        ROWS=rows_per_program, BLOCK=block, STORE_RSTD=rstd is not None, ACC=_acc(x.dtype), num_warps=num_warps,
+        **({"USE_PDL": True, "launch_pdl": True} if use_pdl else {}))
     return out
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None, *,
-             rows_per_program: int | None = None, num_warps: int | None = None) -> torch.Tensor:
+             rows_per_program: int | None = None, num_warps: int | None = None, pdl: bool = False) -> torch.Tensor:
     """y = x / sqrt(mean(x^2, -1) + eps) * w; x of any width, rows may be strided (stride > width).
 
-    `rows_per_program` (a power of two) and `num_warps` override the tiling, for sweeps."""
+    `rows_per_program` (a power of two) and `num_warps` override the tiling, for sweeps. `pdl=True` launches
+    the kernel with programmatic dependent launch, to follow a kernel that triggers it early (see
+    triton_pdl.py): its programs load w, then wait for the previous kernel before reading x. The result is
+    the same bit for bit. On the CPU (the interpreter) `pdl` is ignored."""
     check_rmsnorm_args("rms_norm", x, w, eps, out, device_type=runtime.DEVICE)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
     if not x.numel():
         return out
-    return _forward(x, w, eps, out, 1.0, None, rows_per_program=rows_per_program, num_warps=num_warps)
+    return _forward(x, w, eps, out, 1.0, None, pdl, rows_per_program=rows_per_program, num_warps=num_warps)
 
 
 def rms_norm_fp8(x: torch.Tensor, x_scale: float, w: torch.Tensor, eps: float = 1e-6,
