@@ -101,11 +101,18 @@ def test_variant_checks_can_fail(variant, poisoned_empty):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("top_k", [1, 2])
-def test_layer_with_variant(variant, top_k, monkeypatch, poisoned_empty):
+def test_layer_with_variant(variant, top_k, poisoned_empty):
     dtype = torch.bfloat16
     x, w = _problem(37, dtype)
-    monkeypatch.setattr(moe_layer, "GROUPED_GEMM", variant)
-    _check_layer(moe_layer.moe_forward(x, w, top_k), x, w, top_k, dtype)
+    _check_layer(moe_layer.moe_forward(x, w, top_k, grouped_gemm=variant), x, w, top_k, dtype)
+
+
+def test_variant_by_rows_per_expert():
+    """The seed configuration (32 experts, top-2): 2048 tokens (128 rows an expert) keep the fused gather,
+    8192 (512 rows) and more take the persistent TMA kernel on gathered rows."""
+    assert moe_layer.grouped_gemm_for(2048, 32, 2) == "pointer"
+    assert moe_layer.grouped_gemm_for(4096, 32, 2) == "persistent_pregathered"  # 256 rows: the bucket's edge
+    assert moe_layer.grouped_gemm_for(8192, 32, 2) == "persistent_pregathered"
 
 
 def test_unknown_variant():

@@ -120,16 +120,18 @@ def layer_times(tokens: int, w: reference.MoEWeights, extra: dict, *, skew: bool
 
 
 def stage_times(x, w: reference.MoEWeights, block_m: int, layer_ms: float) -> dict:
-    """Each stage of ours alone, on the previous stage's real outputs."""
+    """Each stage of ours alone, on the previous stage's real outputs (the layer's grouped-GEMM variant;
+    with the gathered variant, gate_up includes copying x's rows into expert order)."""
     probs, ids, weights = triton_router.route(x, w.router, TOP_K)
     perm = triton_permute.permute(ids, EXPERTS, block_m)
-    h = triton_grouped_gemm.gate_up_swiglu(x, w.gate, w.up, perm)
-    y = triton_grouped_gemm.down(h, w.down, perm)
+    gate_up, down = moe_layer.grouped_gemm_functions(moe_layer.grouped_gemm_for(x.shape[0], EXPERTS, TOP_K))
+    h = gate_up(x, w.gate, w.up, perm)
+    y = down(h, w.down, perm)
     fns = {"router": lambda: triton_router.route(x, w.router, TOP_K),
            "permute (Triton)": lambda: triton_permute.permute(ids, EXPERTS, block_m),
-           "gate_up + SwiGLU": lambda: triton_grouped_gemm.gate_up_swiglu(x, w.gate, w.up, perm),
+           "gate_up + SwiGLU": lambda: gate_up(x, w.gate, w.up, perm),
            "gate_up unfused": lambda: triton_grouped_gemm.gate_up_unfused(x, w.gate, w.up, perm),
-           "down": lambda: triton_grouped_gemm.down(h, w.down, perm),
+           "down": lambda: down(h, w.down, perm),
            "combine": lambda: triton_combine.combine(y, weights, perm)}
     if CUPY:
         from kernels.moe import cupy_permute

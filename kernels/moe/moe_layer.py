@@ -20,9 +20,17 @@ from kernels.moe.reference import MoEWeights
 from kernels.moe.validate import check_expert_weights, check_router_args
 
 
-# The grouped GEMM of the fused path: "pointer" (triton_grouped_gemm) or one of triton_grouped_gemm_tma.VARIANTS.
-# `python -m kernels.moe.benchmark variants` measures them side by side; flip this line to the winner.
-GROUPED_GEMM = "pointer"
+# Rows per expert (tokens * top_k / experts) from which the layer's grouped GEMMs are the persistent TMA
+# kernel on rows gathered into expert order first. Measured on an H100 (`python -m kernels.moe.benchmark
+# variants`, PERFORMANCE.md): at 128 rows (2048 tokens) the pointer kernel, its gather fused into the A loads,
+# and the TMA kernels tie (3.64-3.67 ms) and the separate gather costs 10%; at 512 rows (8192 tokens) and
+# beyond the persistent TMA kernel on gathered rows is 1.25-1.31x faster.
+PREGATHER_MIN_ROWS = 256
+
+
+def grouped_gemm_for(tokens: int, experts: int, top_k: int) -> str:
+    """The grouped-GEMM variant for this batch: a shape bucket, as the autotuner's keys are."""
+    return "persistent_pregathered" if tokens * top_k >= PREGATHER_MIN_ROWS * experts else "pointer"
 
 
 def grouped_gemm_functions(variant: str):
@@ -46,8 +54,11 @@ def _permute(ids, experts, block_m, permutation: str):
 
 
 def moe_forward(x: torch.Tensor, w: MoEWeights, top_k: int, *, permutation: str = "triton",
-                fuse_swiglu: bool = True, block_m: int | None = None, return_routing: bool = False):
-    """out (tokens, hidden) in x's dtype; with `return_routing`, also (probs, ids, weights, Permutation)."""
+                fuse_swiglu: bool = True, block_m: int | None = None, grouped_gemm: str | None = None,
+                return_routing: bool = False):
+    """out (tokens, hidden) in x's dtype; with `return_routing`, also (probs, ids, weights, Permutation).
+    `grouped_gemm` names the variant ("pointer" or one of triton_grouped_gemm_tma.VARIANTS); by default
+    `grouped_gemm_for` picks it from the batch's shape."""
     check_router_args("moe_forward", x, w.router, top_k)
     check_expert_weights("moe_forward", x, w.gate, w.up, w.down)
     if w.router.shape[0] != w.experts:
@@ -56,7 +67,7 @@ def moe_forward(x: torch.Tensor, w: MoEWeights, top_k: int, *, permutation: str 
     block_m = block_m or triton_grouped_gemm.block_m_for(x.shape[0], w.experts, top_k)
     probs, ids, weights = triton_router.route(x, w.router, top_k)
     perm = _permute(ids, w.experts, block_m, permutation)
-    gate_up, down = grouped_gemm_functions(GROUPED_GEMM)
+    gate_up, down = grouped_gemm_functions(grouped_gemm or grouped_gemm_for(x.shape[0], w.experts, top_k))
     if not fuse_swiglu:  # the lab's base task: two pointer-kernel products and an element-wise SwiGLU
         gate_up, down = triton_grouped_gemm.gate_up_unfused, triton_grouped_gemm.down
     h = gate_up(x, w.gate, w.up, perm)

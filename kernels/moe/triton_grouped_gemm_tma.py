@@ -44,7 +44,7 @@ from kernels.moe.triton_grouped_gemm import (ACC_REGS, SHARED_BYTES, UPCAST, acc
 from kernels.moe.triton_permute import Permutation
 
 # The ways to run the kernel. Each is measured by `python -m kernels.moe.benchmark variants`, and any of them
-# can be the layer's grouped GEMM (moe_layer.GROUPED_GEMM).
+# can be the layer's grouped GEMM (moe_forward's `grouped_gemm`; by default moe_layer.grouped_gemm_for).
 VARIANTS = {
     "tma": {"persistent": False, "pregather": False},
     "tma_pregathered": {"persistent": False, "pregather": True},
