@@ -31,10 +31,13 @@ from kernels.attention.triton_flash import LOG2E, UPCAST, _check, _scale, output
 
 # Memory-bound: a key block of 64 x D, three stages in flight, a few programs per SM. In CPU mode the
 # interpreter's cost is per program and per loop trip, so few splits with large blocks.
-BLOCK_N = runtime.pick(gpu=64, cpu=64)
+# Measured on an H100 (the split sweep, kernels/attention/PERFORMANCE.md): 128-key blocks, three stages in
+# flight (139 KB of shared memory) and one program per SM beat 64-key blocks with three programs per SM at
+# every cache length from 4k to 32k keys; more programs meant more partials to combine, for no more bandwidth.
+BLOCK_N = runtime.pick(gpu=128, cpu=64)
 NUM_WARPS = runtime.pick(gpu=4, cpu=1)
 NUM_STAGES = runtime.pick(gpu=3, cpu=1)
-PROGRAMS_PER_SM = 3  # a 64-key block, 3 stages: 70 KB of shared memory, 3 programs fit on an SM
+PROGRAMS_PER_SM = 1
 MAX_COMBINE_CHUNK = 32  # splits combined at once: a (32, D) float32 tile, 32 registers a thread at D 128
 MAX_ROWS = 64  # query heads per KV head x queries; beyond that a query block is big enough for flash_attention
 
@@ -181,12 +184,13 @@ def _arrival_counters(device: torch.device, programs: int) -> torch.Tensor:
 
 def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                  scale: float | None = None, return_lse: bool = False, *, num_splits: int | None = None,
-                 block_n: int | None = None, fuse_combine: bool = True, out: torch.Tensor | None = None,
+                 block_n: int | None = None, num_stages: int | None = None, fuse_combine: bool = True,
+                 out: torch.Tensor | None = None,
                  lse: torch.Tensor | None = None):
     """Attention for a few queries (q: (B, Hq, Nq, D), Nq small) against a KV cache (B, Hkv, Nk, D).
 
     Same contract as `flash_attention` (bottom-right causal, GQA, fp16/bf16, lse); forward only.
-    `num_splits` and `block_n` override the defaults, for sweeps; `fuse_combine=False` combines the
+    `num_splits`, `block_n` and `num_stages` override the defaults, for sweeps; `fuse_combine=False` combines the
     splits in a second launch; `out` and `lse` are buffers to write into. The fused combine shares one set
     of arrival counters per device: calls on one device run one at a time (one stream, or synchronized).
     """
@@ -216,7 +220,8 @@ def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
         q, k, v, o_part, lse_part, out, lse, arrivals, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
         *out.stride()[:3], n_kv_heads, group, n_q, n_k, split_len, splits, scale * LOG2E,
         HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_N=block_n, CAUSAL=bool(causal), UPCAST=UPCAST,
-        FUSE_COMBINE=fuse_combine, BLOCK_S=block_s, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        FUSE_COMBINE=fuse_combine, BLOCK_S=block_s, num_warps=NUM_WARPS,
+        num_stages=num_stages or NUM_STAGES)
     if not fuse_combine:
         flash_decode_combine_kernel[(batch * n_heads * n_q,)](
             o_part, lse_part, out, lse, n_heads, n_q, splits, *out.stride()[:3],
