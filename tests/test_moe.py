@@ -175,13 +175,8 @@ def _rows(perm):
     return real, perm.sorted_ids[real].long() // perm.top_k, perm.tile_expert[tile_of[real]].long(), padding
 
 
-@pytest.mark.parametrize("fused", [True, False])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("top_k,skew", [(1, True), (2, False)])
-def test_gate_up_and_down(top_k, skew, dtype, fused, poisoned_empty):
-    x, w, ids, weights, perm = _routed(100, top_k, dtype, skew)
-    gate_up = triton_grouped_gemm.gate_up_swiglu if fused else triton_grouped_gemm.gate_up_unfused
-    h = gate_up(x, w.gate, w.up, perm)
+def check_h(h, x, w, perm, dtype, fused=True):
+    """h (permuted rows) against float64 SwiGLU of each real row's expert; padding rows must be zeros."""
     real, token, expert, padding = _rows(perm)
     xs = x.double()[token]
     wg, wu = w.gate.double()[expert], w.up.double()[expert]
@@ -191,12 +186,27 @@ def test_gate_up_and_down(top_k, skew, dtype, fused, poisoned_empty):
     c = compare(h[real], h_ref, atol=1e-6 * h_ref.abs().mean().item(), rtol=2 * ULP[dtype], scale=scale)
     assert c.ok, c.reason
     assert (h[padding] == 0).all(), "padding rows must compute zeros"
-    y = triton_grouped_gemm.down(h, w.down, perm)
+
+
+def check_y(y, h, w, perm, dtype):
+    """y (permuted rows) against float64 h @ w_down[expert].T for each real row."""
+    real, _, expert, _ = _rows(perm)
     hd, wd = h[real].double(), w.down.double()[expert]
     y_ref = torch.einsum("ri,rhi->rh", hd, wd)
     terms = torch.einsum("ri,rhi->rh", hd.abs(), wd.abs())
     c = compare(y[real], y_ref, **_tol(dtype, 2), scale=y_ref.abs() + terms * 2**-8)
     assert c.ok, c.reason
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("top_k,skew", [(1, True), (2, False)])
+def test_gate_up_and_down(top_k, skew, dtype, fused, poisoned_empty):
+    x, w, ids, weights, perm = _routed(100, top_k, dtype, skew)
+    gate_up = triton_grouped_gemm.gate_up_swiglu if fused else triton_grouped_gemm.gate_up_unfused
+    h = gate_up(x, w.gate, w.up, perm)
+    check_h(h, x, w, perm, dtype, fused)
+    check_y(triton_grouped_gemm.down(h, w.down, perm), h, w, perm, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from kernels.moe import moe_layer, reference, triton_grouped_gemm_tma, triton_permute
-from kernels.testing import ULP, compare, generator
-from tests.test_moe import DEV, DTYPES, E, _check_layer, _problem, _rows, _tol, poisoned_empty  # noqa: F401
+from kernels.testing import generator
+from tests.test_moe import (DEV, DTYPES, E, _check_layer, _problem, _rows, check_h, check_y,  # noqa: F401
+                            poisoned_empty)
 
 VARIANTS = list(triton_grouped_gemm_tma.VARIANTS)
 
@@ -40,27 +41,6 @@ def _routed(tokens, top_k, dtype, *, skew, hidden, inter):
     return x, w, perm
 
 
-def _check_h(h, x, w, perm, dtype):
-    real, token, expert, padding = _rows(perm)
-    xs = x.double()[token]
-    wg, wu = w.gate.double()[expert], w.up.double()[expert]
-    h_ref, scale = reference.swiglu_with_error_scale(
-        torch.einsum("rh,rih->ri", xs, wg), torch.einsum("rh,rih->ri", xs, wu),
-        torch.einsum("rh,rih->ri", xs.abs(), wg.abs()), torch.einsum("rh,rih->ri", xs.abs(), wu.abs()), fused=True)
-    c = compare(h[real], h_ref, atol=1e-6 * h_ref.abs().mean().item(), rtol=2 * ULP[dtype], scale=scale)
-    assert c.ok, c.reason
-    assert (h[padding] == 0).all(), "padding rows must compute zeros"
-
-
-def _check_y(y, h, w, perm, dtype):
-    real, _, expert, _ = _rows(perm)
-    hd, wd = h[real].double(), w.down.double()[expert]
-    y_ref = torch.einsum("ri,rhi->rh", hd, wd)
-    terms = torch.einsum("ri,rhi->rh", hd.abs(), wd.abs())
-    c = compare(y[real], y_ref, **_tol(dtype, 2), scale=y_ref.abs() + terms * 2**-8)
-    assert c.ok, c.reason
-
-
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("top_k,skew", [(1, True), (2, False), (2, True)])
@@ -68,9 +48,9 @@ def _check_y(y, h, w, perm, dtype):
 def test_variant_gate_up_and_down(variant, dtype, top_k, skew, hidden, inter, poisoned_empty):
     x, w, perm = _routed(100, top_k, dtype, skew=skew, hidden=hidden, inter=inter)
     h = triton_grouped_gemm_tma.gate_up_swiglu(x, w.gate, w.up, perm, variant=variant)
-    _check_h(h, x, w, perm, dtype)
+    check_h(h, x, w, perm, dtype)
     y = triton_grouped_gemm_tma.down(h, w.down, perm, variant=variant)
-    _check_y(y, h, w, perm, dtype)
+    check_y(y, h, w, perm, dtype)
 
 
 @pytest.mark.parametrize("top_k", [1, 2])
@@ -90,13 +70,13 @@ def test_variant_checks_can_fail(variant, poisoned_empty):
     x, w, perm = _routed(100, 2, dtype, skew=False, hidden=128, inter=256)
     perm.padded_offsets[-1] -= perm.block_m
     with pytest.raises(AssertionError):
-        _check_h(triton_grouped_gemm_tma.gate_up_swiglu(x, w.gate, w.up, perm, variant=variant), x, w, perm, dtype)
+        check_h(triton_grouped_gemm_tma.gate_up_swiglu(x, w.gate, w.up, perm, variant=variant), x, w, perm, dtype)
     perm.padded_offsets[-1] += perm.block_m
     h = triton_grouped_gemm_tma.gate_up_swiglu(x, w.gate, w.up, perm, variant=variant)
-    _check_h(h, x, w, perm, dtype)
+    check_h(h, x, w, perm, dtype)
     swapped = w.down.roll(1, dims=0)
     with pytest.raises(AssertionError):
-        _check_y(triton_grouped_gemm_tma.down(h, swapped, perm, variant=variant), h, w, perm, dtype)
+        check_y(triton_grouped_gemm_tma.down(h, swapped, perm, variant=variant), h, w, perm, dtype)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
