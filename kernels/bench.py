@@ -9,8 +9,9 @@ The method (notebook 00 explains each step):
    set is served from a 50-60 MB cache and "bandwidth" exceeds what HBM can deliver.
 4. **Device events** around each repetition: the host clock measures launch, not execution. A spin
    kernel before each start event, twice as long as the host took to queue the call in the warm-up,
-   keeps the GPU busy while the host queues it, so no event pair includes host launch time. (For launch-bound code, where host time *is* the cost, use
-   `host_loop_us`: back-to-back calls, one synchronization, wall time per call.)
+   keeps the GPU busy while the host queues it, so no event pair includes host launch time. (For
+   launch-bound code, where host time *is* the cost, use `host_loop_us`: back-to-back calls, one
+   synchronization, wall time per call.)
 5. **Median and spread** of many repetitions; one number is an anecdote.
 6. **Interleave** the variants being compared (A, B, A, B, ...) so clock and thermal drift hit both
    equally, and quote their ratio from the same run.
@@ -92,6 +93,9 @@ def flush_l2() -> None:
 GUARD_CYCLES = 200_000
 # Hopper's highest SM clock is about 2 GHz: a spin of 2000 cycles per microsecond lasts at least that long.
 CYCLES_PER_US = 2000
+# A call whose host side takes longer than 10 ms (a first call that compiles, with a single warm-up) is
+# launch-bound or not warmed up: no spin hides that, and a longer one would only slow every repetition.
+MAX_GUARD_CYCLES = 10_000 * CYCLES_PER_US
 
 
 def guard_cycles(host_us: float) -> int:
@@ -102,7 +106,7 @@ def guard_cycles(host_us: float) -> int:
     H200: a 1-element CuPy add "took" 28 us; flash-decoding (two Triton launches, two allocations) "took"
     48 us at a 4k cache and 100 us in a sweep whose calls passed keyword arguments, whatever the kernel.
     """
-    return max(GUARD_CYCLES, int(2 * host_us * CYCLES_PER_US))
+    return min(MAX_GUARD_CYCLES, max(GUARD_CYCLES, int(2 * host_us * CYCLES_PER_US)))
 
 
 def benchmark(fns: dict[str, Callable[[], object]], *, reps: int | None = None, warmup: int = 5,

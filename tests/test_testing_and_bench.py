@@ -77,6 +77,7 @@ def test_cpu_timings_are_labelled_as_host_timings():
 def test_guard_outlasts_the_host_launch_path():
     assert bench.guard_cycles(0.0) == bench.GUARD_CYCLES  # about 100 us even for the fastest launch
     assert bench.guard_cycles(400.0) == 2 * 400 * bench.CYCLES_PER_US  # twice the host's time at 2 GHz
+    assert bench.guard_cycles(2e6) == bench.MAX_GUARD_CYCLES  # a 2 s first call (compiling) is not spun for
 
 
 def test_round_hooks_run_around_every_timed_round():
