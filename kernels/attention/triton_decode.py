@@ -8,11 +8,11 @@ SM's memory pipeline full.
 
 So the KV length is split: program (split, batch, KV head) folds keys [split * L, (split + 1) * L) into a
 partial output and its log-sum-exp, for *all* the query heads that share the KV head (grouped-query
-attention: K and V are read once, not once per query head), and a second, tiny kernel combines the
-partials:  out = sum_s exp(lse_s - lse) out_s,  lse = log sum_s exp(lse_s).
+attention: K and V are read once, not once per query head), and the partials are combined:
+out = sum_s exp(lse_s - lse) out_s,  lse = log sum_s exp(lse_s).
 
-At a 4k cache the whole read is 16 MiB, 4-6 us of HBM traffic, and a second launch costs a few
-microseconds of its own. So by default there is no second launch: each program, once its partial is
+The textbook combine is a second, tiny kernel. At a 4k cache the whole read is 16 MiB, 4-6 us of HBM
+traffic, and a launch costs a few microseconds of its own. So by default there is no second launch: each program, once its partial is
 stored, counts itself in with an atomic add on its (batch, KV head)'s arrival counter, and the program
 that arrives last combines the partials of all the splits (split-K's "last block reduces" pattern). The
 atomic is acquire-release: the partials stored before the others' increments are visible to the last
@@ -29,10 +29,9 @@ import triton.language as tl
 from kernels import runtime
 from kernels.attention.triton_flash import LOG2E, UPCAST, _check, _scale, output_buffers
 
-# Memory-bound: a key block of 64 x D, three stages in flight, a few programs per SM. In CPU mode the
-# interpreter's cost is per program and per loop trip, so few splits with large blocks.
-# Measured on an H100 (the split sweep, kernels/attention/PERFORMANCE.md): 128-key blocks, three stages in
-# flight (139 KB of shared memory) and one program per SM beat 64-key blocks with three programs per SM at
+# Memory-bound: what matters is bytes in flight per SM. In CPU mode the interpreter's cost is per program
+# and per loop trip, so few splits with large blocks. Measured on an H100 (the split sweep, kernels/attention/PERFORMANCE.md): 128-key blocks, three stages in
+# flight (136 KB of shared memory) and one program per SM beat 64-key blocks with three programs per SM at
 # every cache length from 4k to 32k keys; more programs meant more partials to combine, for no more bandwidth.
 BLOCK_N = runtime.pick(gpu=128, cpu=64)
 NUM_WARPS = runtime.pick(gpu=4, cpu=1)
