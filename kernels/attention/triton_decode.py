@@ -29,10 +29,11 @@ import triton.language as tl
 from kernels import runtime
 from kernels.attention.triton_flash import LOG2E, UPCAST, _check, _scale, output_buffers
 
-# Memory-bound: what matters is bytes in flight per SM. In CPU mode the interpreter's cost is per program
-# and per loop trip, so few splits with large blocks. Measured on an H100 (the split sweep, kernels/attention/PERFORMANCE.md): 128-key blocks, three stages in
-# flight (136 KB of shared memory) and one program per SM beat 64-key blocks with three programs per SM at
-# every cache length from 4k to 32k keys; more programs meant more partials to combine, for no more bandwidth.
+# Memory-bound: what matters is bytes in flight per SM. Measured on an H100 (the split sweep,
+# kernels/attention/PERFORMANCE.md): 128-key blocks, three stages in flight (136 KB of shared memory) and one
+# program per SM beat 64-key blocks with three programs per SM at every cache length from 4k to 32k keys; more
+# programs meant more partials to combine, for no more bandwidth. In CPU mode the interpreter's cost is per
+# program and per loop trip, so few splits with large blocks.
 BLOCK_N = runtime.pick(gpu=128, cpu=64)
 NUM_WARPS = runtime.pick(gpu=4, cpu=1)
 NUM_STAGES = runtime.pick(gpu=3, cpu=1)
