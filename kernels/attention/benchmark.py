@@ -314,7 +314,8 @@ def performance_targets(results: dict, copy_gbps: float) -> list[dict]:
                            "value": row["sdpa flash_gib"] * 1.1 / row["ours_gib"], "threshold": 1.0})
     for row in results.get("decode", []):
         if row["impl"] in ("ours", "ours graph") and "fraction_of_copy" in row:
-            checks.append({"target": f"decode KV {row['kv_len']} ({row['impl']}): >= 70% of copy bandwidth reading K, V",
+            checks.append({"target": f"decode KV {row['kv_len']} ({row['impl']}): >= 70% of copy bandwidth "
+                                     "reading K, V",
                            "value": row["fraction_of_copy"], "threshold": 0.7})
     for c in checks:
         c["pass"] = bool(c["value"] >= c["threshold"])

@@ -12,11 +12,12 @@ attention: K and V are read once, not once per query head), and the partials are
 out = sum_s exp(lse_s - lse) out_s,  lse = log sum_s exp(lse_s).
 
 The textbook combine is a second, tiny kernel. At a 4k cache the whole read is 16 MiB, 4-6 us of HBM
-traffic, and a launch costs a few microseconds of its own. So by default there is no second launch: each program, once its partial is
-stored, counts itself in with an atomic add on its (batch, KV head)'s arrival counter, and the program
-that arrives last combines the partials of all the splits (split-K's "last block reduces" pattern). The
-atomic is acquire-release: the partials stored before the others' increments are visible to the last
-program's loads after its own. `fuse_combine=False` keeps the two launches, for comparison.
+traffic, and a launch costs a few microseconds of its own. So by default there is no second launch: each
+program, once its partial is stored, counts itself in with an atomic add on its (batch, KV head)'s arrival
+counter, and the program that arrives last combines the partials of all the splits (split-K's "last block
+reduces" pattern). The atomic is acquire-release: the partials stored before the others' increments are
+visible to the last program's loads after its own. `fuse_combine=False` keeps the two launches, for
+comparison.
 
 Rows of a program: the group's query heads times the queries, padded to 16 (the smallest `tl.dot`).
 """
