@@ -255,17 +255,18 @@ def decode(lengths=DECODE_LENGTHS, shape=DECODE_SHAPE, dtype=torch.float16, copy
 
 
 def decode_split_sweep(lengths=(4096, 16384, 32768), shape=DECODE_SHAPE, dtype=torch.float16,
-                       splits=(8, 17, 33, 66), block_ns=(64, 128), stages=(2, 3, 4)) -> list[dict]:
-    """GB/s of flash_decode against the number of splits, the key block and the pipeline depth (fused
-    combine), and the default configuration with the combine as a second launch, to choose the defaults.
-    Configurations whose pipeline does not fit in shared memory are reported as skipped."""
+                       splits=(8, 17, 33), block_ns=(64, 128), stages=(2, 3, 4), warps=(4, 8)) -> list[dict]:
+    """GB/s of flash_decode against the number of splits, the key block, the pipeline depth and the warps
+    (fused combine), and the default configuration with the combine as a second launch, to choose the
+    defaults. Configurations whose pipeline does not fit in shared memory are reported as skipped."""
     b, hq, hkv, d = shape
     rows = []
     for n in lengths:
         q, k, v = _inputs(b, hq, n, d, dtype, h_kv=hkv, n_q=1)
-        fns = {f"splits={s} block_n={bn} stages={st}":
-               (lambda s=s, bn=bn, st=st: triton_decode.flash_decode(q, k, v, num_splits=s, block_n=bn, num_stages=st))
-               for s in splits for bn in block_ns for st in stages}
+        fns = {f"splits={s} block_n={bn} stages={st} warps={w}":
+               (lambda s=s, bn=bn, st=st, w=w: triton_decode.flash_decode(q, k, v, num_splits=s, block_n=bn,
+                                                                          num_stages=st, num_warps=w))
+               for s in splits for bn in block_ns for st in stages for w in warps}
         fns["default, combine-launch"] = lambda: triton_decode.flash_decode(q, k, v, fuse_combine=False)
         usable = {}
         for name, fn in fns.items():

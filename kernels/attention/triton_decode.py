@@ -185,13 +185,14 @@ def _arrival_counters(device: torch.device, programs: int) -> torch.Tensor:
 
 def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                  scale: float | None = None, return_lse: bool = False, *, num_splits: int | None = None,
-                 block_n: int | None = None, num_stages: int | None = None, fuse_combine: bool = True,
+                 block_n: int | None = None, num_stages: int | None = None, num_warps: int | None = None,
+                 fuse_combine: bool = True,
                  out: torch.Tensor | None = None,
                  lse: torch.Tensor | None = None):
     """Attention for a few queries (q: (B, Hq, Nq, D), Nq small) against a KV cache (B, Hkv, Nk, D).
 
     Same contract as `flash_attention` (bottom-right causal, GQA, fp16/bf16, lse); forward only.
-    `num_splits`, `block_n` and `num_stages` override the defaults, for sweeps; `fuse_combine=False` combines the
+    `num_splits`, `block_n`, `num_stages` and `num_warps` override the defaults, for sweeps; `fuse_combine=False` combines the
     splits in a second launch; `out` and `lse` are buffers to write into. The fused combine shares one set
     of arrival counters per device: calls on one device run one at a time (one stream, or synchronized).
     """
@@ -221,7 +222,7 @@ def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
         q, k, v, o_part, lse_part, out, lse, arrivals, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
         *out.stride()[:3], n_kv_heads, group, n_q, n_k, split_len, splits, scale * LOG2E,
         HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_N=block_n, CAUSAL=bool(causal), UPCAST=UPCAST,
-        FUSE_COMBINE=fuse_combine, BLOCK_S=block_s, num_warps=NUM_WARPS,
+        FUSE_COMBINE=fuse_combine, BLOCK_S=block_s, num_warps=num_warps or NUM_WARPS,
         num_stages=num_stages or NUM_STAGES)
     if not fuse_combine:
         flash_decode_combine_kernel[(batch * n_heads * n_q,)](
