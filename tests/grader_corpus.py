@@ -10,6 +10,9 @@ listed are not checked for that submission. tests/test_grader.py grades every on
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from grading.notebooks import BEGIN, END, grade_id, read_notebook
 
 # --------------------------------------------------------------------------------------------------
 # Building blocks: the solution's add cell, with a replaceable kernel tail and wrapper body.
@@ -115,6 +118,38 @@ class Submission:
 
     def expected(self, on_gpu: bool) -> dict[str, tuple[str, str]]:
         return self.expect if on_gpu or self.cpu is None else self.cpu
+
+
+class SolutionCells:
+    """A solution notebook's nbgrader cells by grade_id, and edits of them for a corpus: `edit` names text of
+    the solution that must occur exactly once (so a change to the solution cannot quietly turn a mistake
+    into a no-op), `solve_with` rewrites a wrapper's solution region. Each returns {grade_id: new source}."""
+
+    def __init__(self, notebook: Path):
+        self.notebook = notebook
+        self.cells = {grade_id(c): c["source"] for c in read_notebook(notebook)["cells"] if grade_id(c)}
+
+    def edit(self, cell: str, old: str, new: str) -> dict[str, str]:
+        source = self.cells[cell]
+        assert source.count(old) == 1, f"{cell}: {old!r} occurs {source.count(old)} times in the solution"
+        return {cell: source.replace(old, new)}
+
+    def region(self, cell: str) -> str:
+        """The code of the cell's last solution region (the wrapper's, after the kernels'), dedented."""
+        body = self.cells[cell].rpartition(BEGIN)[2].partition(END)[0]
+        lines = body.split("\n")[1:-1]  # after BEGIN's line, before END's indentation
+        indent = min(len(line) - len(line.lstrip(" ")) for line in lines if line.strip())
+        return "\n".join(line[indent:] for line in lines)
+
+    def solve_with(self, cell: str, code: str, prelude: str = "") -> dict[str, str]:
+        """The cell with its last solution region's code replaced by `code` (and `prelude`, module-level
+        code such as a cache, put in front of the cell)."""
+        head, _, rest = self.cells[cell].rpartition(BEGIN)
+        body, _, tail = rest.partition(END)
+        first_line = body.split("\n")[1]
+        indent = first_line[: len(first_line) - len(first_line.lstrip(" "))]
+        return {cell: prelude + head + BEGIN + "\n" + "".join(indent + line + "\n" for line in code.splitlines())
+                + indent + END + tail}
 
 
 CORPUS: dict[str, Submission] = {

@@ -9,27 +9,12 @@ must occur exactly once, so a change to the solution cannot quietly turn a mista
 from __future__ import annotations
 
 from grading.harness import GRAPH_NOT_CHECKED
-from grading.notebooks import BEGIN, END, SOLUTIONS_DIR, grade_id, read_notebook
-from tests.grader_corpus import PASS, Submission
+from grading.notebooks import SOLUTIONS_DIR
+from tests.grader_corpus import PASS, SolutionCells, Submission
 
 NOTEBOOK = SOLUTIONS_DIR / "06_moe_lab.ipynb"
-SOLUTION_CELLS = {grade_id(c): c["source"] for c in read_notebook(NOTEBOOK)["cells"] if grade_id(c)}
-
-
-def edit(cell: str, old: str, new: str) -> dict[str, str]:
-    source = SOLUTION_CELLS[cell]
-    assert source.count(old) == 1, f"{cell}: {old!r} occurs {source.count(old)} times in the solution"
-    return {cell: source.replace(old, new)}
-
-
-def solve_with(cell: str, code: str) -> dict[str, str]:
-    """The cell with its last solution region's code replaced (the wrapper's, after the kernels')."""
-    head, _, rest = SOLUTION_CELLS[cell].rpartition(BEGIN)
-    body, _, tail = rest.partition(END)
-    first_line = body.split("\n")[1]
-    indent = first_line[: len(first_line) - len(first_line.lstrip(" "))]
-    return {cell: head + BEGIN + "\n" + "".join(indent + line + "\n" for line in code.splitlines()) + indent + END
-            + tail}
+SOLUTION = SolutionCells(NOTEBOOK)
+SOLUTION_CELLS, edit, solve_with = SOLUTION.cells, SOLUTION.edit, SOLUTION.solve_with
 
 
 def fails(function: str, phrase: str) -> dict[str, tuple[str, str]]:
