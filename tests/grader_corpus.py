@@ -9,10 +9,12 @@ listed are not checked for that submission. tests/test_grader.py grades every on
 """
 from __future__ import annotations
 
+import copy
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grading.notebooks import BEGIN, END, grade_id, read_notebook
+from grading.notebooks import BEGIN, END, grade_id, read_notebook, solution_module
 
 # --------------------------------------------------------------------------------------------------
 # Building blocks: the solution's add cell, with a replaceable kernel tail and wrapper body.
@@ -150,6 +152,22 @@ class SolutionCells:
         indent = first_line[: len(first_line) - len(first_line.lstrip(" "))]
         return {cell: prelude + head + BEGIN + "\n" + "".join(indent + line + "\n" for line in code.splitlines())
                 + indent + END + tail}
+
+    def module(self, cells: dict[str, str], folder: Path):
+        """The module the grader's worker would build from this solution with `cells` replaced, imported.
+        Triton reads a kernel's source with inspect, so it is a real file, named as the worker names it
+        (the grader locates an exception in the student's code by that name)."""
+        source = read_notebook(self.notebook)
+        student = copy.deepcopy(source)
+        for cell in student["cells"]:
+            cell["source"] = cells.get(grade_id(cell), cell["source"])
+        code, _ = solution_module(student, source)
+        path = folder / f"student_{self.notebook.stem.removesuffix('_lab')}.py"
+        path.write_text(code)
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
 
 
 CORPUS: dict[str, Submission] = {

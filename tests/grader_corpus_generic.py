@@ -13,13 +13,11 @@ grade them (tests/test_grader_generic.py grades them all in one `python -m gradi
 """
 from __future__ import annotations
 
-import copy
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
 from grading.labs import get_lab
-from grading.notebooks import LABS_DIR, SOLUTIONS_DIR, grade_id, read_notebook, solution_module
+from grading.notebooks import LABS_DIR, SOLUTIONS_DIR, grade_id, read_notebook
 from tests.grader_corpus import PASS, SolutionCells, Submission
 
 
@@ -201,19 +199,7 @@ PROCESS_LEVEL = ("infinite_loop", "allocates_until_oom", "illegal_memory_access"
 
 def graded_module(target: Target, cells: dict[str, str], folder: Path):
     """The module the worker would build from the solution notebook with `cells` replaced, imported."""
-    source = read_notebook(SOLUTIONS_DIR / target.notebook)
-    student = copy.deepcopy(source)
-    for cell in student["cells"]:
-        cell["source"] = cells.get(grade_id(cell), cell["source"])
-    code, _ = solution_module(student, source)
-    # Triton reads a kernel's source with inspect: a real file, named as the worker names it (the grader
-    # locates an exception in the student's code by that name)
-    path = folder / f"student_{target.lab}.py"
-    path.write_text(code)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return target.solution.module(cells, folder)
 
 
 def lab_notebook_with(target: Target, cells: dict[str, str]) -> dict:

@@ -1,8 +1,6 @@
 """Lab 06: the solution gets full marks, the untouched lab zero, and every wrong submission in the corpus
 (tests/grader_corpus_lab06.py) is caught with the reason a student can act on -- in this mode; the
 failures only a GPU can show are asserted on a GPU and skipped, saying so, on a CPU."""
-import copy
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,9 +11,9 @@ import torch
 from grading.harness import GRAPH_NOT_CHECKED, check_function
 from grading.labs import get_lab
 from grading.labs.lab06_moe import HOT_EXPERT, check_layer
-from grading.notebooks import LABS_DIR, SOLUTIONS_DIR, grade_id, read_notebook, role, solution_module
+from grading.notebooks import LABS_DIR, SOLUTIONS_DIR, grade_id, role
 from kernels import runtime
-from tests.grader_corpus_lab06 import CORPUS, NOTEBOOK, SOLUTION_CELLS, edit
+from tests.grader_corpus_lab06 import CORPUS, SOLUTION, SOLUTION_CELLS, edit
 
 LAB = get_lab("06_moe")
 BOTH_MODES = sorted(name for name, s in CORPUS.items() if not s.gpu_only)
@@ -24,17 +22,7 @@ GPU_ONLY = sorted(name for name, s in CORPUS.items() if s.gpu_only)
 
 def import_submission(cells: dict[str, str], folder):
     """The graded module the worker would build from the solution notebook with `cells` replaced."""
-    source = read_notebook(NOTEBOOK)
-    student = copy.deepcopy(source)
-    for cell in student["cells"]:
-        cell["source"] = cells.get(grade_id(cell), cell["source"])
-    code, _ = solution_module(student, source)
-    path = folder / "student_06_moe.py"  # Triton reads a kernel's source with inspect: a real file
-    path.write_text(code)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return SOLUTION.module(cells, folder)
 
 
 def assert_classified(name, on_gpu, folder):
