@@ -141,7 +141,6 @@ def cupy_wide_rows_sweep(widths=(4096, 8192, 16384), elements: int = 64 * 2**20,
     return rows
 
 
-
 PDL_TOKENS = (16, 512, 4096)  # a decode batch, a small prefill, a large one
 
 
@@ -203,6 +202,7 @@ def pdl_summary(rows: list[dict]) -> str:
     if not rows:
         return bench.NOT_MEASURED
     return bench.table(rows, floatfmt=".2f") + "\n\n" + "\n".join(pdl_lines(rows))
+
 
 def performance_targets(ceilings: dict, results: dict) -> list[dict]:
     copy = ceilings["copy_gbps"]
