@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import inspect
 import secrets
-import time
 import traceback
 import warnings
 from contextlib import contextmanager
