@@ -39,39 +39,54 @@ BLOCK_N = runtime.pick(gpu=128, cpu=64)
 NUM_WARPS = runtime.pick(gpu=4, cpu=1)
 NUM_STAGES = runtime.pick(gpu=3, cpu=1)
 PROGRAMS_PER_SM = 1
-MAX_COMBINE_CHUNK = 32  # splits combined at once: a (32, D) float32 tile, 32 registers a thread at D 128
+# The combine's round: up to 64 (row, split) partials at once, a (64, D) float32 tile (64 registers a thread at
+# D 128 and 4 warps). Splits first, up to 32 (one round for every default split count), then rows: at 16
+# splits the 4 rows of a GQA 4:1 group are one round.
+COMBINE_PARTIALS = 64
+MAX_COMBINE_SPLITS = 32
 MAX_ROWS = 64  # query heads per KV head x queries; beyond that a query block is big enough for flash_attention
 
 
 @triton.jit
-def _combine_row(O_PART, LSE_PART, O, LSE, b, h, i, n_q_heads, n_q, n_splits, stride_ob, stride_oh, stride_om,
-                 HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
-    """out = sum_s w_s out_s / sum_s w_s, w_s = 2^(lse_s - max lse), for one (batch, head, query) row, over
-    the splits BLOCK_S at a time with the maximum carried online (one pass, every load of a chunk issued
-    at once). The float32 partials are read past L1 (.cg): in the fused kernel other SMs wrote them
-    during this launch."""
-    row = ((b * n_q_heads + h) * n_q + i).to(tl.int64)  # (b, h, i) flattened
+def _combine_rows(O_PART, LSE_PART, O, LSE, first_row, n_rows, n_q_heads, n_q, n_splits, stride_ob, stride_oh,
+                  stride_om, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr):
+    """out = sum_s w_s out_s / sum_s w_s, w_s = 2^(lse_s - max lse), for the (batch, head, query) rows
+    first_row ... first_row + n_rows - 1 (flattened), BLOCK_R rows and BLOCK_S splits per round with the
+    maximum carried online: every load of a round is issued at once, so a round costs one trip to L2 and the
+    rows of a group do not wait on each other. The float32 partials are read past L1 (.cg): in the fused
+    kernel other SMs wrote them during this launch."""
+    r0 = tl.arange(0, BLOCK_R)
     s0 = tl.arange(0, BLOCK_S)
     dims = tl.arange(0, HEAD_DIM)
-    m = tl.full([], float("-inf"), dtype=tl.float32)
-    total = tl.zeros([], dtype=tl.float32)
-    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
-    for start in range(0, n_splits, BLOCK_S):
-        s = start + s0
-        lse_s = tl.load(LSE_PART + row * n_splits + s, mask=s < n_splits, other=float("-inf"), cache_modifier=".cg")
-        o_s = tl.load(O_PART + (row * n_splits + s)[:, None] * HEAD_DIM + dims[None, :],
-                      mask=(s < n_splits)[:, None], other=0.0, cache_modifier=".cg")
-        m_new = tl.maximum(m, tl.max(lse_s, 0))
-        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m - m_shift)
-        w = tl.math.exp2(lse_s - m_shift)  # 0 for a split where the row saw no key
-        total = total * alpha + tl.sum(w, 0)
-        acc = acc * alpha + tl.sum(w[:, None] * o_s, 0)
-        m = m_new
-    total_safe = tl.where(total > 0.0, total, 1.0)
-    tl.store(O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + i * stride_om + dims,
-             (acc / total_safe).to(O.dtype.element_ty))
-    tl.store(LSE + row, tl.where(total > 0.0, (m + tl.math.log2(total_safe)) * 0.6931471805599453, float("-inf")))
+    for r_start in range(0, n_rows, BLOCK_R):
+        row_ok = r_start + r0 < n_rows
+        row = (first_row + r_start + r0).to(tl.int64)  # (b, h, i) flattened
+        m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+        total = tl.zeros([BLOCK_R], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_R, HEAD_DIM], dtype=tl.float32)
+        for start in range(0, n_splits, BLOCK_S):
+            s = start + s0
+            ok = row_ok[:, None] & (s < n_splits)[None, :]
+            part = row[:, None] * n_splits + s[None, :]  # (BLOCK_R, BLOCK_S)
+            lse_s = tl.load(LSE_PART + part, mask=ok, other=float("-inf"), cache_modifier=".cg")
+            o_s = tl.load(O_PART + part[:, :, None] * HEAD_DIM + dims[None, None, :], mask=ok[:, :, None],
+                          other=0.0, cache_modifier=".cg")
+            m_new = tl.maximum(m, tl.max(lse_s, 1))
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.math.exp2(m - m_shift)
+            w = tl.math.exp2(lse_s - m_shift[:, None])  # 0 for a split where the row saw no key
+            total = total * alpha + tl.sum(w, 1)
+            acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o_s, 1)
+            m = m_new
+        total_safe = tl.where(total > 0.0, total, 1.0)
+        b = row // (n_q_heads * n_q)
+        h = (row // n_q) % n_q_heads
+        i = row % n_q
+        out_row = b * stride_ob + h * stride_oh + i * stride_om
+        tl.store(O + out_row[:, None] + dims[None, :], (acc / total_safe[:, None]).to(O.dtype.element_ty),
+                 mask=row_ok[:, None])
+        tl.store(LSE + row, tl.where(total > 0.0, (m + tl.math.log2(total_safe)) * 0.6931471805599453,
+                                     float("-inf")), mask=row_ok)
 
 
 @triton.jit
@@ -81,7 +96,7 @@ def flash_decode_split_kernel(Q, K, V, O_PART, LSE_PART, O, LSE, ARRIVALS,
                               n_kv_heads, group, n_q, n_k, split_len, n_splits, qk_scale,
                               HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
                               CAUSAL: tl.constexpr, UPCAST: tl.constexpr, FUSE_COMBINE: tl.constexpr,
-                              BLOCK_S: tl.constexpr):
+                              BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr):
     split = tl.program_id(0)
     b = tl.program_id(1) // n_kv_heads
     kv_h = tl.program_id(1) % n_kv_heads
@@ -141,20 +156,20 @@ def flash_decode_split_kernel(Q, K, V, O_PART, LSE_PART, O, LSE, ARRIVALS,
         # increment; the last program to arrive owns all the partials and combines them.
         tl.debug_barrier()
         arrived = tl.atomic_add(ARRIVALS + tl.program_id(1), 1, sem="acq_rel")
-        if arrived == n_splits - 1:
-            for g in range(0, group * n_q):  # the group's rows, one at a time, as the combine kernel's programs
-                _combine_row(O_PART, LSE_PART, O, LSE, b, kv_h * group + g // n_q, g % n_q, n_kv_heads * group,
-                             n_q, n_splits, stride_ob, stride_oh, stride_om, HEAD_DIM, BLOCK_S)
+        if arrived == n_splits - 1:  # the group's rows are consecutive in the flattened (b, h, i) order
+            _combine_rows(O_PART, LSE_PART, O, LSE, (b * n_kv_heads + kv_h) * group * n_q, group * n_q,
+                          n_kv_heads * group, n_q, n_splits, stride_ob, stride_oh, stride_om, HEAD_DIM, BLOCK_R,
+                          BLOCK_S)
             tl.store(ARRIVALS + tl.program_id(1), 0)  # ready for the next call, which runs after this one
 
 
 @triton.jit
-def flash_decode_combine_kernel(O_PART, LSE_PART, O, LSE, n_q_heads, n_q, n_splits, stride_ob, stride_oh, stride_om,
-                                HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
-    """The second launch of the unfused path: one program per (batch, head, query) row."""
-    row = tl.program_id(0)
-    _combine_row(O_PART, LSE_PART, O, LSE, row // (n_q * n_q_heads), (row // n_q) % n_q_heads, row % n_q,
-                 n_q_heads, n_q, n_splits, stride_ob, stride_oh, stride_om, HEAD_DIM, BLOCK_S)
+def flash_decode_combine_kernel(O_PART, LSE_PART, O, LSE, n_rows, n_q_heads, n_q, n_splits, stride_ob, stride_oh,
+                                stride_om, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr):
+    """The second launch of the unfused path: one program per BLOCK_R (batch, head, query) rows."""
+    first_row = tl.program_id(0) * BLOCK_R
+    _combine_rows(O_PART, LSE_PART, O, LSE, first_row, tl.minimum(n_rows - first_row, BLOCK_R), n_q_heads, n_q,
+                  n_splits, stride_ob, stride_oh, stride_om, HEAD_DIM, BLOCK_R, BLOCK_S)
 
 
 def default_num_splits(batch: int, n_kv_heads: int, n_k: int, block_n: int = BLOCK_N) -> int:
@@ -217,17 +232,19 @@ def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     programs = batch * n_kv_heads
     arrivals = _arrival_counters(q.device, programs) if fuse_combine else lse_part  # unused when not fused
     block_h = max(16, triton.next_power_of_2(group * n_q))
-    block_s = min(MAX_COMBINE_CHUNK, triton.next_power_of_2(splits))
+    block_s = min(MAX_COMBINE_SPLITS, triton.next_power_of_2(splits))
+    block_r = min(COMBINE_PARTIALS // block_s, triton.next_power_of_2(group * n_q))
     flash_decode_split_kernel[(splits, programs)](
         q, k, v, o_part, lse_part, out, lse, arrivals, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
         *out.stride()[:3], n_kv_heads, group, n_q, n_k, split_len, splits, scale * LOG2E,
         HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_N=block_n, CAUSAL=bool(causal), UPCAST=UPCAST,
-        FUSE_COMBINE=fuse_combine, BLOCK_S=block_s, num_warps=num_warps or NUM_WARPS,
+        FUSE_COMBINE=fuse_combine, BLOCK_R=block_r, BLOCK_S=block_s, num_warps=num_warps or NUM_WARPS,
         num_stages=num_stages or NUM_STAGES)
     if not fuse_combine:
-        flash_decode_combine_kernel[(batch * n_heads * n_q,)](
-            o_part, lse_part, out, lse, n_heads, n_q, splits, *out.stride()[:3],
-            HEAD_DIM=head_dim, BLOCK_S=block_s, num_warps=runtime.pick(gpu=4, cpu=1))
+        rows = batch * n_heads * n_q
+        flash_decode_combine_kernel[(triton.cdiv(rows, block_r),)](
+            o_part, lse_part, out, lse, rows, n_heads, n_q, splits, *out.stride()[:3],
+            HEAD_DIM=head_dim, BLOCK_R=block_r, BLOCK_S=block_s, num_warps=runtime.pick(gpu=4, cpu=1))
     return (out, lse) if return_lse else out
 
 
