@@ -53,6 +53,22 @@ def test_variant_gate_up_and_down(variant, dtype, top_k, skew, hidden, inter, po
     check_y(y, h, w, perm, dtype)
 
 
+def test_interleaved_gate_up_is_prepared_once_and_again_after_a_change():
+    """Row 2j is gate's row j and 2j + 1 up's; the same pair gives the same tensor back (no copy per call);
+    an in-place update of either weight, or another pair, gives a fresh one with the new values."""
+    g = generator(0, DEV)
+    w = reference.init_weights(E, 80, 144, torch.bfloat16, DEV, g)
+    first = triton_grouped_gemm_tma.interleaved_gate_up(w.gate, w.up)
+    assert first.shape == (E, 2 * 144, 80)
+    assert torch.equal(first[:, 0::2], w.gate) and torch.equal(first[:, 1::2], w.up)
+    assert triton_grouped_gemm_tma.interleaved_gate_up(w.gate, w.up) is first
+    w.up[3, 5] += 1.0
+    updated = triton_grouped_gemm_tma.interleaved_gate_up(w.gate, w.up)
+    assert updated is not first and torch.equal(updated[:, 1::2], w.up)
+    gate_copy = w.gate.clone()
+    assert triton_grouped_gemm_tma.interleaved_gate_up(gate_copy, w.up) is not updated
+
+
 @pytest.mark.parametrize("top_k", [1, 2])
 def test_gather_rows(top_k, poisoned_empty):
     x, _, perm = _routed(37, top_k, torch.bfloat16, skew=True, hidden=80, inter=144)
@@ -62,7 +78,7 @@ def test_gather_rows(top_k, poisoned_empty):
     assert (out[padding] == 0).all()
 
 
-@pytest.mark.parametrize("variant", ["tma", "persistent_pregathered"])
+@pytest.mark.parametrize("variant", ["tma", "persistent_pregathered", "persistent_pregathered_interleaved"])
 def test_variant_checks_can_fail(variant, poisoned_empty):
     """A kernel that skips the last tile in use (the work bound read on the device, one tile short) leaves
     poisoned rows, and weights of the wrong expert give wrong rows: both must fail the checks."""
@@ -89,10 +105,10 @@ def test_layer_with_variant(variant, top_k, poisoned_empty):
 
 def test_variant_by_rows_per_expert():
     """The seed configuration (32 experts, top-2): 2048 tokens (128 rows an expert) keep the fused gather,
-    8192 (512 rows) and more take the persistent TMA kernel on gathered rows."""
+    8192 (512 rows) and more take the persistent TMA kernel on gathered rows, gate and up interleaved."""
     assert moe_layer.grouped_gemm_for(2048, 32, 2) == "pointer"
-    assert moe_layer.grouped_gemm_for(4096, 32, 2) == "persistent_pregathered"  # 256 rows: the bucket's edge
-    assert moe_layer.grouped_gemm_for(8192, 32, 2) == "persistent_pregathered"
+    assert moe_layer.grouped_gemm_for(4096, 32, 2) == "persistent_pregathered_interleaved"  # 256 rows: the edge
+    assert moe_layer.grouped_gemm_for(8192, 32, 2) == "persistent_pregathered_interleaved"
 
 
 def test_unknown_variant():

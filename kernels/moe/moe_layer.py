@@ -21,16 +21,18 @@ from kernels.moe.validate import check_expert_weights, check_router_args
 
 
 # Rows per expert (tokens * top_k / experts) from which the layer's grouped GEMMs are the persistent TMA
-# kernel on rows gathered into expert order first. Measured on an H100 (`python -m kernels.moe.benchmark
-# variants`, PERFORMANCE.md): at 128 rows (2048 tokens) the pointer kernel, its gather fused into the A loads,
-# and the TMA kernels tie (3.64-3.67 ms) and the separate gather costs 10%; at 512 rows (8192 tokens) and
-# beyond the persistent TMA kernel on gathered rows is 1.25-1.31x faster.
+# kernel on rows gathered into expert order first, with gate and up as one interleaved product. Measured on an
+# H100 (`python -m kernels.moe.benchmark variants`, PERFORMANCE.md): at 128 rows (2048 tokens) the pointer
+# kernel, its gather fused into the A loads, and the TMA kernels tie (3.66-3.73 ms) and the separate gather
+# costs 8-10%; at 512 rows (8192 tokens) and beyond the persistent TMA kernel on gathered rows is 1.27-1.34x
+# faster, and interleaving gate and up adds 2-5% to gate_up.
 PREGATHER_MIN_ROWS = 256
+LARGE_BATCH_VARIANT = "persistent_pregathered_interleaved"
 
 
 def grouped_gemm_for(tokens: int, experts: int, top_k: int) -> str:
     """The grouped-GEMM variant for this batch: a shape bucket, as the autotuner's keys are."""
-    return "persistent_pregathered" if tokens * top_k >= PREGATHER_MIN_ROWS * experts else "pointer"
+    return LARGE_BATCH_VARIANT if tokens * top_k >= PREGATHER_MIN_ROWS * experts else "pointer"
 
 
 def grouped_gemm_functions(variant: str):

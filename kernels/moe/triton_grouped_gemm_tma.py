@@ -14,7 +14,16 @@ cuBLAS's 750, and no tile configuration closes the gap (PERFORMANCE.md). What cu
    gather rows, so the fused gather must stay a pointer load). The copy writes and reads tokens * k * H * 2
    bytes (0.54 GB at 32768 tokens, about 0.35 ms on an H100) to free the gate_up loop of its address math.
 3. **The output tile leaves by TMA** (`c_desc.store`), which clips the columns past N.
-4. **Persistent programs** (`persistent`): one program per SM loops over the work items (M tile, N tile)
+4. **Gate and up as one product** (`interleave`): with two weight tiles, each k-step issues two wgmma of
+   N = BLOCK_N that read the same A tile from shared memory twice. Hopper's shared memory serves about 128
+   bytes a clock per SM; at BLOCK_M 128 x BLOCK_N 128 with two warpgroups, the two products read ~96 bytes a
+   clock while the TMA writes the next stage's tiles (~47), past what it serves. With gate and up rows
+   interleaved in one weight (row 2j gate j, row 2j + 1 up j) a tile of 2 x BLOCK_N rows feeds one wgmma of
+   N = 2 x BLOCK_N: A is read once (~80 + 47 bytes a clock, the same as cuBLAS's 128 x 256 tiles), and in
+   the accumulator's layout each thread holds adjacent column pairs, so gate and up come apart in the
+   epilogue without moving data (`tl.split`). The interleaved copy of the weights is made once
+   (`interleaved_gate_up`), as an inference engine prepares weights at load time.
+5. **Persistent programs** (`persistent`): one program per SM loops over the work items (M tile, N tile)
    in the grouped order. The loop's bound is the number of tiles in use, read on the device
    (padded_offsets[E] / BLOCK_M): no host sync, and no work item is an empty tile, so the loop can be
    flattened with the K loop (`tl.range(flatten=True)`: the next tile's loads are issued during this
@@ -32,6 +41,7 @@ depend on the autotuned tile, so each configuration's pre-hook sets them.
 from __future__ import annotations
 
 import functools
+import weakref
 
 import torch
 import triton
@@ -50,6 +60,7 @@ VARIANTS = {
     "tma_pregathered": {"persistent": False, "pregather": True},
     "persistent": {"persistent": True, "pregather": False},
     "persistent_pregathered": {"persistent": True, "pregather": True},
+    "persistent_pregathered_interleaved": {"persistent": True, "pregather": True, "interleave": True},
 }
 
 # (BLOCK_N, BLOCK_K, num_warps, num_stages, FLATTEN) for sm_90: the pointer kernel's tiles and BLOCK_N 256
@@ -64,7 +75,7 @@ def _set_block_shapes(nargs):
     """A descriptor's block shape is part of its type: set it from the configuration being launched."""
     block_m, block_n, block_k = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
     nargs["a_desc"].block_shape = [block_m, block_k]
-    nargs["w1_desc"].block_shape = [block_n, block_k]
+    nargs["w1_desc"].block_shape = [block_n * (2 if nargs["INTERLEAVED"] else 1), block_k]
     nargs["w2_desc"].block_shape = [block_n, block_k]
     nargs["c_desc"].block_shape = [block_m, block_n]
 
@@ -98,15 +109,17 @@ def _prune(configs, named_args, **kwargs):
     return kept or configs[:1]
 
 
-@triton.autotune(configs=_configs(), key=["TOKEN_BUCKET", "N", "K", "SWIGLU", "GATHER", "PERSISTENT"],
+@triton.autotune(configs=_configs(), key=["TOKEN_BUCKET", "N", "K", "SWIGLU", "GATHER", "PERSISTENT", "INTERLEAVED"],
                  prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def grouped_gemm_tma_kernel(a_ptr, a_desc, w1_desc, w2_desc, c_desc, sorted_ids_ptr, tile_expert_ptr,
                             padded_offsets_ptr, experts, N, K, TOKEN_BUCKET, TOP_K: tl.constexpr,
-                            GATHER: tl.constexpr, SWIGLU: tl.constexpr, PERSISTENT: tl.constexpr,
+                            GATHER: tl.constexpr, SWIGLU: tl.constexpr, INTERLEAVED: tl.constexpr,
+                            PERSISTENT: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             GROUP_M: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr):
     """c[rows, n] = A[rows] @ w1[expert].T (or silu(A @ w1.T) * (A @ w2.T)); w1, w2 viewed as (E * N, K).
+    With INTERLEAVED (SwiGLU only) w1 is the (E * 2N, K) interleaved gate/up weight and w2 is unused.
     A is gathered from a_ptr's token rows (GATHER) or read by a_desc in row order."""
     used_tiles = tl.load(padded_offsets_ptr + experts) // BLOCK_M  # tiles holding rows, read on the device
     n_tiles = tl.cdiv(N, BLOCK_N)
@@ -119,14 +132,21 @@ def grouped_gemm_tma_kernel(a_ptr, a_desc, w1_desc, w2_desc, c_desc, sorted_ids_
         group_m = min(used_tiles - first_m, GROUP_M)
         tile = first_m + (item % per_group) % group_m
         n0 = (item % per_group) // group_m * BLOCK_N
-        w_row = tl.load(tile_expert_ptr + tile) * N + n0
+        expert = tl.load(tile_expert_ptr + tile)
+        if INTERLEAVED:
+            w_row = expert * 2 * N + 2 * n0
+        else:
+            w_row = expert * N + n0
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         if GATHER:
             assignment = tl.load(sorted_ids_ptr + rows)
             real = assignment >= 0  # padding rows load zeros and so compute zeros
             a_ptrs = (a_ptr + tl.where(real, assignment // TOP_K, 0)[:, None].to(tl.int64) * K
                       + tl.arange(0, BLOCK_K)[None, :])
-        acc1 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        if INTERLEAVED:
+            acc1 = tl.zeros((BLOCK_M, 2 * BLOCK_N), tl.float32)  # columns: gate 0, up 0, gate 1, up 1, ...
+        else:
+            acc1 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
         acc2 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
         for k0 in tl.range(0, K, BLOCK_K):
             if GATHER:
@@ -134,16 +154,18 @@ def grouped_gemm_tma_kernel(a_ptr, a_desc, w1_desc, w2_desc, c_desc, sorted_ids_
                 a_ptrs += BLOCK_K
             else:
                 a = a_desc.load([tile * BLOCK_M, k0])
-            b1 = w1_desc.load([w_row, k0])  # (BLOCK_N, BLOCK_K): K-contiguous, as wgmma's B operand wants
+            b1 = w1_desc.load([w_row, k0])  # (BLOCK_N or 2 BLOCK_N, BLOCK_K): K-contiguous, as wgmma's B wants
             if UPCAST:
                 a = a.to(tl.float32)
                 b1 = b1.to(tl.float32)
             acc1 = tl.dot(a, b1.T, acc1)
-            if SWIGLU:
+            if SWIGLU and not INTERLEAVED:
                 b2 = w2_desc.load([w_row, k0])
                 if UPCAST:
                     b2 = b2.to(tl.float32)
                 acc2 = tl.dot(a, b2.T, acc2)
+        if INTERLEAVED:
+            acc1, acc2 = tl.split(tl.reshape(acc1, (BLOCK_M, BLOCK_N, 2)))  # (gate, up): each thread's own pairs
         if SWIGLU:
             acc1 = acc1 * tl.sigmoid(acc1) * acc2  # silu(gate) * up
         c_desc.store([tile * BLOCK_M, n0], acc1.to(c_desc.dtype))
@@ -187,8 +209,30 @@ def _descriptor(t: torch.Tensor) -> TensorDescriptor:
     return TensorDescriptor.from_tensor(t, [16, 16])  # block shape placeholder, set by the pre-hook
 
 
-def _launch(a, w1, w2, perm: Permutation, *, gather: bool, swiglu: bool, persistent: bool) -> torch.Tensor:
-    experts, n, k = w1.shape
+_INTERLEAVED: dict = {}
+
+
+def interleaved_gate_up(w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
+    """(E, 2 I, H) with row 2j = w_gate[:, j] and row 2j + 1 = w_up[:, j]: the weight of the interleaved
+    product. Prepared once per pair of weights, as at load time: kept for the last pair seen (its size is
+    theirs), and made again when either tensor is another one or was changed in place (version counter)."""
+    stamp = (w_gate._version, w_up._version)
+    kept = _INTERLEAVED.get("pair")
+    if kept is not None and kept[0]() is w_gate and kept[1]() is w_up and kept[2] == stamp:
+        return kept[3]
+    if runtime.ON_GPU and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("gate_up_swiglu: call it once before capturing a CUDA graph (it prepares the "
+                           "interleaved gate/up weight then)")
+    _INTERLEAVED.clear()  # free the previous pair's copy before making this one
+    experts, inter, hidden = w_gate.shape
+    w = torch.stack((w_gate, w_up), dim=2).reshape(experts, 2 * inter, hidden)
+    _INTERLEAVED["pair"] = (weakref.ref(w_gate), weakref.ref(w_up), stamp, w)
+    return w
+
+
+def _launch(a, w1, w2, perm: Permutation, *, gather: bool, swiglu: bool, persistent: bool,
+            interleaved: bool = False) -> torch.Tensor:
+    experts, n, k = w2.shape  # w2: gate's shape when w1 is the interleaved weight
     c = torch.empty(perm.sorted_ids.numel(), n, dtype=a.dtype, device=a.device)
     if perm.max_tiles == 0:
         return c
@@ -197,10 +241,11 @@ def _launch(a, w1, w2, perm: Permutation, *, gather: bool, swiglu: bool, persist
         bound = perm.max_tiles * triton.cdiv(n, meta["BLOCK_N"])
         return (min(bound, _programs_per_launch()) if persistent else bound,)
 
-    grouped_gemm_tma_kernel[grid](a, _descriptor(a), _descriptor(w1.view(experts * n, k)),
+    grouped_gemm_tma_kernel[grid](a, _descriptor(a), _descriptor(w1.view(-1, k)),
                                   _descriptor(w2.view(experts * n, k)), _descriptor(c), perm.sorted_ids,
                                   perm.tile_expert, perm.padded_offsets, experts, n, k, token_bucket(perm.max_tiles),
-                                  TOP_K=perm.top_k, GATHER=gather, SWIGLU=swiglu, PERSISTENT=persistent,
+                                  TOP_K=perm.top_k, GATHER=gather, SWIGLU=swiglu, INTERLEAVED=interleaved,
+                                  PERSISTENT=persistent,
                                   BLOCK_M=perm.block_m, UPCAST=UPCAST)
     return c
 
@@ -208,10 +253,10 @@ def _launch(a, w1, w2, perm: Permutation, *, gather: bool, swiglu: bool, persist
 def gate_up_swiglu(x, w_gate, w_up, perm: Permutation, *, variant: str = "tma") -> torch.Tensor:
     """h = silu(x_e @ w_gate[e].T) * (x_e @ w_up[e].T) per row, as triton_grouped_gemm.gate_up_swiglu."""
     options = VARIANTS[variant]
-    if options["pregather"]:
-        return _launch(gather_rows(x, perm), w_gate, w_up, perm, gather=False, swiglu=True,
-                       persistent=options["persistent"])
-    return _launch(x, w_gate, w_up, perm, gather=True, swiglu=True, persistent=options["persistent"])
+    w1 = interleaved_gate_up(w_gate, w_up) if options.get("interleave") else w_gate
+    a = gather_rows(x, perm) if options["pregather"] else x
+    return _launch(a, w1, w_up, perm, gather=not options["pregather"], swiglu=True, persistent=options["persistent"],
+                   interleaved=options.get("interleave", False))
 
 
 def down(h, w_down, perm: Permutation, *, variant: str = "tma") -> torch.Tensor:
