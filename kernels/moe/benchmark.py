@@ -225,7 +225,7 @@ def variant_times(tokens: int, w: reference.MoEWeights) -> list[dict]:
 
 def variant_autotune_choices() -> dict:
     return {str(key): f"N{c.kwargs['BLOCK_N']} K{c.kwargs['BLOCK_K']} w{c.num_warps} s{c.num_stages}"
-                      f"{' flatten' if c.kwargs['FLATTEN'] else ''}"
+                      f"{' flatten' if c.kwargs['FLATTEN'] else ''} G{c.kwargs['GROUP_M']}"
             for key, c in getattr(triton_grouped_gemm_tma.grouped_gemm_tma_kernel, "cache", {}).items()}
 
 
@@ -268,7 +268,7 @@ def main() -> int:
     rows = {t: layer_times(t, w, extra) for t in TOKENS}
     results["layer"] = list(rows.values())
     results["skewed_8192"] = layer_times(8192, w, extra, skew=True)
-    results["autotune"] = autotune_choices()
+    results["autotune"] = {**autotune_choices(), **variant_autotune_choices()}
     results["targets"] = performance_targets(rows)
     path = bench.save_results("06_moe", results)
     cols = ["tokens", "naive ms", "grouped_mm ms", "ours ms", "ours (graph) ms", "dense ms", "floor ms",

@@ -22,7 +22,8 @@ cuBLAS's 750, and no tile configuration closes the gap (PERFORMANCE.md). What cu
    N = 2 x BLOCK_N: A is read once (~80 + 47 bytes a clock, the same as cuBLAS's 128 x 256 tiles), and in
    the accumulator's layout each thread holds adjacent column pairs, so gate and up come apart in the
    epilogue without moving data (`tl.split`). The interleaved copy of the weights is made once
-   (`interleaved_gate_up`), as an inference engine prepares weights at load time.
+   (`interleaved_gate_up`), as an inference engine prepares weights at load time. Measured on an H100 at 32768
+   tokens: gate_up 630 -> 663 TFLOP/s (cuBLAS 704), half of what the count predicted (PERFORMANCE.md).
 5. **Persistent programs** (`persistent`): one program per SM loops over the work items (M tile, N tile)
    in the grouped order. The loop's bound is the number of tiles in use, read on the device
    (padded_offsets[E] / BLOCK_M): no host sync, and no work item is an empty tile, so the loop can be
@@ -63,12 +64,17 @@ VARIANTS = {
     "persistent_pregathered_interleaved": {"persistent": True, "pregather": True, "interleave": True},
 }
 
-# (BLOCK_N, BLOCK_K, num_warps, num_stages, FLATTEN) for sm_90: the pointer kernel's tiles and BLOCK_N 256
-# with 8 warps (two consumer warpgroups, 128 accumulator registers a thread) for the unfused products. A
-# handful each, so the benchmark's autotuning stays short; the pruner drops what does not fit or apply.
-GPU_TUNING = [(128, 64, 8, 4, False), (64, 64, 4, 4, False), (256, 64, 8, 3, False), (128, 64, 4, 4, False),
-              (128, 64, 8, 4, True), (256, 64, 8, 3, True)]
-GROUP_M = 8
+# (BLOCK_N, BLOCK_K, num_warps, num_stages, FLATTEN, GROUP_M) for sm_90: the pointer kernel's tiles and BLOCK_N 256
+# with 8 warps (two consumer warpgroups, 128 accumulator registers a thread) for the unfused products. A handful
+# each, so the benchmark's autotuning stays short; the pruner drops what does not fit or apply. GROUP_M (M tiles
+# that walk the N tiles together) is tuned for the persistent flattened tile: on an H100 at 32768 tokens (16 M
+# tiles an expert) interleaved gate_up ran at 688 TF/s with 8, 728 with 4 and 732 with 16; at 8192 tokens (4 M
+# tiles an expert) 8 was best (649 against 595 and 638). One run, not explained
+# (`data/results/h100-80gb-hbm3/explore/06_moe_group_m_sweep.{py,log}`); the same choices are offered to down's
+# flattened BLOCK_N 256 tile.
+GPU_TUNING = [(128, 64, 8, 4, False, 8), (64, 64, 4, 4, False, 8), (256, 64, 8, 3, False, 8), (128, 64, 4, 4, False, 8),
+              (128, 64, 8, 4, True, 8), (256, 64, 8, 3, True, 8), (128, 64, 8, 4, True, 4), (128, 64, 8, 4, True, 16),
+              (256, 64, 8, 3, True, 4), (256, 64, 8, 3, True, 16)]
 
 
 def _set_block_shapes(nargs):
@@ -84,9 +90,9 @@ def _configs() -> list[triton.Config]:
     if not runtime.ON_GPU:  # the interpreter: one configuration (DESIGN.md)
         return [triton.Config({"BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 4, "FLATTEN": False}, num_warps=1,
                               num_stages=1, pre_hook=_set_block_shapes)]
-    return [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "GROUP_M": GROUP_M, "FLATTEN": flatten}, num_warps=w,
+    return [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "GROUP_M": group_m, "FLATTEN": flatten}, num_warps=w,
                           num_stages=s, pre_hook=_set_block_shapes)
-            for n, k, w, s, flatten in GPU_TUNING]
+            for n, k, w, s, flatten, group_m in GPU_TUNING]
 
 
 # None: autotune over the configurations the pruner keeps; an integer i: the i-th kept one alone.
