@@ -57,10 +57,10 @@ from kernels.moe.triton_permute import Permutation
 # The ways to run the kernel. Each is measured by `python -m kernels.moe.benchmark variants`, and any of them
 # can be the layer's grouped GEMM (moe_forward's `grouped_gemm`; by default moe_layer.grouped_gemm_for).
 VARIANTS = {
-    "tma": {"persistent": False, "pregather": False},
-    "tma_pregathered": {"persistent": False, "pregather": True},
-    "persistent": {"persistent": True, "pregather": False},
-    "persistent_pregathered": {"persistent": True, "pregather": True},
+    "tma": {"persistent": False, "pregather": False, "interleave": False},
+    "tma_pregathered": {"persistent": False, "pregather": True, "interleave": False},
+    "persistent": {"persistent": True, "pregather": False, "interleave": False},
+    "persistent_pregathered": {"persistent": True, "pregather": True, "interleave": False},
     "persistent_pregathered_interleaved": {"persistent": True, "pregather": True, "interleave": True},
 }
 
@@ -259,10 +259,10 @@ def _launch(a, w1, w2, perm: Permutation, *, gather: bool, swiglu: bool, persist
 def gate_up_swiglu(x, w_gate, w_up, perm: Permutation, *, variant: str = "tma") -> torch.Tensor:
     """h = silu(x_e @ w_gate[e].T) * (x_e @ w_up[e].T) per row, as triton_grouped_gemm.gate_up_swiglu."""
     options = VARIANTS[variant]
-    w1 = interleaved_gate_up(w_gate, w_up) if options.get("interleave") else w_gate
+    w1 = interleaved_gate_up(w_gate, w_up) if options["interleave"] else w_gate
     a = gather_rows(x, perm) if options["pregather"] else x
     return _launch(a, w1, w_up, perm, gather=not options["pregather"], swiglu=True, persistent=options["persistent"],
-                   interleaved=options.get("interleave", False))
+                   interleaved=options["interleave"])
 
 
 def down(h, w_down, perm: Permutation, *, variant: str = "tma") -> torch.Tensor:
