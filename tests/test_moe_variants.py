@@ -6,10 +6,12 @@ poisoned. A second shape (hidden 80, intermediate 144) is a multiple of neither 
 descriptors' zero fill past K and clipping past N are exercised, and so is the last weight tile reading
 the next expert's rows.
 """
+import json
+
 import pytest
 import torch
 
-from kernels.moe import moe_layer, reference, triton_grouped_gemm_tma, triton_permute
+from kernels.moe import moe_layer, reference, triton_grouped_gemm_tma, triton_permute, tune
 from kernels.testing import generator
 from tests.test_moe import (DEV, DTYPES, E, _check_layer, _problem, _rows, check_h, check_y,  # noqa: F401
                             poisoned_empty)
@@ -114,3 +116,135 @@ def test_variant_by_rows_per_expert():
 def test_unknown_variant():
     with pytest.raises(ValueError, match="variant"):
         moe_layer.grouped_gemm_functions("wgmma")
+
+
+# ---- The tuned tables (kernels/moe/tuned/<gpu>.json) and the greedy search that writes them (kernels/moe/tune.py)
+
+def _launch_args(**overrides):
+    """The pruner's view of a launch: gate_up of the interleaved persistent variant at 32768 tokens."""
+    args = dict(BLOCK_M=128, SWIGLU=True, PERSISTENT=True, TOKEN_BUCKET=1024, N=11008, K=4096, GATHER=False,
+                INTERLEAVED=True)
+    return {**args, **overrides}
+
+
+def _key(args):
+    return triton_grouped_gemm_tma.tuning_key(args["TOKEN_BUCKET"], args["N"], args["K"], swiglu=args["SWIGLU"],
+                                              gather=args["GATHER"], persistent=args["PERSISTENT"],
+                                              interleaved=args["INTERLEAVED"])
+
+
+def _write_table(tmp_path, entries):
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps({"entries": entries}))
+    return path
+
+
+def test_tuned_table_decides_its_key_and_only_its_key(tmp_path, monkeypatch):
+    m = triton_grouped_gemm_tma
+    offered = [m.tile_config(*tile, 8) for tile in m.GPU_TILES]  # what the autotuner would time on the GPU
+    args = _launch_args()
+    table = m.load_tuned(_write_table(tmp_path, {_key(args): {"config": "N128 K64 w8 s4 flatten G4"}}))
+    monkeypatch.setattr(m, "_tuned_for_this_gpu", lambda: table)
+    monkeypatch.setattr(m, "TUNING_OVERRIDE", None)  # this module's fixture sets 0
+    kept = m._prune(offered, args)
+    assert [m.config_name(c) for c in kept] == ["N128 K64 w8 s4 flatten G4"]
+    # another bucket, or the down product, is not in the table: the autotuner's fitting choices remain
+    for other in (_launch_args(TOKEN_BUCKET=2048), _launch_args(SWIGLU=False, INTERLEAVED=False, N=4096, K=11008)):
+        assert len(m._prune(offered, other)) > 1
+    # the tests' override still wins over the table
+    monkeypatch.setattr(m, "TUNING_OVERRIDE", 0)
+    assert m.config_name(m._prune(offered, args)[0]) == m.config_name(offered[0])
+
+
+def test_tuned_choice_that_does_not_fit_the_launch_is_not_used(tmp_path, monkeypatch):
+    """A flattened tile for a launch without persistent programs (nothing to flatten) falls back to autotuning."""
+    m = triton_grouped_gemm_tma
+    args = _launch_args(PERSISTENT=False)
+    table = m.load_tuned(_write_table(tmp_path, {_key(args): {"config": "N128 K64 w8 s4 flatten G8"}}))
+    monkeypatch.setattr(m, "_tuned_for_this_gpu", lambda: table)
+    monkeypatch.setattr(m, "TUNING_OVERRIDE", None)
+    kept = m._prune([m.tile_config(*tile, 8) for tile in m.GPU_TILES], args)
+    assert kept and not any(c.kwargs["FLATTEN"] for c in kept)
+
+
+@pytest.mark.parametrize("content,match", [
+    ('{"entries": {"bucket=1": {"config": "N512 K64 w8 s4 G8"}}}', "N512 K64 w8 s4 G8.*not one this kernel offers"),
+    ('{"entries": {"bucket=1": "N128 K64 w8 s4 G8"}}', "bucket=1"),
+    ('{"fingerprint": {}}', "not a tuned table"),
+    ('{"entries": [1, 2]}', "not a tuned table"),
+    ("not json", "not a tuned table"),
+])
+def test_broken_tuned_table_is_refused_with_its_path(tmp_path, content, match):
+    path = tmp_path / "broken.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=match) as info:
+        triton_grouped_gemm_tma.load_tuned(path)
+    assert str(path) in str(info.value)
+
+
+def test_committed_tuned_tables_load_and_fit_their_keys():
+    """Every table in kernels/moe/tuned/ reads back, and each choice fits the launch its key describes."""
+    m = triton_grouped_gemm_tma
+    paths = sorted(m.TUNED_DIR.glob("*.json"))
+    assert paths, "no tuned table committed"
+    for path in paths:
+        table = m.load_tuned(path)
+        assert table, path
+        for key, c in table.items():
+            fields = dict(part.split("=") for part in key.split())
+            assert m.tuning_key(int(fields["bucket"]), int(fields["N"]), int(fields["K"]),
+                                swiglu=fields["swiglu"] == "1", gather=fields["gather"] == "1",
+                                persistent=fields["persistent"] == "1",
+                                interleaved=fields["interleaved"] == "1") == key
+            assert m.fits(c, block_m=128, swiglu=fields["swiglu"] == "1", persistent=fields["persistent"] == "1"), key
+
+
+@pytest.mark.parametrize("name", ["N128 K64 w8 s4 flatten G16", "N256 K64 w8 s3 G4"])
+def test_explicit_configuration_computes_the_same_products(name, poisoned_empty):
+    """The tuner's path past the autotuner: a named configuration, on the interpreter, still passes the checks."""
+    m = triton_grouped_gemm_tma
+    c = {m.config_name(c): c for c in m.candidate_configs()}[name]
+    dtype = torch.bfloat16
+    x, w, perm = _routed(100, 2, dtype, skew=True, hidden=80, inter=144)
+    variant = "persistent_pregathered_interleaved"
+    h = m.gate_up_swiglu(x, w.gate, w.up, perm, variant=variant, config=c)
+    check_h(h, x, w, perm, dtype)
+    check_y(m.down(h, w.down, perm, variant=variant, config=c), h, w, perm, dtype)
+
+
+def test_explicit_configuration_that_does_not_fit_is_refused():
+    m = triton_grouped_gemm_tma
+    x, w, perm = _routed(100, 2, torch.bfloat16, skew=False, hidden=80, inter=144)
+    flattened = m.tile_config(128, 64, 8, 4, True, 8)
+    with pytest.raises(ValueError, match="does not fit"):
+        m.gate_up_swiglu(x, w.gate, w.up, perm, variant="tma", config=flattened)  # one tile a program
+
+
+def test_greedy_search_picks_the_tile_then_group_m():
+    """Stage 1 times every fitting tile at GROUP_M 8; stage 2 the winner again with 4 and 16, in one run."""
+    m = triton_grouped_gemm_tma
+    calls = []
+
+    def fake_times(configs):
+        calls.append([m.config_name(c) for c in configs])
+        # the flattened 256-wide tile is fastest; of its GROUP_M, 16
+        return {m.config_name(c): (1.0 if c.kwargs["BLOCK_N"] == 256 and c.kwargs["FLATTEN"] else 2.0)
+                - 0.01 * c.kwargs["GROUP_M"] for c in configs}
+
+    not_64_wide = lambda c: c.kwargs["BLOCK_N"] != 64  # noqa: E731 -- a fit rule that drops one tile
+    best, stages = tune.greedy_search(fake_times, not_64_wide)
+    assert m.config_name(best) == "N256 K64 w8 s3 flatten G16"
+    assert len(calls) == 2
+    assert len(calls[0]) == len(m.GPU_TILES) - 1 and all(n.endswith(" G8") for n in calls[0])
+    assert not any(n.startswith("N64 ") for n in calls[0])
+    assert calls[1] == ["N256 K64 w8 s3 flatten G8", "N256 K64 w8 s3 flatten G4", "N256 K64 w8 s3 flatten G16"]
+    assert set(stages) == {"stage 1 ms", "stage 2 ms"}
+
+
+def test_greedy_search_keeps_stage_one_winner_when_group_m_does_not_help():
+    m = triton_grouped_gemm_tma
+    times = lambda configs: {m.config_name(c): 3.0 - (c.kwargs["GROUP_M"] == 8) for c in configs}  # noqa: E731
+    best, _ = tune.greedy_search(times, lambda c: True)
+    assert best.kwargs["GROUP_M"] == 8
+    with pytest.raises(ValueError, match="no tile fits"):
+        tune.greedy_search(times, lambda c: False)

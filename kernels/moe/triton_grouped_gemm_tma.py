@@ -42,7 +42,9 @@ depend on the autotuned tile, so each configuration's pre-hook sets them.
 from __future__ import annotations
 
 import functools
+import json
 import weakref
+from pathlib import Path
 
 import torch
 import triton
@@ -64,17 +66,15 @@ VARIANTS = {
     "persistent_pregathered_interleaved": {"persistent": True, "pregather": True, "interleave": True},
 }
 
-# (BLOCK_N, BLOCK_K, num_warps, num_stages, FLATTEN, GROUP_M) for sm_90: the pointer kernel's tiles and BLOCK_N 256
-# with 8 warps (two consumer warpgroups, 128 accumulator registers a thread) for the unfused products. A handful
-# each, so the benchmark's autotuning stays short; the pruner drops what does not fit or apply. GROUP_M (M tiles
-# that walk the N tiles together) is tuned for the persistent flattened tile: on an H100 at 32768 tokens (16 M
-# tiles an expert) interleaved gate_up ran at 688 TF/s with 8, 728 with 4 and 732 with 16; at 8192 tokens (4 M
-# tiles an expert) 8 was best (649 against 595 and 638). One run, not explained
-# (`data/results/h100-80gb-hbm3/explore/06_moe_group_m_sweep.{py,log}`); the same choices are offered to down's
-# flattened BLOCK_N 256 tile.
-GPU_TUNING = [(128, 64, 8, 4, False, 8), (64, 64, 4, 4, False, 8), (256, 64, 8, 3, False, 8), (128, 64, 4, 4, False, 8),
-              (128, 64, 8, 4, True, 8), (256, 64, 8, 3, True, 8), (128, 64, 8, 4, True, 4), (128, 64, 8, 4, True, 16),
-              (256, 64, 8, 3, True, 4), (256, 64, 8, 3, True, 16)]
+# Tiles (BLOCK_N, BLOCK_K, num_warps, num_stages, FLATTEN) for sm_90: the pointer kernel's tiles and BLOCK_N 256
+# with 8 warps (two consumer warpgroups, 128 accumulator registers a thread) for the unfused products; the pruner
+# drops what does not fit or apply. GROUP_M (M tiles that walk the N tiles together) is offered at 8 for every tile
+# and also at 4 and 16 for the flattened persistent ones: on an H100 at 32768 tokens (16 M tiles an expert) a sweep
+# measured interleaved gate_up at 688 TF/s with 8, 728 with 4 and 732 with 16; at 8192 tokens 8 was best
+# (`data/results/h100-80gb-hbm3/explore/06_moe_group_m_sweep.{py,log}`).
+GPU_TILES = [(128, 64, 8, 4, False), (64, 64, 4, 4, False), (256, 64, 8, 3, False), (128, 64, 4, 4, False),
+             (128, 64, 8, 4, True), (256, 64, 8, 3, True)]
+GROUP_M_CHOICES = (8, 4, 16)  # 8 first: every tile's autotuned choice, and the greedy search's first stage
 
 
 def _set_block_shapes(nargs):
@@ -86,32 +86,90 @@ def _set_block_shapes(nargs):
     nargs["c_desc"].block_shape = [block_m, block_n]
 
 
+def tile_config(block_n: int, block_k: int, num_warps: int, num_stages: int, flatten: bool, group_m: int) -> triton.Config:
+    return triton.Config({"BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": group_m, "FLATTEN": flatten},
+                         num_warps=num_warps, num_stages=num_stages, pre_hook=_set_block_shapes)
+
+
+def config_name(c: triton.Config) -> str:
+    return (f"N{c.kwargs['BLOCK_N']} K{c.kwargs['BLOCK_K']} w{c.num_warps} s{c.num_stages}"
+            f"{' flatten' if c.kwargs['FLATTEN'] else ''} G{c.kwargs['GROUP_M']}")
+
+
+def candidate_configs() -> list[triton.Config]:
+    """Every configuration the tuned tables may name: each tile with each GROUP_M."""
+    return [tile_config(*tile, group_m) for tile in GPU_TILES for group_m in GROUP_M_CHOICES]
+
+
 def _configs() -> list[triton.Config]:
     if not runtime.ON_GPU:  # the interpreter: one configuration (DESIGN.md)
         return [triton.Config({"BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 4, "FLATTEN": False}, num_warps=1,
                               num_stages=1, pre_hook=_set_block_shapes)]
-    return [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "GROUP_M": group_m, "FLATTEN": flatten}, num_warps=w,
-                          num_stages=s, pre_hook=_set_block_shapes)
-            for n, k, w, s, flatten, group_m in GPU_TUNING]
+    return [tile_config(*tile, group_m) for tile in GPU_TILES for group_m in GROUP_M_CHOICES
+            if group_m == 8 or tile[4]]
 
 
-# None: autotune over the configurations the pruner keeps; an integer i: the i-th kept one alone.
+def fits(c: triton.Config, *, block_m: int, swiglu: bool, persistent: bool) -> bool:
+    """Registers, shared memory, and flattening only where a program loops over tiles."""
+    bn, bk = c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]
+    epilogue_bytes = block_m * bn * 2  # the output tile staged in shared memory for the TMA store
+    return ((persistent or not c.kwargs["FLATTEN"])  # one trip per program: nothing to flatten
+            and accumulator_registers(block_m, bn, c.num_warps, swiglu) <= ACC_REGS
+            and pipeline_bytes(block_m, bn, bk, c.num_stages, swiglu) + epilogue_bytes <= SHARED_BYTES)
+
+
+# None: the tuned table's choice for this GPU and shape where it has one (`python -m kernels.moe.tune`),
+# otherwise autotune over the configurations the pruner keeps; an integer i: the i-th kept one alone.
 TUNING_OVERRIDE: int | None = None
+TUNED_DIR = Path(__file__).with_name("tuned")
+
+
+def tuning_key(token_bucket: int, n: int, k: int, *, swiglu: bool, gather: bool, persistent: bool,
+               interleaved: bool) -> str:
+    """The autotuner's key (`grouped_gemm_tma_kernel`'s `key=`) as the tuned tables write it."""
+    return (f"bucket={token_bucket} N={n} K={k} swiglu={int(swiglu)} gather={int(gather)} "
+            f"persistent={int(persistent)} interleaved={int(interleaved)}")
+
+
+def load_tuned(path: Path) -> dict[str, triton.Config]:
+    """A tuned table: {tuning_key: configuration}, each entry one of `candidate_configs()`."""
+    known = {config_name(c): c for c in candidate_configs()}
+    try:
+        entries = json.loads(path.read_text())["entries"]
+    except (ValueError, KeyError, TypeError) as exc:  # not JSON, or no 'entries' in it
+        entries = exc
+    if not isinstance(entries, dict):
+        raise ValueError(f"{path}: not a tuned table (a JSON object with 'entries': {{key: {{'config': name}}}}): "
+                         f"{entries!r}")
+    table = {}
+    for key, entry in entries.items():
+        name = entry.get("config") if isinstance(entry, dict) else None
+        if name not in known:
+            raise ValueError(f"{path}: the entry for '{key}' names the configuration {name!r}, which is not one "
+                             f"this kernel offers ({sorted(known)}): run `python -m kernels.moe.tune` again")
+        table[key] = known[name]
+    return table
+
+
+@functools.cache
+def _tuned_for_this_gpu() -> dict[str, triton.Config]:
+    info = runtime.gpu_info()
+    path = TUNED_DIR / f"{info.slug}.json" if info else None
+    return load_tuned(path) if path is not None and path.exists() else {}
 
 
 def _prune(configs, named_args, **kwargs):
     args = {**named_args, **kwargs}
-    bm, swiglu = args["BLOCK_M"], args["SWIGLU"]
-    kept = []
-    for c in configs:
-        bn, bk = c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]
-        epilogue_bytes = bm * bn * 2  # the output tile staged in shared memory for the TMA store
-        if ((args["PERSISTENT"] or not c.kwargs["FLATTEN"])  # one trip per program: nothing to flatten
-                and accumulator_registers(bm, bn, c.num_warps, swiglu) <= ACC_REGS
-                and pipeline_bytes(bm, bn, bk, c.num_stages, swiglu) + epilogue_bytes <= SHARED_BYTES):
-            kept.append(c)
+    fit = dict(block_m=args["BLOCK_M"], swiglu=args["SWIGLU"], persistent=args["PERSISTENT"])
+    kept = [c for c in configs if fits(c, **fit)]
     if TUNING_OVERRIDE is not None:
         kept = [kept[min(TUNING_OVERRIDE, len(kept) - 1)]] if kept else kept
+    else:  # the table is empty in the interpreter and on GPUs nobody tuned for
+        key = tuning_key(args["TOKEN_BUCKET"], args["N"], args["K"], swiglu=args["SWIGLU"], gather=args["GATHER"],
+                         persistent=args["PERSISTENT"], interleaved=args["INTERLEAVED"])
+        tuned = _tuned_for_this_gpu().get(key)
+        if tuned is not None and fits(tuned, **fit):  # (a caller's own BLOCK_M may not fit it: autotune then)
+            kept = [tuned]
     return kept or configs[:1]
 
 
@@ -237,7 +295,7 @@ def interleaved_gate_up(w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tenso
 
 
 def _launch(a, w1, w2, perm: Permutation, *, gather: bool, swiglu: bool, persistent: bool,
-            interleaved: bool = False) -> torch.Tensor:
+            interleaved: bool = False, config: triton.Config | None = None) -> torch.Tensor:
     experts, n, k = w2.shape  # w2: gate's shape when w1 is the interleaved weight
     c = torch.empty(perm.sorted_ids.numel(), n, dtype=a.dtype, device=a.device)
     if perm.max_tiles == 0:
@@ -247,24 +305,35 @@ def _launch(a, w1, w2, perm: Permutation, *, gather: bool, swiglu: bool, persist
         bound = perm.max_tiles * triton.cdiv(n, meta["BLOCK_N"])
         return (min(bound, _programs_per_launch()) if persistent else bound,)
 
-    grouped_gemm_tma_kernel[grid](a, _descriptor(a), _descriptor(w1.view(-1, k)),
-                                  _descriptor(w2.view(experts * n, k)), _descriptor(c), perm.sorted_ids,
-                                  perm.tile_expert, perm.padded_offsets, experts, n, k, token_bucket(perm.max_tiles),
-                                  TOP_K=perm.top_k, GATHER=gather, SWIGLU=swiglu, INTERLEAVED=interleaved,
-                                  PERSISTENT=persistent,
-                                  BLOCK_M=perm.block_m, UPCAST=UPCAST)
+    args = dict(a_ptr=a, a_desc=_descriptor(a), w1_desc=_descriptor(w1.view(-1, k)),
+                w2_desc=_descriptor(w2.view(experts * n, k)), c_desc=_descriptor(c), sorted_ids_ptr=perm.sorted_ids,
+                tile_expert_ptr=perm.tile_expert, padded_offsets_ptr=perm.padded_offsets, experts=experts, N=n, K=k,
+                TOKEN_BUCKET=token_bucket(perm.max_tiles), TOP_K=perm.top_k, GATHER=gather, SWIGLU=swiglu,
+                INTERLEAVED=interleaved, PERSISTENT=persistent, BLOCK_M=perm.block_m, UPCAST=UPCAST)
+    if config is None:
+        grouped_gemm_tma_kernel[grid](**args)
+        return c
+    if not fits(config, block_m=perm.block_m, swiglu=swiglu, persistent=persistent):
+        raise ValueError(f"grouped GEMM: the configuration {config_name(config)} does not fit this launch "
+                         f"(BLOCK_M {perm.block_m}, swiglu={swiglu}, persistent={persistent})")
+    meta = config.all_kwargs()
+    config.pre_hook({**args, **meta})
+    grouped_gemm_tma_kernel.fn[grid(meta)](**args, **meta)  # past the autotuner: this configuration, untimed
     return c
 
 
-def gate_up_swiglu(x, w_gate, w_up, perm: Permutation, *, variant: str = "tma") -> torch.Tensor:
-    """h = silu(x_e @ w_gate[e].T) * (x_e @ w_up[e].T) per row, as triton_grouped_gemm.gate_up_swiglu."""
+def gate_up_swiglu(x, w_gate, w_up, perm: Permutation, *, variant: str = "tma",
+                   config: triton.Config | None = None) -> torch.Tensor:
+    """h = silu(x_e @ w_gate[e].T) * (x_e @ w_up[e].T) per row, as triton_grouped_gemm.gate_up_swiglu.
+    `config` (one of `candidate_configs()`) launches that configuration instead of the tuned or autotuned one."""
     options = VARIANTS[variant]
     w1 = interleaved_gate_up(w_gate, w_up) if options["interleave"] else w_gate
     a = gather_rows(x, perm) if options["pregather"] else x
     return _launch(a, w1, w_up, perm, gather=not options["pregather"], swiglu=True, persistent=options["persistent"],
-                   interleaved=options["interleave"])
+                   interleaved=options["interleave"], config=config)
 
 
-def down(h, w_down, perm: Permutation, *, variant: str = "tma") -> torch.Tensor:
+def down(h, w_down, perm: Permutation, *, variant: str = "tma", config: triton.Config | None = None) -> torch.Tensor:
     """y = h_e @ w_down[e].T per row, as triton_grouped_gemm.down (A by TMA in every variant)."""
-    return _launch(h, w_down, w_down, perm, gather=False, swiglu=False, persistent=VARIANTS[variant]["persistent"])
+    return _launch(h, w_down, w_down, perm, gather=False, swiglu=False, persistent=VARIANTS[variant]["persistent"],
+                   config=config)
