@@ -12,6 +12,8 @@ Per token count, interleaved device-event timings (`kernels.bench.benchmark`, L2
   SwiGLU, one for down, weighted scatter back;
 * ours: kernels.moe.moe_layer.moe_forward with the Triton permutation, and with the CUDA C one;
 * ours (graph): the whole layer captured in a CUDA graph and replayed -- also the proof that it captures;
+  the grouped GEMMs take their configurations from kernels/moe/tuned/<gpu>.json where it has the bucket
+  (`python -m kernels.moe.tune`), else the autotuner's;
 * dense: cuBLAS products with the same flops as the experts (tokens*k rows through one expert's weights),
   the issue's 'dense-equivalent throughput';
 then each stage of ours alone (router, permute, gate_up, down, combine), the weight-read floor
@@ -95,6 +97,10 @@ def layer_times(tokens: int, w: reference.MoEWeights, extra: dict, *, skew: bool
         fns["dense"] = lambda: (dense_gate_up(), dense_down())
     # Correctness at full size, against the naive loop in bf16 (both round; the CPU tests check against fp64).
     ours = moe_layer.moe_forward(x, ws, TOP_K)
+    # Replayed from a CUDA graph (the proof that the layer captures), timed interleaved with the eager calls:
+    # timed apart, back to back, it ran 2-12% slower only because the GPU sat longer at its power limit
+    # (data/results/h100-80gb-hbm3/explore/06_moe_layer_pinned.log: eager 28.26 ms, replay 28.28 interleaved).
+    fns["ours (graph)"] = bench.capture_graph(fns["ours"]).replay
     naive = reference.moe_loop(x, ws, TOP_K)
     row = {"tokens": tokens, "skewed": skew, "rel_err_vs_naive": _rel_err(ours, naive)}
     if CUPY:
@@ -106,7 +112,6 @@ def layer_times(tokens: int, w: reference.MoEWeights, extra: dict, *, skew: bool
     for name, t in timings.items():
         row[f"{name} ms"] = t.median_us / 1e3
         row[f"{name} TFLOP/s"] = t.tflops(flops)
-    row["ours (graph) ms"] = bench.graph_replay_us(lambda: moe_layer.moe_forward(x, ws, TOP_K)).median_us / 1e3
     nbytes = w.expert_bytes() + 2 * x.numel() * x.element_size()
     row["floor ms"] = bench.floor_us(nbytes=nbytes, flops=flops) / 1e3
     row["ours % of floor"] = 100 * row["floor ms"] / row["ours ms"]
@@ -224,8 +229,7 @@ def variant_times(tokens: int, w: reference.MoEWeights) -> list[dict]:
 
 
 def variant_autotune_choices() -> dict:
-    return {str(key): f"N{c.kwargs['BLOCK_N']} K{c.kwargs['BLOCK_K']} w{c.num_warps} s{c.num_stages}"
-                      f"{' flatten' if c.kwargs['FLATTEN'] else ''} G{c.kwargs['GROUP_M']}"
+    return {str(key): triton_grouped_gemm_tma.config_name(c)
             for key, c in getattr(triton_grouped_gemm_tma.grouped_gemm_tma_kernel, "cache", {}).items()}
 
 
@@ -269,6 +273,8 @@ def main() -> int:
     results["layer"] = list(rows.values())
     results["skewed_8192"] = layer_times(8192, w, extra, skew=True)
     results["autotune"] = {**autotune_choices(), **variant_autotune_choices()}
+    table = triton_grouped_gemm_tma.TUNED_DIR / f"{runtime.gpu_info().slug}.json"
+    results["tuned_table"] = str(table.relative_to(bench.RESULTS_DIR.parents[1])) if table.exists() else None
     results["targets"] = performance_targets(rows)
     path = bench.save_results("06_moe", results)
     cols = ["tokens", "naive ms", "grouped_mm ms", "ours ms", "ours (graph) ms", "dense ms", "floor ms",
