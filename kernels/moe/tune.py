@@ -12,13 +12,13 @@ clock's wandering falls on each of them alike.
 
 The search (seed 000: "a search space with greedy substructure"): first every tile at GROUP_M 8, interleaved;
 then GROUP_M 4, 8 and 16 on the winning tile, interleaved again (8 included, so the final comparison is within
-one run). Eight timed candidates instead of eighteen. Each candidate's output is checked against the pointer
+one run). At most eight timed candidates instead of eighteen. Each candidate's output is checked against the pointer
 kernel's before it is timed. Tuned: the products of the layer's large-batch variant at each token count of
 TOKENS, seed 003's configuration (32 experts, top-2, hidden 4096, intermediate 11008, bf16). Every candidate's
 median is written beside the choice, so a reader sees the margins. Buckets the table lacks (another shape,
 another GPU) fall back to the autotuner.
 
-    python -m kernels.moe.tune      # on the GPU, ~3 minutes; writes kernels/moe/tuned/<gpu>.json
+    python -m kernels.moe.tune      # on the GPU, ~2 minutes; writes kernels/moe/tuned/<gpu>.json
 """
 from __future__ import annotations
 
