@@ -63,7 +63,8 @@ def grouped_mm_layer(x, w: reference.MoEWeights, w_gate_up_t, w_down_t):
     return (out.view(-1, TOP_K, x.shape[1]) * weights[..., None]).sum(1).to(x.dtype)
 
 
-def _rel_err(a, b) -> float:
+def rel_err(a, b) -> float:
+    """Relative error in norm: ||a - b|| / ||b||, in float32 (NaN anywhere makes it NaN)."""
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
@@ -102,11 +103,11 @@ def layer_times(tokens: int, w: reference.MoEWeights, extra: dict, *, skew: bool
     # (data/results/h100-80gb-hbm3/explore/06_moe_layer_pinned.log: eager 28.26 ms, replay 28.28 interleaved).
     fns["ours (graph)"] = bench.capture_graph(fns["ours"]).replay
     naive = reference.moe_loop(x, ws, TOP_K)
-    row = {"tokens": tokens, "skewed": skew, "rel_err_vs_naive": _rel_err(ours, naive)}
+    row = {"tokens": tokens, "skewed": skew, "rel_err_vs_naive": rel_err(ours, naive)}
     if CUPY:
-        row["rel_err_cuda_permute"] = _rel_err(moe_layer.moe_forward(x, ws, TOP_K, permutation="cuda"), naive)
+        row["rel_err_cuda_permute"] = rel_err(moe_layer.moe_forward(x, ws, TOP_K, permutation="cuda"), naive)
     if "grouped_mm" in fns:
-        row["rel_err_grouped_mm"] = _rel_err(fns["grouped_mm"](), naive)
+        row["rel_err_grouped_mm"] = rel_err(fns["grouped_mm"](), naive)
     timings = bench.benchmark(fns)
     flops = tokens * reference.flops_per_token(HIDDEN, INTER, EXPERTS, TOP_K)
     for name, t in timings.items():
@@ -206,7 +207,7 @@ def variant_times(tokens: int, w: reference.MoEWeights) -> list[dict]:
         h, y = gate_up(x, w.gate, w.up, perm), down(h_ref, w.down, perm)
         # The same products in another order of summation: within a few bf16 ulps of the pointer kernel's;
         # a NaN (a row nobody wrote) makes the error NaN, torch's max keeps it, and NaN fails the check.
-        checks[name] = torch.tensor([_rel_err(h[used], h_ref[used]), _rel_err(y[used], y_ref[used])]).max().item()
+        checks[name] = torch.tensor([rel_err(h[used], h_ref[used]), rel_err(y[used], y_ref[used])]).max().item()
         fns[f"{name} gate_up"] = functools.partial(gate_up, x, w.gate, w.up, perm)
         fns[f"{name} down"] = functools.partial(down, h_ref, w.down, perm)
     fns["dense gate_up"], fns["dense down"] = dense_products(tokens, w, g)

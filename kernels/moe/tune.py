@@ -33,11 +33,10 @@ import triton
 from kernels import bench, runtime
 from kernels.moe import moe_layer, reference, triton_grouped_gemm, triton_permute, triton_router
 from kernels.moe import triton_grouped_gemm_tma as tma
+from kernels.moe.benchmark import DTYPE, EXPERTS, HIDDEN, INTER, TOP_K, rel_err
 from kernels.testing import generator
 
-EXPERTS, HIDDEN, INTER, TOP_K = 32, 4096, 11008, 2
 TOKENS = (4096, 8192, 16384, 32768, 65536)  # token buckets 128 ... 2048: every one the large-batch variant serves
-DTYPE = torch.bfloat16
 TARGET_MS = 3000.0  # per interleaved run: 15-100 rounds, depending on the size
 
 
@@ -55,10 +54,6 @@ def greedy_search(time_configs: Callable[[list[triton.Config]], dict[str, float]
     stage_2 = time_configs(groups)
     best = min(groups, key=lambda c: stage_2[tma.config_name(c)])
     return best, {"stage 1 ms": stage_1, "stage 2 ms": stage_2}
-
-
-def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).norm() / b.float().norm())
 
 
 def tune_layer_products(tokens: int, w: reference.MoEWeights, variant: str) -> dict[str, dict]:
@@ -85,7 +80,7 @@ def tune_layer_products(tokens: int, w: reference.MoEWeights, variant: str) -> d
 
         def time_configs(configs, launch=launch, expected=expected):
             for c in configs:  # correct first: a configuration that computes something else is not timed
-                err = _rel_err(launch(config=c)[used], expected[used])
+                err = rel_err(launch(config=c)[used], expected[used])
                 if not err <= 1e-2:  # NaN fails too
                     raise AssertionError(f"{product} with {tma.config_name(c)}: relative error {err} against "
                                          f"the pointer kernel at {tokens} tokens")
