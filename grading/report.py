@@ -7,7 +7,7 @@
   reference kernel, measured in the same run: A > 80% on every graded kernel, B > 70%, C > 60%,
   D > 40%, otherwise F. A kernel that is not correct gets F. Without a GPU: "not measured".
 
-The JSON reports follow grading/report.schema.json (checked by tests/test_grader.py).
+The JSON reports follow grading/report.schema.json (checked by tests/test_grader_lab01.py).
 """
 from __future__ import annotations
 

@@ -25,6 +25,8 @@ import torch
 from kernels import runtime
 
 KERNELS_DIR = Path(__file__).resolve().parent
+# Headers that several topics share (elementwise.cuh: the fp16/bf16 conversions and 16-byte vectors).
+SHARED_INCLUDE_DIR = KERNELS_DIR / "include"
 
 
 def _site_packages_cuda_dirs() -> list[Path]:
@@ -38,14 +40,15 @@ def _site_packages_cuda_dirs() -> list[Path]:
 
 
 def cuda_include_dirs() -> list[str]:
-    """Directories holding cuda_fp16.h and cuda_bf16.h, the toolkit first."""
+    """The course's shared headers, then the directories holding cuda_fp16.h and cuda_bf16.h, the toolkit
+    first."""
     candidates = []
     for var in ("CUDA_PATH", "CUDA_HOME"):
         if os.environ.get(var):
             candidates.append(Path(os.environ[var]) / "include")
     candidates.append(Path("/usr/local/cuda/include"))
     candidates += [d / "include" for d in _site_packages_cuda_dirs()]
-    dirs = []
+    dirs = [str(SHARED_INCLUDE_DIR)]
     for d in candidates:
         if (d / "cuda_fp16.h").is_file() and str(d) not in dirs:
             dirs.append(str(d))
@@ -64,7 +67,7 @@ def nvcc_path() -> str | None:
 
 
 def source_path(relative: str) -> Path:
-    """Absolute path of a course `.cu` file, e.g. source_path('add/add_vectorized.cu')."""
+    """Absolute path of a course `.cu` file, e.g. source_path('elementwise_add/add_vectorized.cu')."""
     path = KERNELS_DIR / relative
     if not path.is_file():
         raise FileNotFoundError(path)

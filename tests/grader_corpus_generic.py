@@ -1,9 +1,9 @@
 """The mistakes issue 8 asks every lab's corpus to have, built once for labs 02-06 from each lab's solution.
 
-Lab 01's corpus (tests/grader_corpus.py) spells each mistake out for its `add`; here a mistake is a rewrite
+Lab 01's corpus (tests/grader_corpus_lab01.py) spells each mistake out for its `add`; here a mistake is a rewrite
 of one graded function's wrapper region (`SolutionCells.solve_with`), written in terms of that wrapper's
 names (`Target`), so one definition covers every lab. Each `mistake(target, name)` is a `Submission` of
-tests/grader_corpus.py: the rewritten solution cell, the status and phrase the grader must give on a GPU
+tests/grader_corpus_lab01.py: the rewritten solution cell, the status and phrase the grader must give on a GPU
 (`expect`), what the interpreter shows where it differs (`cpu`, with `gpu_only` saying why), and the notes
 it must write.
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from grading.labs import get_lab
 from grading.notebooks import LABS_DIR, SOLUTIONS_DIR, grade_id, read_notebook
-from tests.grader_corpus import PASS, SolutionCells, Submission
+from tests.grader_corpus_lab01 import PASS, SolutionCells, Submission
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from kernels import runtime
-from kernels.attention.validate import check_attention_inputs
+from kernels.flash_attention.validate import check_attention_inputs
 
 UPCAST = not runtime.ON_GPU
 

@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 from kernels import runtime
-from kernels.precision.triton_fp8 import round_to_fp8
+from kernels.mixed_precision.triton_fp8 import round_to_fp8
 
 BLOCK = runtime.pick(gpu=1024, cpu=16384)
 

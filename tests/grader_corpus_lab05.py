@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 from kernels import runtime
-from kernels.memory.validate import check_linear_ce_args
+from kernels.memory_profiling.validate import check_linear_ce_args
 
 BLOCK_T, BLOCK_V, BLOCK_H = 64, 256, 64
 

@@ -1,7 +1,7 @@
 """Known-wrong MoE lab submissions (lab 06), and what the grader must say about each.
 
 Each is solutions/06_moe_lab.ipynb with one edit a student might make, as a `Submission` of
-tests/grader_corpus.py: `cells` holds the edited solution cells by grade_id, `expect` the status and a
+tests/grader_corpus_lab01.py: `cells` holds the edited solution cells by grade_id, `expect` the status and a
 phrase of the message per graded function on a GPU, `cpu` what the interpreter shows where it differs,
 `gpu_only` why, and `diagnosis` what the message must also say. An edit names text of the solution that
 must occur exactly once, so a change to the solution cannot quietly turn a mistake into a no-op.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from grading.harness import GRAPH_NOT_CHECKED
 from grading.notebooks import SOLUTIONS_DIR
-from tests.grader_corpus import PASS, SolutionCells, Submission
+from tests.grader_corpus_lab01 import PASS, SolutionCells, Submission
 
 NOTEBOOK = SOLUTIONS_DIR / "06_moe_lab.ipynb"
 SOLUTION = SolutionCells(NOTEBOOK)

@@ -53,7 +53,7 @@ def _functions(sass: str) -> dict[str, str]:
 
 
 def test_vectorized_kernels_issue_16_byte_accesses(tmp_path):
-    cubin, _ = compile_cubin(cuda.source_path("add/add_vectorized.cu"), "sm_90", tmp_path)
+    cubin, _ = compile_cubin(cuda.source_path("elementwise_add/add_vectorized.cu"), "sm_90", tmp_path)
     functions = _functions(_sass(cubin))
     assert len(functions) == 9
     for name, body in functions.items():
@@ -62,6 +62,6 @@ def test_vectorized_kernels_issue_16_byte_accesses(tmp_path):
 
 def test_naive_kernels_use_narrow_accesses(tmp_path):
     """The contrast notebook 01 draws: one element per thread means 2- or 4-byte loads."""
-    cubin, _ = compile_cubin(cuda.source_path("add/add_naive.cu"), "sm_90", tmp_path)
+    cubin, _ = compile_cubin(cuda.source_path("elementwise_add/add_naive.cu"), "sm_90", tmp_path)
     for name, body in _functions(_sass(cubin)).items():
         assert "LDG.E.128" not in body, name

@@ -11,7 +11,7 @@ import pytest
 from grading.harness import check_function
 from grading.labs import get_lab
 from kernels import runtime
-from tests.grader_corpus import PASS, Submission
+from tests.grader_corpus_lab01 import PASS, Submission
 from tests.grader_corpus_generic import (IN_PROCESS, PROCESS_LEVEL, TARGETS, Target, graded_module, lab_notebook_with,
                                          mistake)
 from tests.test_grader import LIMITS, grade, strict_json

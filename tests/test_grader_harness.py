@@ -10,7 +10,7 @@ from grading.harness import check_function, diagnose, watch
 from grading.labs import get_lab
 from grading.spec import Case
 from kernels import runtime
-from kernels.add import triton_add
+from kernels.elementwise_add import triton_add
 from kernels.testing import compare, tolerance
 
 DEVICE = runtime.DEVICE

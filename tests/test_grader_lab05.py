@@ -26,7 +26,7 @@ def test_materialized_logits_break_the_memory_budget(mistake):
 
 
 def test_course_kernel_passes():
-    from kernels.memory import triton_chunked_loss
+    from kernels.memory_profiling import triton_chunked_loss
 
     result = check_function(LAB, "token_losses", triton_chunked_loss.token_losses, seed=7, perf=False)
     assert result.status == "pass", result.message
@@ -34,7 +34,7 @@ def test_course_kernel_passes():
 
 def test_estimator_check_passes_the_course_estimator_and_fails_a_wrong_one(capsys):
     from grading.labs.lab05_memory_profiling import check_estimator
-    from kernels.memory import estimator, gpt
+    from kernels.memory_profiling import estimator, gpt
 
     def course(batch, seq, d_model, layers, heads, vocab):
         return estimator.estimate(gpt.GPTConfig(vocab, seq, d_model, layers, heads), batch, seq).peak_step

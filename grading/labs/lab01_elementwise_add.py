@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from grading.spec import Case, GradedFunction, LabSpec, PerfConfig
-from kernels.add import cupy_add, reference, triton_add
+from kernels.elementwise_add import cupy_add, reference, triton_add
 from kernels.testing import random_tensor, tolerance
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)

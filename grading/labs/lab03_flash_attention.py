@@ -2,7 +2,7 @@
 
 A case's shape is the problem's, (batch, q heads, kv heads, Nq, Nk, head_dim): q is (B, Hq, Nq, D), k and
 v are (B, Hkv, Nk, D); the outputs are out (B, Hq, Nq, D) in the inputs' dtype and lse (B, Hq, Nq) in
-float32. `causal` is a case parameter (bottom-right aligned, kernels/attention/reference.py).
+float32. `causal` is a case parameter (bottom-right aligned, kernels/flash_attention/reference.py).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 from grading.spec import Case, GradedFunction, LabSpec, PerfConfig
 from kernels import runtime
-from kernels.attention.reference import attention_fp64, causal_mask
+from kernels.flash_attention.reference import attention_fp64, causal_mask
 from kernels.testing import TINY, ULP, random_tensor
 
 CAUSAL = (("causal", True),)
@@ -92,7 +92,7 @@ def _scale(q, k, v, causal=False):
 
 
 def _course_forward(q, k, v, causal=False, out=None):
-    from kernels.attention import triton_flash
+    from kernels.flash_attention import triton_flash
 
     o, lse = (None, None) if out is None else out
     return triton_flash.flash_attention_forward(q, k, v, causal, out=o, lse=lse)
@@ -186,7 +186,7 @@ def _backward_scale(q, k, v, o, lse, do, causal=False):
 
 
 def _course_backward(q, k, v, o, lse, do, causal=False, out=None):
-    from kernels.attention import triton_flash
+    from kernels.flash_attention import triton_flash
 
     return triton_flash.flash_attention_backward(do, q, k, v, o, lse, causal, 1 / math.sqrt(q.shape[-1]))
 

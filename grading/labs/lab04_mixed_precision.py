@@ -18,7 +18,7 @@ import torch
 
 from grading.spec import Case, GradedFunction, LabSpec, PerfConfig
 from kernels import runtime
-from kernels.precision import cupy_reduce, reference, triton_fp8, triton_reduce
+from kernels.mixed_precision import cupy_reduce, reference, triton_fp8, triton_reduce
 from kernels.testing import generator, random_tensor
 
 U = reference.UNIT_ROUNDOFF[torch.float32]

@@ -7,7 +7,7 @@ import torch
 
 from grading.spec import Case, GradedFunction, LabSpec, PerfConfig
 from kernels import runtime
-from kernels.memory import estimator, gpt, profiling, reference, triton_chunked_loss
+from kernels.memory_profiling import estimator, gpt, profiling, reference, triton_chunked_loss
 from kernels.testing import TINY, ULP
 
 # A case's shape is (tokens,), the output's; its hidden size and vocabulary come from this table. Odd

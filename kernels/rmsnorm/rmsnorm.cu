@@ -14,7 +14,7 @@
 // registers: a run-time index would send it to local memory). ITEMS = 0 is the fallback for rows too
 // wide for registers: it reads the row twice (the second read mostly hits L2).
 // V is the pack width: 16 bytes when the row's width and stride allow it, else 1 element.
-#include "../add/elementwise.cuh"
+#include "elementwise.cuh"
 
 template <typename T, int V>
 __device__ __forceinline__ void load_pack(const T* __restrict__ p, float (&out)[V]) {

@@ -12,9 +12,9 @@ import triton
 import triton.language as tl
 
 from kernels import bench
-from kernels.attention import triton_decode as td
-from kernels.attention.benchmark import _inputs
-from kernels.attention.triton_flash import LOG2E
+from kernels.flash_attention import triton_decode as td
+from kernels.flash_attention.benchmark import _inputs
+from kernels.flash_attention.triton_flash import LOG2E
 
 
 @triton.jit
