@@ -9,7 +9,7 @@ export CHROMIUM
 BROWSER_TEST ?= 1
 ARTIFACTS := build/test-artifacts/browser
 
-.PHONY: setup grade test lab labs browser
+.PHONY: setup grade lint test lab labs browser
 
 $(STAMP): pyproject.toml constraints.txt
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -22,9 +22,13 @@ setup: $(STAMP)
 grade: $(STAMP)
 	$(BIN)/python -m grading labs --out grading-reports
 
+# ruff (rules and line length in pyproject.toml) over the course's Python.
+lint: $(STAMP)
+	$(BIN)/ruff check kernels grading tests tools
+
 # Kernel, grader and lab tests, every notebook executed by nbval (CPU: Triton interpreter), and the
 # browser test: JupyterLab runs the lab and its solution in headless chromium (screenshots in $(ARTIFACTS)).
-test: $(STAMP) $(if $(filter 1,$(BROWSER_TEST)),browser)
+test: $(STAMP) lint $(if $(filter 1,$(BROWSER_TEST)),browser)
 	@rm -rf $(ARTIFACTS)
 	@status=0; $(BIN)/python -m pytest -n 2 --dist loadfile tests notebooks solutions --nbval-lax --nbval-current-env --durations=8 \
 		$(if $(filter 1,$(BROWSER_TEST)),,-m "not browser") || status=$$?; \
