@@ -22,7 +22,7 @@ for phase in "$@"; do
   echo "=== $phase"
   case $phase in
     tests) python3 -m pytest tests -q -p no:cacheprovider 2>&1 | tee "$OUT/tests-$slug.log" || status=1 ;;
-    bench) for module in add rmsnorm attention precision memory moe; do
+    bench) for module in elementwise_add rmsnorm flash_attention mixed_precision memory_profiling moe; do
              python3 -m "kernels.$module.benchmark" 2>&1 | tee "$OUT/bench-$module-$slug.log" || status=1
            done ;;
     notebooks) python3 tools/execute_notebooks.py notebooks/*.ipynb solutions/*.ipynb || status=1 ;;
