@@ -14,7 +14,7 @@ from kernels import runtime
 from tests.grader_corpus_lab01 import PASS, Submission
 from tests.grader_corpus_generic import (IN_PROCESS, PROCESS_LEVEL, TARGETS, Target, graded_module, lab_notebook_with,
                                          mistake)
-from tests.test_grader import LIMITS, grade, strict_json
+from tests.test_grader_lab01 import LIMITS, grade, strict_json
 
 STUB_STATUSES = ("not implemented", "needs a GPU")  # the lab's other functions, left as handed out
 # Lab 01's limits, with 30 s a case: lab 02's 4097-row case takes several seconds in the interpreter, and took
