@@ -1,0 +1,60 @@
+"""Nothing a student reads points to material the repository does not have.
+
+The course was built from notes that are not part of it. A student who meets "seed 003",
+"the issue", "DESIGN.md" or a path under "shared/" has nothing to open. Every student-facing
+file (lectures, labs, solutions, the kernels package, the grader and its messages, the READMEs)
+must state the fact itself or cite a public source instead.
+"""
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Folders a student reads, and the kinds of file in them that hold text they read.
+STUDENT_FACING = ("notebooks", "labs", "solutions", "kernels", "grading")
+TEXT_SUFFIXES = {".ipynb", ".md", ".py", ".cu", ".cuh", ".yaml", ".json", ".txt"}
+TOP_LEVEL = ("README.md",)
+
+FORBIDDEN = re.compile(r"seed 00|the issue|DESIGN\.md|shared/", re.IGNORECASE)
+
+
+def student_facing_files() -> list[Path]:
+    files = [ROOT / name for name in TOP_LEVEL if (ROOT / name).exists()]
+    for folder in STUDENT_FACING:
+        files += sorted(p for p in (ROOT / folder).rglob("*")
+                        if p.is_file() and p.suffix in TEXT_SUFFIXES
+                        and "__pycache__" not in p.parts)
+    return files
+
+
+def forbidden_mentions(text: str) -> list[str]:
+    """Each forbidden phrase in `text`, with its line, as `line N: ...`."""
+    hits = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if FORBIDDEN.search(line):
+            hits.append(f"line {number}: {line.strip()[:120]}")
+    return hits
+
+
+def test_the_pattern_catches_each_phrase():
+    for phrase in ("Seed 003's table", "as the issue asks", "see DESIGN.md",
+                   "`../shared/anchors/x.json`", "seed 001 timed"):
+        assert forbidden_mentions(phrase), phrase
+    for phrase in ("--seed 1234", "torch.manual_seed(0)", "an issue of the GPU", "shared memory"):
+        assert not forbidden_mentions(phrase), phrase
+
+
+def test_the_walk_covers_every_kind_of_student_facing_file():
+    names = {p.relative_to(ROOT).parts[0] for p in student_facing_files()}
+    assert {"README.md", "notebooks", "labs", "solutions", "kernels", "grading"} <= names
+
+
+@pytest.mark.parametrize("path", student_facing_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_reference_a_student_cannot_follow(path):
+    hits = forbidden_mentions(path.read_text(encoding="utf-8", errors="replace"))
+    assert not hits, (f"{path.relative_to(ROOT)} points to material students do not have; "
+                      "state the fact or cite a public source (notebooks/README.md lists the "
+                      "course's sources):\n" + "\n".join(hits))
