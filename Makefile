@@ -1,5 +1,9 @@
 # The course's commands. Each target sets up .venv first (once, and again when the pins change).
+# PYTHON builds the venv; STACK picks the software stack (auto, gpu, cpu or system: tools/setup_env.py).
 PYTHON ?= python3
+STACK ?= auto
+# The optional parts of pyproject.toml to install (test: pytest, nbval, ruff; lab: JupyterLab; browser).
+EXTRAS ?= test,lab,browser
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -7,16 +11,19 @@ STAMP := $(VENV)/.installed
 CHROMIUM ?= /usr/bin/chromium
 export CHROMIUM
 BROWSER_TEST ?= 1
+export BROWSER_TEST
 ARTIFACTS := build/test-artifacts/browser
 
-.PHONY: setup grade lint test lab labs browser
+.PHONY: setup grade lint test lab labs browser refresh-gpu
 
-$(STAMP): pyproject.toml constraints.txt
-	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
-	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+$(STAMP): pyproject.toml constraints.txt constraints-gpu.txt constraints-cpu.txt tools/setup_env.py
+	$(PYTHON) tools/setup_env.py --stack $(STACK) --venv $(VENV) --extras $(EXTRAS)
 	touch $(STAMP)
 
-setup: $(STAMP)
+# Builds .venv again, with the stack that fits this machine, and says which it chose.
+setup:
+	@rm -f $(STAMP)
+	@$(MAKE) --no-print-directory $(STAMP)
 
 # Grade the labs in labs/ (your work): reports in grading-reports/.
 grade: $(STAMP)
@@ -28,9 +35,11 @@ lint: $(STAMP)
 
 # Kernel, grader and lab tests, every notebook executed by nbval (CPU: Triton interpreter), and the
 # browser test: JupyterLab runs the lab and its solution in headless chromium (screenshots in $(ARTIFACTS)).
+# TESTS narrows the run to some of these paths (e.g. TESTS=tests, or TESTS="notebooks solutions").
+TESTS ?= tests notebooks solutions
 test: $(STAMP) lint $(if $(filter 1,$(BROWSER_TEST)),browser)
 	@rm -rf $(ARTIFACTS)
-	@status=0; $(BIN)/python -m pytest -n 2 --dist loadfile tests notebooks solutions --nbval-lax --nbval-current-env --durations=8 \
+	@status=0; $(BIN)/python -m pytest -n 2 --dist loadfile $(TESTS) --nbval-lax --nbval-current-env --durations=8 \
 		$(if $(filter 1,$(BROWSER_TEST)),,-m "not browser") || status=$$?; \
 	for f in $(ARTIFACTS)/*.png; do [ -e "$$f" ] && echo "browser test screenshot: $$f"; done; \
 	$(if $(filter 1,$(BROWSER_TEST)),,echo "BROWSER_TEST=$(BROWSER_TEST): the browser test was left out (deselected above)";) \

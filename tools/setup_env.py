@@ -1,0 +1,192 @@
+"""Create .venv with the software stack that fits this machine, and say which one it chose.
+
+    python3 tools/setup_env.py [--stack auto|gpu|cpu|system] [--venv .venv] [--extras test,lab]
+
+(what `make setup` runs). Stacks:
+
+  gpu     an NVIDIA GPU is present: torch, Triton and CuPy at the versions every GPU result in this
+          repository was measured with (constraints-gpu.txt).
+  system  the Python running this script already imports a CUDA build of torch (a conda
+          environment, a vendor container): the venv is layered over that Python's packages
+          instead of installing a second copy, the course's other packages are added, and the
+          versions that differ from the GPU-verified stack are listed with what that may change.
+  cpu     no NVIDIA GPU: torch's CPU build and the Triton whose interpreter runs the kernels
+          (constraints-cpu.txt). Timings are not measured in this mode.
+  auto    (default) system if this Python has a CUDA torch, else gpu if `nvidia-smi` lists a
+          GPU, else cpu.
+
+The choice is written to .venv/course-stack.json. pip's own settings apply as usual: an offline
+machine sets PIP_NO_INDEX=1 and PIP_FIND_LINKS=DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_CONSTRAINTS = ROOT / "constraints.txt"
+STACK_CONSTRAINTS = {"gpu": ROOT / "constraints-gpu.txt", "cpu": ROOT / "constraints-cpu.txt"}
+# The packages whose versions decide what the kernels compile to and how fast they run.
+STACK_PACKAGES = ("torch", "triton", "cupy-cuda13x")
+
+
+def pinned_versions(path: Path) -> dict[str, str]:
+    """{normalized name: version} of the `name==version` lines of a constraints file."""
+    pins = {}
+    for line in path.read_text().splitlines():
+        match = re.match(r"\s*([A-Za-z0-9_.\-]+)==([^\s;#]+)", line)
+        if match:
+            pins[normalize(match[1])] = match[2]
+    return pins
+
+
+def normalize(name: str) -> str:
+    """A distribution name as pip compares it (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def installed_versions(python: str) -> dict[str, str]:
+    """{normalized name: version} of every distribution `python` can import."""
+    code = ("import importlib.metadata as m, json; "
+            "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))")
+    found = json.loads(subprocess.check_output([python, "-c", code], text=True))
+    return {normalize(name): version for name, version in found.items() if name}
+
+
+def has_cuda_torch(python: str) -> bool:
+    code = "import torch, sys; sys.exit(0 if torch.version.cuda else 1)"
+    return subprocess.run([python, "-c", code], capture_output=True).returncode == 0
+
+
+def has_nvidia_gpu() -> bool:
+    if shutil.which("nvidia-smi") is None:
+        return False
+    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return listed.returncode == 0 and "GPU" in listed.stdout
+
+
+def choose_stack(requested: str) -> tuple[str, str]:
+    """(stack, why) for this machine."""
+    if requested != "auto":
+        return requested, "asked for (STACK=...)"
+    if has_cuda_torch(sys.executable):
+        return "system", f"{sys.executable} already imports a CUDA build of torch"
+    if has_nvidia_gpu():
+        return "gpu", "nvidia-smi lists an NVIDIA GPU"
+    return "cpu", "no NVIDIA GPU found (nvidia-smi lists none)"
+
+
+def site_packages(python: str) -> list[str]:
+    code = ("import json, sysconfig; "
+            "print(json.dumps(sorted({sysconfig.get_path(k) for k in ('purelib', 'platlib')})))")
+    return json.loads(subprocess.check_output([python, "-c", code], text=True))
+
+
+def create_venv(venv: Path, stack: str) -> Path:
+    """A fresh venv; for the system stack, one that also sees this Python's packages.
+
+    `--system-site-packages` is not enough there: when this Python is itself a venv (a conda env
+    or a container's venv), it would expose the base interpreter's packages, not this one's. A .pth
+    file naming this Python's site-packages does what is meant, and pip treats what it finds there
+    as installed."""
+    if venv.exists():
+        shutil.rmtree(venv)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    if stack == "system":
+        purelib = "import sysconfig; print(sysconfig.get_path('purelib'))"
+        venv_site = Path(subprocess.check_output([str(python), "-c", purelib], text=True).strip())
+        lines = [path for path in site_packages(sys.executable) if Path(path).is_dir()]
+        (venv_site / "course_base_packages.pth").write_text("\n".join(lines) + "\n")
+    return python
+
+
+def constraints_for(stack: str, python: Path, work: Path) -> list[Path]:
+    """The constraints files pip applies. The system stack keeps every package its Python already
+    has (pinning those would install second copies), so its file is the shared pins minus those."""
+    if stack != "system":
+        return [SHARED_CONSTRAINTS, STACK_CONSTRAINTS[stack]]
+    present = installed_versions(str(python))
+    kept = []
+    for line in SHARED_CONSTRAINTS.read_text().splitlines():
+        pin = re.match(r"\s*([A-Za-z0-9_.\-]+)==", line)
+        if not pin or normalize(pin[1]) not in present:
+            kept.append(line)
+    filtered = work / "constraints-system.txt"
+    filtered.write_text("\n".join(kept) + "\n")
+    return [filtered]
+
+
+def extras_for(requested: str) -> str:
+    """The optional parts of pyproject.toml to install: EXTRAS (default test, lab and browser;
+    the browser test's part is left out with BROWSER_TEST=0), plus nvcc as wheels where no CUDA
+    toolkit's nvcc is on PATH."""
+    extras = [e for e in requested.split(",") if e]
+    if os.environ.get("BROWSER_TEST") == "0" and "browser" in extras:
+        extras.remove("browser")
+    if shutil.which("nvcc") is None and "nvcc" not in extras:
+        extras.append("nvcc")
+    return ",".join(extras)
+
+
+def differences_from_verified(python: Path) -> dict[str, dict[str, str]]:
+    """{package: {"installed", "verified"}} for the stack packages whose versions differ from the
+    GPU stack the results were measured with (a local label such as +cu130 is no difference)."""
+    verified = pinned_versions(STACK_CONSTRAINTS["gpu"]) | pinned_versions(SHARED_CONSTRAINTS)
+    installed = installed_versions(str(python))
+    differences = {}
+    for package in STACK_PACKAGES:
+        have = installed.get(package, "missing").split("+")[0]
+        if have != verified[package]:
+            differences[package] = {"installed": have, "verified": verified[package]}
+    return differences
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stack", default="auto", choices=["auto", "gpu", "cpu", "system"])
+    parser.add_argument("--venv", default=str(ROOT / ".venv"), type=Path)
+    parser.add_argument("--extras", default="test,lab,browser")
+    args = parser.parse_args()
+
+    stack, why = choose_stack(args.stack)
+    print(f"setup: the {stack} stack ({why})", flush=True)
+    python = create_venv(args.venv, stack)
+    extras = extras_for(args.extras)
+    constraints = constraints_for(stack, python, args.venv)
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    for path in constraints:
+        pip += ["-c", str(path)]
+    # Playwright drives Debian's chromium (`make browser`): it never downloads a browser of its own.
+    env = {**os.environ, "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1"}
+    subprocess.run(pip + ["-e", f"{ROOT}[{extras}]"], check=True, env=env)
+
+    differences = differences_from_verified(python) if stack != "cpu" else {}
+    record = {"stack": stack, "why": why, "extras": extras,
+              "versions": {p: installed_versions(str(python)).get(p) for p in STACK_PACKAGES},
+              "differs_from_gpu_verified": differences}
+    (args.venv / "course-stack.json").write_text(json.dumps(record, indent=1) + "\n")
+    print(f"setup: {', '.join(f'{p} {v}' for p, v in record['versions'].items())}")
+    if stack == "cpu":
+        print("setup: CPU mode: Triton kernels run in its interpreter; nothing is timed.")
+    elif differences:
+        print("setup: WARNING: these differ from the stack the expected tables were measured with:")
+        for package, versions in differences.items():
+            print(f"  {package} {versions['installed']} (verified: {versions['verified']})")
+        print("  Correctness checks still apply; your timings, the expected-table comparisons and "
+              "the kernels Triton generates may differ. `make setup STACK=gpu` installs the "
+              "verified stack.")
+    else:
+        print("setup: the stack the expected tables and committed results were measured with.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
