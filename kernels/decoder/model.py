@@ -1,0 +1,531 @@
+"""A Llama-style decoder on the course's kernels: weights from a Hugging Face state dict, a
+preallocated KV cache, prefill, an eager decode step and the same step captured in a CUDA graph.
+
+One layer, for tokens x (the residual stream r):
+
+    y, r = fused_add_rms_norm(previous layer's output, r)      module 02 (the first layer: rms_norm)
+    qkv  = y @ W_qkv^T                                         cuBLAS (q, k and v stacked: one GEMM)
+    rope_append(qkv, positions) -> q rotated, k and v in the cache       triton_rope.py
+    a    = attention(q, cache, positions)                      module 03 FlashAttention-2 (prefill),
+                                                               flash-decoding (eager decode), or
+                                                               triton_attention.py (graph, fp32)
+    o    = a @ W_o^T                                           cuBLAS
+    y, r = fused_add_rms_norm(o, r)                            module 02
+    m    = swiglu(y @ W_gate_up^T) @ W_down^T                  cuBLAS, triton_ops.swiglu, cuBLAS
+
+then the final norm, the logits (the tied embedding as lm_head) and greedy argmax (triton_ops.py).
+
+Loading real weights: build the Hugging Face model from its folder and hand it over,
+
+    hf = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    model = Decoder(DecoderWeights.from_hf(hf, device="cuda"), max_batch=1, max_seq=4096)
+
+or, without instantiating the Hugging Face model, `DecoderWeights.from_state_dict(config,
+state_dict,
+inv_freq)` with the tensors of its safetensors files and `rope_frequencies(hf_config)`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kernels import runtime
+from kernels.decoder import triton_attention, triton_ops, triton_rope
+from kernels.flash_attention import triton_decode, triton_flash
+from kernels.rmsnorm import triton_rmsnorm
+
+MODEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    vocab_size: int
+    hidden_size: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    tie_embeddings: bool = True
+
+    @property
+    def qkv_width(self) -> int:
+        return (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
+
+    def n_parameters(self) -> int:
+        per_layer = (
+            self.hidden_size * self.qkv_width
+            + self.n_heads * self.head_dim * self.hidden_size
+            + 3 * self.hidden_size * self.intermediate_size
+            + 2 * self.hidden_size
+        )
+        embed = self.vocab_size * self.hidden_size
+        return (
+            self.n_layers * per_layer + self.hidden_size + embed * (1 if self.tie_embeddings else 2)
+        )
+
+    @classmethod
+    def from_hf(cls, hf_config) -> "DecoderConfig":
+        head_dim = (
+            getattr(hf_config, "head_dim", None)
+            or hf_config.hidden_size // hf_config.num_attention_heads
+        )
+        rope = getattr(hf_config, "rope_parameters", None) or {}
+        return cls(
+            vocab_size=hf_config.vocab_size,
+            hidden_size=hf_config.hidden_size,
+            n_layers=hf_config.num_hidden_layers,
+            n_heads=hf_config.num_attention_heads,
+            n_kv_heads=hf_config.num_key_value_heads,
+            head_dim=head_dim,
+            intermediate_size=hf_config.intermediate_size,
+            rms_eps=hf_config.rms_norm_eps,
+            rope_theta=rope.get("rope_theta", 10000.0),
+            tie_embeddings=bool(hf_config.tie_word_embeddings),
+        )
+
+    def hf_config(self, **extra):
+        """The transformers LlamaConfig of this shape (for tests and benchmarks)."""
+        from transformers import LlamaConfig
+
+        return LlamaConfig(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.n_layers,
+            num_attention_heads=self.n_heads,
+            num_key_value_heads=self.n_kv_heads,
+            head_dim=self.head_dim,
+            intermediate_size=self.intermediate_size,
+            rms_norm_eps=self.rms_eps,
+            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
+            tie_word_embeddings=self.tie_embeddings,
+            attention_bias=False,
+            mlp_bias=False,
+            hidden_act="silu",
+            **extra,
+        )
+
+
+# Llama-3.2-1B's shapes (1.236 B parameters; its RoPE frequency scaling aside).
+LLAMA_1B = DecoderConfig(
+    vocab_size=128256,
+    hidden_size=2048,
+    n_layers=16,
+    n_heads=32,
+    n_kv_heads=8,
+    head_dim=64,
+    intermediate_size=8192,
+)
+# The CPU tests' model: every size odd or off a power of two where the kernels allow it.
+TINY = DecoderConfig(
+    vocab_size=251,
+    hidden_size=96,
+    n_layers=3,
+    n_heads=6,
+    n_kv_heads=2,
+    head_dim=16,
+    intermediate_size=200,
+    rope_theta=10000.0,
+)
+
+
+def rope_frequencies(hf_config) -> tuple[torch.Tensor, float]:
+    """(inv_freq float32 (head_dim / 2,), attention_scaling) as transformers computes them for this
+    config, including its frequency scaling (Llama 3's 'llama3' rope type)."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    rotary = LlamaRotaryEmbedding(hf_config)
+    return rotary.inv_freq.float().cpu(), float(rotary.attention_scaling)
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: torch.Tensor  # (hidden,)
+    qkv: torch.Tensor  # (qkv_width, hidden): q, k, v projections stacked
+    o: torch.Tensor  # (hidden, n_heads * head_dim)
+    mlp_norm: torch.Tensor  # (hidden,)
+    gate_up: torch.Tensor  # (2 * intermediate, hidden): gate then up
+    down: torch.Tensor  # (hidden, intermediate)
+
+
+@dataclass
+class DecoderWeights:
+    config: DecoderConfig
+    embed: torch.Tensor  # (vocab, hidden)
+    layers: list[LayerWeights]
+    norm: torch.Tensor  # (hidden,)
+    lm_head: torch.Tensor  # (vocab, hidden): the embedding itself when tied
+    inv_freq: torch.Tensor  # float32 (head_dim / 2,)
+    rope_scale: float = 1.0
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    @classmethod
+    def from_state_dict(
+        cls,
+        config: DecoderConfig,
+        state_dict: dict,
+        inv_freq: torch.Tensor,
+        rope_scale: float = 1.0,
+        *,
+        dtype: torch.dtype | None = None,
+        device=None,
+    ) -> "DecoderWeights":
+        """From a LlamaForCausalLM state dict (keys `model.layers.{i}.self_attn.q_proj.weight`,
+        ...).
+
+        Every tensor must have the config's shape and one floating dtype: a checkpoint of another
+        shape or a mixed dtype is refused with the offending key, never silently cast or truncated.
+        `dtype` converts the whole model on purpose (bf16 weights to fp32 for a check)."""
+        device = torch.device(device or runtime.DEVICE)
+        dtypes = {t.dtype for t in state_dict.values() if isinstance(t, torch.Tensor)}
+        if len(dtypes) != 1 or next(iter(dtypes)) not in MODEL_DTYPES:
+            raise TypeError(
+                f"DecoderWeights: the state dict's tensors must share one dtype of float32, "
+                f"float16, bfloat16; found {sorted(map(str, dtypes))}"
+            )
+        dtype = dtype or next(iter(dtypes))
+        c = config
+
+        def take(key: str, shape: tuple[int, ...]) -> torch.Tensor:
+            if key not in state_dict:
+                raise KeyError(f"DecoderWeights: the state dict has no {key!r}")
+            t = state_dict[key]
+            if tuple(t.shape) != shape:
+                raise ValueError(
+                    f"DecoderWeights: {key} has shape {tuple(t.shape)}, the config needs {shape}"
+                )
+            return t.to(device=device, dtype=dtype)
+
+        q_width, kv_width = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+        layers = []
+        for i in range(c.n_layers):
+            p = f"model.layers.{i}."
+            layers.append(
+                LayerWeights(
+                    attn_norm=take(p + "input_layernorm.weight", (c.hidden_size,)),
+                    qkv=torch.cat(
+                        [
+                            take(p + "self_attn.q_proj.weight", (q_width, c.hidden_size)),
+                            take(p + "self_attn.k_proj.weight", (kv_width, c.hidden_size)),
+                            take(p + "self_attn.v_proj.weight", (kv_width, c.hidden_size)),
+                        ]
+                    ),
+                    o=take(p + "self_attn.o_proj.weight", (c.hidden_size, q_width)),
+                    mlp_norm=take(p + "post_attention_layernorm.weight", (c.hidden_size,)),
+                    gate_up=torch.cat(
+                        [
+                            take(p + "mlp.gate_proj.weight", (c.intermediate_size, c.hidden_size)),
+                            take(p + "mlp.up_proj.weight", (c.intermediate_size, c.hidden_size)),
+                        ]
+                    ),
+                    down=take(p + "mlp.down_proj.weight", (c.hidden_size, c.intermediate_size)),
+                )
+            )
+        embed = take("model.embed_tokens.weight", (c.vocab_size, c.hidden_size)).contiguous()
+        if c.tie_embeddings:
+            lm_head = embed
+        else:
+            lm_head = take("lm_head.weight", (c.vocab_size, c.hidden_size))
+        if tuple(inv_freq.shape) != (c.head_dim // 2,):
+            raise ValueError(
+                f"DecoderWeights: inv_freq has shape {tuple(inv_freq.shape)}, the config "
+                f"needs ({c.head_dim // 2},)"
+            )
+        return cls(
+            c,
+            embed,
+            layers,
+            take("model.norm.weight", (c.hidden_size,)),
+            lm_head,
+            inv_freq.to(device=device, dtype=torch.float32).contiguous(),
+            float(rope_scale),
+        )
+
+    @classmethod
+    def from_hf(
+        cls, hf_model, *, dtype: torch.dtype | None = None, device=None
+    ) -> "DecoderWeights":
+        """From a transformers LlamaForCausalLM (or a model with the same state-dict keys)."""
+        config = DecoderConfig.from_hf(hf_model.config)
+        inv_freq, scale = rope_frequencies(hf_model.config)
+        return cls.from_state_dict(
+            config, dict(hf_model.state_dict()), inv_freq, scale, dtype=dtype, device=device
+        )
+
+
+class KVCache:
+    """K and V of every layer, preallocated: (layers, batch, KV heads, capacity, head_dim) each."""
+
+    def __init__(self, config: DecoderConfig, batch: int, capacity: int, dtype, device):
+        shape = (config.n_layers, batch, config.n_kv_heads, capacity, config.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.batch, self.capacity = batch, capacity
+        self.length = 0  # keys written per sequence (every sequence of the batch advances together)
+
+    def nbytes(self, length: int | None = None) -> int:
+        """Bytes of K and V up to `length` positions (the whole cache by default)."""
+        n = self.capacity if length is None else length
+        return 2 * self.k[:, :, :, :n].numel() * self.k.element_size()
+
+
+class Decoder:
+    """The model with its cache for up to `max_batch` sequences of `max_seq` tokens.
+
+    `prefill(tokens)` fills the cache from position 0 and returns the last position's logits;
+    `decode_step(tokens)` feeds one token per sequence; `generate(prompt, n)` is greedy decoding,
+    with
+    the decode step replayed from a CUDA graph on a GPU (`graph=True`)."""
+
+    def __init__(self, weights: DecoderWeights, max_batch: int, max_seq: int):
+        self.w, self.c = weights, weights.config
+        self.dtype, self.device = weights.dtype, weights.device
+        self.max_batch, self.max_seq = max_batch, max_seq
+        self.cache = KVCache(self.c, max_batch, max_seq, self.dtype, self.device)
+        self.scale = 1.0 / math.sqrt(self.c.head_dim)
+        self.status = torch.zeros(
+            1, dtype=torch.int32, device=self.device
+        )  # RoPE's bad-position flag
+        self._workspaces: dict = {}
+        self._graph = None
+
+    # ----------------------------------------------------------------------------------------------
+    # One forward pass over new tokens
+
+    def _workspace(self, batch: int, n_q: int) -> triton_attention.AttentionWorkspace:
+        key = (batch, n_q)
+        if key not in self._workspaces:
+            self._workspaces[key] = triton_attention.AttentionWorkspace(
+                batch, self.c.n_heads, n_q, self.max_seq, self.c.head_dim, self.device
+            )
+        return self._workspaces[key]
+
+    def _attention(self, layer: int, q, positions, n_keys: int | None, out):
+        """out (B, Hq, T, D) for q (B, Hq, T, D). `n_keys` is the cache length after this step when
+        the
+        host knows it (eager), None inside a graph: then the positions on the device decide."""
+        batch, _, n_q, _ = q.shape
+        k_cache, v_cache = self.cache.k[layer, :batch], self.cache.v[layer, :batch]
+        half = self.dtype != torch.float32  # modules 03's kernels take fp16/bf16
+        if half and n_keys is not None and n_q > 1:
+            triton_flash.flash_attention_forward(
+                q,
+                k_cache[:, :, :n_keys],
+                v_cache[:, :, :n_keys],
+                causal=True,
+                scale=self.scale,
+                out=out,
+            )
+        elif half and n_keys is not None:
+            triton_decode.flash_decode(
+                q, k_cache[:, :, :n_keys], v_cache[:, :, :n_keys], scale=self.scale, out=out
+            )
+        else:
+            triton_attention.cache_attention(
+                q, k_cache, v_cache, positions, out, self._workspace(batch, n_q), self.scale
+            )
+        return out
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        n_keys: int | None = None,
+        hidden_states: list | None = None,
+    ) -> torch.Tensor:
+        """Logits (B, vocab) of the last of T new tokens per sequence; tokens (B, T), positions (B
+        * T,)
+        on the device. Appends each layer's output (B, T, hidden) to `hidden_states` if given."""
+        c, w = self.c, self.w
+        batch, n_q = tokens.shape
+        rows = batch * n_q
+        x = triton_ops.embedding(tokens.reshape(-1), w.embed)  # (rows, hidden): the residual stream
+        y = triton_rmsnorm.rms_norm(x, w.layers[0].attn_norm, c.rms_eps)
+        attn = torch.empty(
+            (batch, n_q, c.n_heads, c.head_dim), dtype=self.dtype, device=self.device
+        )
+        for i, layer in enumerate(w.layers):
+            qkv = F.linear(y, layer.qkv)  # (rows, (Hq + 2 Hkv) D)
+            triton_rope.rope_append(
+                qkv,
+                positions,
+                w.inv_freq,
+                self.cache.k[i, :batch],
+                self.cache.v[i, :batch],
+                self.status,
+                n_q_heads=c.n_heads,
+                n_kv_heads=c.n_kv_heads,
+                batch=batch,
+                scale=w.rope_scale,
+            )
+            q = qkv.view(batch, n_q, -1, c.head_dim)[:, :, : c.n_heads].transpose(1, 2)
+            self._attention(i, q, positions, n_keys, attn.transpose(1, 2))
+            o = F.linear(attn.view(rows, -1), layer.o)
+            y, x = triton_rmsnorm.fused_add_rms_norm(o, x, layer.mlp_norm, c.rms_eps)
+            m = F.linear(triton_ops.swiglu(F.linear(y, layer.gate_up)), layer.down)
+            norm = w.layers[i + 1].attn_norm if i + 1 < len(w.layers) else w.norm
+            y, x = triton_rmsnorm.fused_add_rms_norm(m, x, norm, c.rms_eps)
+            if hidden_states is not None:  # x is now this layer's output
+                hidden_states.append(x.view(batch, n_q, -1).clone())
+        last = y.view(batch, n_q, -1)[:, -1]
+        return F.linear(last, w.lm_head)
+
+    # ----------------------------------------------------------------------------------------------
+    # Prefill and eager decode: the host knows the length and checks it before anything is written
+
+    def _check_tokens(self, tokens: torch.Tensor, new: int) -> None:
+        if not isinstance(tokens, torch.Tensor) or tokens.dtype not in triton_ops.TOKEN_DTYPES:
+            raise TypeError(
+                f"Decoder: tokens must be an int32/int64 tensor, got "
+                f"{getattr(tokens, 'dtype', type(tokens).__name__)}"
+            )
+        if tokens.dim() != 2 or not 0 < tokens.shape[0] <= self.max_batch:
+            raise ValueError(
+                f"Decoder: tokens must be (batch, seq) with 1 <= batch <= {self.max_batch}, "
+                f"got {tuple(tokens.shape)}"
+            )
+        if self.cache.length + new > self.max_seq:
+            raise ValueError(
+                f"Decoder: {self.cache.length} cached + {new} new tokens exceed the cache's "
+                f"{self.max_seq} positions; make the Decoder with a larger max_seq"
+            )
+
+    def reset(self) -> None:
+        self.cache.length = 0
+        self.status.zero_()
+
+    def prefill(self, tokens: torch.Tensor, hidden_states: list | None = None) -> torch.Tensor:
+        """Run the prompts tokens (B, T) from position 0; returns the logits of their last token."""
+        self._check_tokens(tokens, tokens.shape[-1] if tokens.dim() == 2 else 0)
+        if bool(((tokens < 0) | (tokens >= self.c.vocab_size)).any()):
+            raise ValueError(f"Decoder: token ids must lie in [0, {self.c.vocab_size})")
+        self.reset()
+        batch, n = tokens.shape
+        positions = torch.arange(n, dtype=torch.int32, device=self.device).repeat(batch)
+        logits = self.forward(tokens.to(self.device), positions, n, hidden_states)
+        self.cache.length = n
+        return logits
+
+    def decode_step(
+        self, tokens: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """One new token per sequence (tokens (B,)) at the cache's length; returns logits (B,
+        vocab).
+        `positions` (B,) int32 on the device may be passed to skip making it (it must hold the
+        length)."""
+        self._check_tokens(tokens.view(-1, 1), 1)
+        if positions is None:
+            positions = torch.full(
+                (tokens.shape[0],), self.cache.length, dtype=torch.int32, device=self.device
+            )
+        logits = self.forward(tokens.view(-1, 1), positions, self.cache.length + 1)
+        self.cache.length += 1
+        return logits
+
+    def check_status(self) -> None:
+        """Raise if a kernel refused a position outside the cache (reads the flag: synchronizes)."""
+        if int(self.status.item()):
+            raise RuntimeError(
+                "Decoder: a position outside the KV cache was refused (nothing was written "
+                "there); reset() the decoder or make it with a larger max_seq"
+            )
+
+    # ----------------------------------------------------------------------------------------------
+    # The decode step in a CUDA graph: tokens and positions live in device buffers the graph reads
+
+    def capture_decode_graph(self, batch: int) -> "DecodeGraph":
+        if not runtime.ON_GPU:
+            raise RuntimeError("Decoder.capture_decode_graph: CUDA graphs need a GPU")
+        self._graph = DecodeGraph(self, batch)
+        return self._graph
+
+    def generate(
+        self, prompt: torch.Tensor, new_tokens: int, *, graph: bool = True
+    ) -> torch.Tensor:
+        """Greedy decoding: (B, T + new_tokens) token ids, the prompt first."""
+        self._check_tokens(prompt, 0)
+        if prompt.shape[1] + new_tokens > self.max_seq:
+            raise ValueError(
+                f"Decoder: a {prompt.shape[1]}-token prompt + {new_tokens} new tokens exceed "
+                f"the cache's {self.max_seq} positions"
+            )
+        batch = prompt.shape[0]
+        out = torch.empty(
+            (batch, prompt.shape[1] + new_tokens), dtype=torch.int64, device=self.device
+        )
+        out[:, : prompt.shape[1]] = prompt
+        if new_tokens == 0:
+            return out
+        use_graph = graph and runtime.ON_GPU
+        if use_graph and (self._graph is None or self._graph.batch != batch):
+            self.capture_decode_graph(batch)  # before the prefill: its warm-up writes the cache
+        token = triton_ops.argmax(self.prefill(prompt))
+        out[:, prompt.shape[1]] = token
+        if use_graph:
+            step = self._graph
+            step.start(token, self.cache.length)
+        for t in range(prompt.shape[1] + 1, prompt.shape[1] + new_tokens):
+            if use_graph:
+                token = step.replay()
+                self.cache.length += 1
+            else:
+                token = triton_ops.argmax(self.decode_step(token))
+            out[:, t] = token
+        if use_graph:
+            self.check_status()
+        return out
+
+
+class DecodeGraph:
+    """The decode step captured once: replay() reads `tokens` and `positions` from device buffers,
+    writes the next tokens (greedy) back into `tokens` and advances `positions`, so the same graph
+    serves every step with no host-to-device copy in between."""
+
+    def __init__(self, model: Decoder, batch: int):
+        self.model, self.batch = model, batch
+        self.tokens = torch.zeros(batch, dtype=torch.int64, device=model.device)
+        self.positions = torch.zeros(batch, dtype=torch.int32, device=model.device)
+        saved = model.cache.length
+        # Warm up (compiles and autotunes every kernel) at positions 0 and 1, then restore the
+        # cache's
+        # length: the warm-up writes those positions of the cache, so capture before a prefill.
+        self.logits = None
+        self.graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._step()
+        torch.cuda.current_stream().wait_stream(stream)
+        with torch.cuda.graph(self.graph):
+            self._step()
+        model.cache.length = saved
+
+    def _step(self) -> None:
+        self.logits = self.model.forward(self.tokens.view(-1, 1), self.positions, None)
+        triton_ops.argmax(self.logits, out=self.tokens)
+        self.positions.add_(1)
+
+    def start(self, tokens: torch.Tensor, length: int) -> None:
+        """Set the step's input: the last tokens (B,) and the cache length they go to."""
+        self.tokens.copy_(tokens)
+        self.positions.fill_(length)
+
+    def replay(self) -> torch.Tensor:
+        """One decode step; returns the `tokens` buffer (the next tokens), valid until the next
+        replay."""
+        self.graph.replay()
+        return self.tokens

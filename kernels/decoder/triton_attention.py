@@ -1,0 +1,268 @@
+"""Attention against the KV cache with each query's position read from device memory.
+
+Module 03's `flash_decode` takes the number of keys from the cache tensor's shape: a host integer. A
+CUDA graph freezes host integers at capture, so a graph of the decode step built on it would attend
+to
+the same number of keys at every replay. Here each query row carries its position (the tensor RoPE
+reads), and query (b, i) attends to keys 0 ... positions[b, i] of its sequence: the causal mask
+*is* the
+position. One graph then serves every step, and prefill (positions 0 ... T-1) runs the same kernel.
+
+The work is split as in flash-decoding: the cache's capacity is cut into fixed chunks of SPLIT_KEYS
+keys, program (split, row block) folds one chunk into a partial output and log-sum-exp for all the
+query heads of one KV head (grouped-query attention: each K and V tile is read once per group), and
+a
+second kernel combines the partials. Chunks past a row's position exit at once: the grid is sized
+for
+the capacity, the reads for the context.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import runtime
+from kernels.flash_attention.triton_flash import LOG2E, UPCAST
+
+BLOCK_N = runtime.pick(gpu=64, cpu=32)  # keys per tile
+SPLIT_KEYS = runtime.pick(gpu=256, cpu=64)  # keys per split: a whole number of tiles
+MAX_ROWS = 64  # query rows per program (query heads of a group x queries)
+NUM_WARPS = runtime.pick(gpu=4, cpu=1)
+
+
+@triton.jit
+def cache_attention_split_kernel(
+    Q,
+    K,
+    V,
+    POS,
+    O_PART,
+    LSE_PART,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    n_kv_heads,
+    group,
+    n_q,
+    capacity,
+    n_splits,
+    row_blocks,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT_KEYS: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    split = tl.program_id(0)
+    b = tl.program_id(1) // (n_kv_heads * row_blocks)
+    kv_h = (tl.program_id(1) // row_blocks) % n_kv_heads
+    r = (tl.program_id(1) % row_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
+    row_ok = r < group * n_q
+    h = kv_h * group + r // n_q  # row r: query r % n_q of query head kv_h * group + r // n_q
+    i = r % n_q
+    pos = tl.load(POS + b * n_q + i, mask=row_ok, other=-1)
+    pos = tl.minimum(pos, capacity - 1)  # a position past the cache reads no key past it
+    lo = split * SPLIT_KEYS
+    hi = tl.minimum(lo + SPLIT_KEYS, tl.max(pos, 0) + 1)  # <= lo: nothing to do in this split
+
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(
+        Q
+        + b.to(tl.int64) * stride_qb
+        + h[:, None].to(tl.int64) * stride_qh
+        + i[:, None] * stride_qm
+        + dims[None, :],
+        mask=row_ok[:, None],
+        other=0.0,
+    )
+    if UPCAST:
+        q = q.to(tl.float32)
+    k_base = K + b.to(tl.int64) * stride_kb + kv_h.to(tl.int64) * stride_kh
+    v_base = V + b.to(tl.int64) * stride_kb + kv_h.to(tl.int64) * stride_kh
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
+    cols0 = tl.arange(0, BLOCK_N)
+    for start in range(lo, hi, BLOCK_N):
+        cols = start + cols0
+        in_range = cols < hi
+        k = tl.load(
+            k_base + cols[:, None].to(tl.int64) * stride_kn + dims[None, :],
+            mask=in_range[:, None],
+            other=0.0,
+        )
+        v = tl.load(
+            v_base + cols[:, None].to(tl.int64) * stride_kn + dims[None, :],
+            mask=in_range[:, None],
+            other=0.0,
+        )
+        dtype = v.dtype
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        s = tl.where(
+            cols[None, :] <= pos[:, None], s, float("-inf")
+        )  # the causal mask is the position
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s * qk_scale - m_shift[:, None])
+        alpha = tl.math.exp2(m_i - m_shift)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        p = p.to(dtype)
+        if UPCAST:
+            p = p.to(tl.float32)
+        acc = tl.dot(p, v, acc * alpha[:, None], input_precision=PRECISION)
+        m_i = m_new
+    if lo < hi:
+        seen = l_i > 0.0
+        l_safe = tl.where(seen, l_i, 1.0)
+        row = ((b * n_kv_heads * group + h) * n_q + i).to(tl.int64) * n_splits + split
+        tl.store(
+            O_PART + row[:, None] * HEAD_DIM + dims[None, :],
+            acc / l_safe[:, None],
+            mask=row_ok[:, None],
+        )
+        tl.store(
+            LSE_PART + row, tl.where(seen, m_i + tl.math.log2(l_safe), float("-inf")), mask=row_ok
+        )
+
+
+@triton.jit
+def cache_attention_combine_kernel(
+    O_PART,
+    LSE_PART,
+    POS,
+    OUT,
+    n_heads,
+    n_q,
+    n_splits,
+    capacity,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    HEAD_DIM: tl.constexpr,
+    SPLIT_KEYS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    """One program per (batch, head, query) row: out = sum_s 2^(lse_s - lse) out_s over the splits
+    that hold keys of this row (the others were not written by this call)."""
+    row = tl.program_id(0).to(tl.int64)
+    b = row // (n_heads * n_q)
+    h = (row // n_q) % n_heads
+    i = row % n_q
+    pos = tl.minimum(tl.load(POS + b * n_q + i), capacity - 1)
+    used_splits = tl.where(pos >= 0, pos // SPLIT_KEYS + 1, 0)
+    dims = tl.arange(0, HEAD_DIM)
+    m = float("-inf")
+    total = 0.0
+    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    for start in range(0, used_splits, BLOCK_S):
+        s = start + tl.arange(0, BLOCK_S)
+        used = s < used_splits
+        lse = tl.load(LSE_PART + row * n_splits + s, mask=used, other=float("-inf"))
+        o = tl.load(
+            O_PART + (row * n_splits + s[:, None]) * HEAD_DIM + dims[None, :],
+            mask=used[:, None],
+            other=0.0,
+        )
+        m_new = tl.maximum(m, tl.max(lse, 0))
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        w = tl.math.exp2(lse - m_shift)
+        alpha = tl.math.exp2(m - m_shift)
+        total = total * alpha + tl.sum(w, 0)
+        acc = acc * alpha + tl.sum(w[:, None] * o, 0)
+        m = m_new
+    out = acc / tl.where(total > 0.0, total, 1.0)
+    dst = OUT + b * stride_ob + h * stride_oh + i * stride_om + dims
+    tl.store(dst, out.to(OUT.dtype.element_ty))
+
+
+class AttentionWorkspace:
+    """The float32 partials of `cache_attention`, allocated once for a (batch, heads, queries,
+    capacity) so that an eager step allocates nothing and a graph captures fixed addresses."""
+
+    def __init__(self, batch: int, n_heads: int, n_q: int, capacity: int, head_dim: int, device):
+        self.n_splits = triton.cdiv(capacity, SPLIT_KEYS)
+        rows = batch * n_heads * n_q
+        self.o_part = torch.empty(
+            (rows, self.n_splits, head_dim), dtype=torch.float32, device=device
+        )
+        self.lse_part = torch.empty((rows, self.n_splits), dtype=torch.float32, device=device)
+        self.shape = (batch, n_heads, n_q, capacity, head_dim)
+
+
+def cache_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    positions: torch.Tensor,
+    out: torch.Tensor,
+    workspace: AttentionWorkspace,
+    scale: float,
+) -> torch.Tensor:
+    """softmax(scale q k^T) v where query (b, h, i) sees cache keys 0 ... positions[b * n_q + i].
+
+    q: (B, Hq, n_q, D) any strides with a contiguous last dimension; k_cache, v_cache: (B, Hkv,
+    capacity,
+    D) with the same strides (contiguous last two dimensions); positions: (B * n_q,) int32/int64 on
+    the
+    device; out: (B, Hq, n_q, D), contiguous last dimension; workspace made for these sizes. The
+    caller
+    (the decoder) checks shapes once; this wrapper only launches, to keep the eager step's host
+    time low.
+    """
+    batch, n_heads, n_q, head_dim = q.shape
+    n_kv_heads, capacity = k_cache.shape[1], k_cache.shape[2]
+    group = n_heads // n_kv_heads
+    block_h = max(16, triton.next_power_of_2(min(group * n_q, MAX_ROWS)))
+    row_blocks = triton.cdiv(group * n_q, block_h)
+    n_splits = workspace.n_splits
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    cache_attention_split_kernel[(n_splits, batch * n_kv_heads * row_blocks)](
+        q,
+        k_cache,
+        v_cache,
+        positions,
+        workspace.o_part,
+        workspace.lse_part,
+        *q.stride()[:3],
+        *k_cache.stride()[:3],
+        n_kv_heads,
+        group,
+        n_q,
+        capacity,
+        n_splits,
+        row_blocks,
+        scale * LOG2E,
+        HEAD_DIM=head_dim,
+        BLOCK_H=block_h,
+        BLOCK_N=BLOCK_N,
+        SPLIT_KEYS=SPLIT_KEYS,
+        UPCAST=UPCAST,
+        PRECISION=precision,
+        num_warps=NUM_WARPS,
+    )
+    cache_attention_combine_kernel[(batch * n_heads * n_q,)](
+        workspace.o_part,
+        workspace.lse_part,
+        positions,
+        out,
+        n_heads,
+        n_q,
+        n_splits,
+        capacity,
+        *out.stride()[:3],
+        HEAD_DIM=head_dim,
+        SPLIT_KEYS=SPLIT_KEYS,
+        BLOCK_S=min(32, triton.next_power_of_2(n_splits)),
+        num_warps=runtime.pick(gpu=2, cpu=1),
+    )
+    return out
