@@ -68,6 +68,12 @@ browser:
 lab: $(STAMP)
 	JUPYTER_PREFER_ENV_PATH=1 $(BIN)/jupyter lab --notebook-dir=. $(if $(filter 0,$(shell id -u)),--allow-root)
 
+# On a GPU model the tables lack (instructors): re-measure the benchmarks, record this GPU's rows of
+# the expected tables, re-execute the notebooks, and list what changed. PHASES picks some of them.
+PHASES ?= bench grade notebooks
+refresh-gpu: $(STAMP)
+	JUPYTER_PREFER_ENV_PATH=1 $(BIN)/python tools/refresh_gpu.py $(PHASES)
+
 # Regenerate labs/ from solutions/ (instructors: after editing a solution notebook).
 labs: $(STAMP)
 	$(BIN)/python -m grading.make_labs
