@@ -89,9 +89,14 @@ def rope_kernel(
     _rotate(src, dst, j[None, :], mask, cos[None, :], sin[None, :], half)
 
 
-def _check_rope_args(
-    op: str, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
+def check_rope_args(
+    op: str, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, *,
+    device_type: str | None = None,
 ) -> None:
+    """x (tokens, heads, even head_dim) float with a contiguous last dimension; positions (tokens,)
+    int32/int64, contiguous; inv_freq float32 (head_dim / 2,); all on `device_type` (by default the
+    mode's device, where Triton kernels run)."""
+    device_type = device_type or runtime.DEVICE
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
         raise ValueError(
             f"{op}: x must be a (tokens, heads, head_dim) tensor, got "
@@ -120,8 +125,8 @@ def _check_rope_args(
             f"{inv_freq.dtype} {tuple(inv_freq.shape)}"
         )
     for name, t in (("x", x), ("positions", positions), ("inv_freq", inv_freq)):
-        if t.device.type != runtime.DEVICE:
-            raise ValueError(f"{op}: {name} is on {t.device}; this kernel runs on {runtime.DEVICE}")
+        if t.device.type != device_type:
+            raise ValueError(f"{op}: {name} is on {t.device}; this kernel runs on {device_type}")
 
 
 def rope(
@@ -136,7 +141,7 @@ def rope(
     x may be strided over tokens and heads (a slice of a fused qkv buffer); `out=x` rotates in
     place.
     `scale` multiplies cos and sin (Hugging Face's `attention_scaling`, 1.0 for Llama)."""
-    _check_rope_args("rope", x, positions, inv_freq)
+    check_rope_args("rope", x, positions, inv_freq)
     if out is None:
         out = torch.empty_like(x)
     elif out.shape != x.shape or out.dtype != x.dtype or out.stride(-1) != 1:
