@@ -12,9 +12,11 @@ CHROMIUM ?= /usr/bin/chromium
 export CHROMIUM
 BROWSER_TEST ?= 1
 export BROWSER_TEST
+# The class-grading test runs a one-node Slurm cluster (make slurm); SLURM_TEST=0 leaves it out.
+SLURM_TEST ?= 1
 ARTIFACTS := build/test-artifacts/browser
 
-.PHONY: setup grade lint test lab labs browser refresh-gpu
+.PHONY: setup grade lint test lab labs browser slurm refresh-gpu
 
 $(STAMP): pyproject.toml constraints.txt constraints-gpu.txt constraints-cpu.txt tools/setup_env.py
 	$(PYTHON) tools/setup_env.py --stack $(STACK) --venv $(VENV) --extras $(EXTRAS)
@@ -37,12 +39,15 @@ lint: $(STAMP)
 # browser test: JupyterLab runs the lab and its solution in headless chromium (screenshots in $(ARTIFACTS)).
 # TESTS narrows the run to some of these paths (e.g. TESTS=tests, or TESTS="notebooks solutions").
 TESTS ?= tests notebooks solutions
-test: $(STAMP) lint $(if $(filter 1,$(BROWSER_TEST)),browser)
+test: $(STAMP) lint $(if $(filter 1,$(SLURM_TEST)),slurm) $(if $(filter 1,$(BROWSER_TEST)),browser)
 	@rm -rf $(ARTIFACTS)
-	@status=0; $(BIN)/python -m pytest -n 2 --dist loadfile $(TESTS) --nbval-lax --nbval-current-env --durations=8 \
-		$(if $(filter 1,$(BROWSER_TEST)),,-m "not browser") || status=$$?; \
+	@left_out=""; \
+	[ "$(BROWSER_TEST)" = 1 ] || left_out="not browser"; \
+	[ "$(SLURM_TEST)" = 1 ] || left_out="$${left_out:+$$left_out and }not slurm"; \
+	status=0; $(BIN)/python -m pytest -n 2 --dist loadfile $(TESTS) --nbval-lax --nbval-current-env --durations=8 \
+		$${left_out:+-m "$$left_out"} || status=$$?; \
 	for f in $(ARTIFACTS)/*.png; do [ -e "$$f" ] && echo "browser test screenshot: $$f"; done; \
-	$(if $(filter 1,$(BROWSER_TEST)),,echo "BROWSER_TEST=$(BROWSER_TEST): the browser test was left out (deselected above)";) \
+	[ -z "$$left_out" ] || echo "BROWSER_TEST=$(BROWSER_TEST) SLURM_TEST=$(SLURM_TEST): deselected ($$left_out)"; \
 	exit $$status
 
 # Debian's chromium for the browser test, installed once (apt-get, as root or through sudo -n). Playwright
@@ -61,6 +66,24 @@ browser:
 	done; \
 	echo "Could not install chromium (root or passwordless sudo needed): install it yourself," \
 		"or run 'make test BROWSER_TEST=0'." >&2; exit 1
+
+# Debian's Slurm and munge for the class-grading test (tests/test_grader_classroom.py starts a one-node
+# cluster on localhost in a temporary folder), installed once like chromium above.
+SLURM_PROGRAMS := munged slurmctld slurmd sbatch squeue sinfo scancel
+slurm:
+	@if [ -z "$$(for p in $(SLURM_PROGRAMS); do PATH=$$PATH:/usr/sbin command -v $$p >/dev/null || echo $$p; done)" ]; then \
+		exit 0; fi; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+		echo "The class-grading test needs Slurm and munge ($(SLURM_PROGRAMS)): install them." >&2; exit 1; fi; \
+	if [ "$$(id -u)" = 0 ]; then sudo=; else sudo="sudo -n"; fi; \
+	echo "installing Debian's slurmctld, slurmd, slurm-client and munge for the class-grading test (apt-get)"; \
+	for try in 1 2 3; do \
+		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq \
+			--no-install-recommends slurmctld slurmd slurm-client munge >/dev/null && exit 0; \
+		echo "apt-get failed (try $$try of 3)" >&2; sleep 5; \
+	done; \
+	echo "Could not install Slurm (root or passwordless sudo needed): install slurmctld, slurmd," \
+		"slurm-client and munge yourself." >&2; exit 1
 
 # JupyterLab on the course, with this environment's Python as the kernel: the "python3" kernel spec that
 # ipykernel installs into .venv names `python`, which Jupyter runs as the server's own interpreter, and

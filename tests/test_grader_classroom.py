@@ -1,0 +1,199 @@
+"""Grading a class: shards, a Slurm job array on a one-node cluster, the merge, kill and resume.
+
+The class is four students built from the course's own notebooks (labs 01 and 02: a solution, an
+untouched lab, one lab missing), graded in CPU mode with a fixed seed, so every way of running it
+must give the same grades as one process does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from grading import classroom
+from tests.slurm_cluster import SlurmCluster, missing_programs
+
+ROOT = Path(__file__).resolve().parents[1]
+LABS = ("01_elementwise_add", "02_rmsnorm")
+SEED = "20261125"
+
+
+def make_class(root: Path) -> Path:
+    """ada: both solutions; bo: both labs untouched; cy: lab 01 solved, lab 02 missing;
+    dee: lab 01 untouched, lab 02 solved."""
+    handed_in = {"ada": {lab: "solutions" for lab in LABS}, "bo": {lab: "labs" for lab in LABS},
+                 "cy": {LABS[0]: "solutions"}, "dee": {LABS[0]: "labs", LABS[1]: "solutions"}}
+    for student, labs in handed_in.items():
+        (root / student).mkdir(parents=True)
+        for lab, folder in labs.items():
+            shutil.copy(ROOT / folder / f"{lab}_lab.ipynb", root / student / f"{lab}_lab.ipynb")
+    return root
+
+
+def grade(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "grading", "--cpu", "--seed", SEED, *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def cells(summary: dict) -> dict:
+    """{(student, lab): (status, points, grade)}: what must agree between ways of grading."""
+    return {(row["student"], lab): (cell["status"], cell["points"], cell["grade"])
+            for row in summary["students"] for lab, cell in row["labs"].items()}
+
+
+@pytest.fixture(scope="module")
+def single_run(tmp_path_factory) -> tuple[Path, dict]:
+    """The class graded by one process, the way every other run is judged."""
+    work = tmp_path_factory.mktemp("single")
+    submissions = make_class(work / "class")
+    done = grade("--submissions", str(submissions), "--out", str(work / "out"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    return submissions, json.loads((work / "out" / "summary.json").read_text())
+
+
+def test_single_run_grades_the_class_as_built(single_run):
+    _, summary = single_run
+    got = cells(summary)
+    assert got[("ada", LABS[0])][1] > 0 and got[("ada", LABS[0])][1] == \
+        summary["students"][0]["labs"][LABS[0]]["max_points"]
+    assert got[("bo", LABS[0])][1] == 0 and got[("bo", LABS[1])][1] == 0
+    assert got[("cy", LABS[1])][0] == "missing"
+    assert got[("dee", LABS[1])][1] > 0
+
+
+def test_shards_are_balanced_and_stable():
+    counts = {f"student{i:03d}": 1 + i % 6 for i in range(300)}
+    shards = classroom.assign_shards(counts, 8)
+    load = [sum(counts[s] for s in counts if shards[s] == k) for k in range(8)]
+    assert max(load) - min(load) <= 2 * max(counts.values())
+    assert classroom.assign_shards(dict(reversed(counts.items())), 8) == shards  # order-free
+    newcomer = {**counts, "late_joiner": 6}
+    moved = [s for s in counts if classroom.assign_shards(newcomer, 8)[s] != shards[s]]
+    assert len(moved) <= 7 * 6  # only students near the 7 cut points, by at most 6 labs each
+
+
+@pytest.mark.parametrize("text", ["3/3", "-1/2", "1", "a/b", "0/0"])
+def test_bad_shard_is_refused(text):
+    with pytest.raises(Exception, match="--shard"):
+        classroom.parse_shard(text)
+
+
+def test_shards_together_equal_one_run(single_run, tmp_path):
+    submissions, summary = single_run
+    for index in range(2):
+        done = grade("--submissions", str(submissions), "--out", str(tmp_path), "--shard",
+                     f"{index}/2")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert (tmp_path / "shards" / f"{index}-of-2.json").exists()
+    merged = classroom.merge(submissions, tmp_path)
+    assert cells(merged) == cells(summary)
+    assert merged["progress"]["missing"] == [] and len(merged["progress"]["done"]) == 4
+    assert (tmp_path / "summary.png").stat().st_size > 10_000
+
+
+def test_merge_says_who_is_missing_partial_or_on_another_stack(tmp_path):
+    def report(student, partial=False, gpu="NVIDIA H100 80GB HBM3"):
+        folder = tmp_path / "out" / "students" / student
+        folder.mkdir(parents=True)
+        lab = {"lab": LABS[0], "score": {"points": 3, "max_points": 10, "grade": "C"},
+               "functions": [{"perf": [{"ratio_to_reference": 0.7}]}], "interrupted": partial}
+        fingerprint = {"gpu": gpu, "torch": "2.11.0", "triton": "3.6.0", "cupy": "14.2.0"}
+        (folder / "report.json").write_text(json.dumps(
+            {"partial": partial, "fingerprint": fingerprint, "labs": [lab]}))
+
+    for student in ("a", "b", "c"):
+        report(student)
+    report("d", partial=True)
+    report("e", gpu="NVIDIA H200")
+    for student in "abcdef":
+        (tmp_path / "class" / student).mkdir(parents=True)
+    merged = classroom.merge(tmp_path / "class", tmp_path / "out")
+    progress = merged["progress"]
+    assert progress["missing"] == ["f"] and progress["partial"] == ["d"]
+    assert list(progress["other_stack"]) == ["e"]
+    assert merged["partial"] is True
+    text = (tmp_path / "out" / "summary.md").read_text()
+    assert "missing: f" in text and "e: gpu NVIDIA H200" in text
+
+
+def test_merging_a_thousand_reports_takes_under_ten_seconds(tmp_path):
+    report = json.loads((ROOT / "data/results/h100-80gb-hbm3/grading-solutions/report.json")
+                        .read_text())
+    text = json.dumps(report)
+    for i in range(1000):
+        folder = tmp_path / "students" / f"s{i:04d}"
+        folder.mkdir(parents=True)
+        (folder / "report.json").write_text(text)
+    start = time.perf_counter()
+    merged = classroom.merge(None, tmp_path)
+    elapsed = time.perf_counter() - start
+    assert len(merged["students"]) == 1000 and merged["speed"][LABS[0]]
+    assert elapsed < 10, f"merging 1000 reports took {elapsed:.1f} s"
+
+
+def test_sbatch_script_has_one_task_per_shard_and_the_graders_time_limit(tmp_path):
+    script = classroom.sbatch_script(tmp_path / "class", tmp_path / "out", 4, gpu=True,
+                                     labs_per_shard=3, python="python3")
+    assert "#SBATCH --array=0-3" in script and "#SBATCH --gres=gpu:1" in script
+    minutes = (3 * classroom.LAB_TIMEOUT_S + classroom.TASK_OVERHEAD_S) // 60
+    assert f"#SBATCH --time={minutes}" in script
+    assert "--shard ${SLURM_ARRAY_TASK_ID}/${SLURM_ARRAY_TASK_COUNT}" in script
+
+
+def test_killed_shard_resumes_to_the_same_grades(single_run, tmp_path):
+    submissions, summary = single_run
+    command = [sys.executable, "-m", "grading", "--cpu", "--seed", SEED, "--submissions",
+               str(submissions), "--out", str(tmp_path), "--shard", "0/1"]
+    shard = subprocess.Popen(command, cwd=ROOT, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not list((tmp_path / "students").glob("*/report.json")):
+        assert shard.poll() is None and time.monotonic() < deadline, "no student finished"
+        time.sleep(0.2)
+    os.killpg(shard.pid, signal.SIGKILL)  # a node failure: no chance to write anything
+    shard.wait()
+    time.sleep(0.5)
+    left = subprocess.run(["pgrep", "-s", str(shard.pid)], capture_output=True, text=True)
+    assert left.stdout.strip() == "", "processes outlived their killed shard"
+    interrupted = classroom.merge(submissions, tmp_path)
+    assert interrupted["progress"]["missing"], "the kill came after every student was done"
+    resumed = grade("--submissions", str(submissions), "--out", str(tmp_path), "--shard", "0/1")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "unchanged since the last run" in resumed.stdout
+    assert cells(classroom.merge(submissions, tmp_path)) == cells(summary)
+
+
+@pytest.mark.slurm
+def test_slurm_job_array_equals_one_run(single_run, tmp_path):
+    missing = missing_programs()
+    assert not missing, f"Slurm is not installed ({', '.join(missing)}): run `make slurm`"
+    submissions, summary = single_run
+    out = tmp_path / "out"
+    cluster = SlurmCluster(tmp_path / "cluster").start()
+    try:
+        script = tmp_path / "grade.sbatch"
+        made = subprocess.run([sys.executable, "-m", "grading.classroom", "sbatch", "--submissions",
+                               str(submissions), "--out", str(out), "--shards", "2"],
+                              cwd=ROOT, capture_output=True, text=True, check=True)
+        script.write_text(made.stdout.replace("--cpu", f"--cpu --seed {SEED}"))
+        (out / "shards").mkdir(parents=True)
+        start = time.perf_counter()
+        job = cluster.submit(script)
+        cluster.wait(job, timeout_s=600)
+        elapsed = time.perf_counter() - start
+    finally:
+        cluster.stop()
+    logs = "\n".join(p.read_text() for p in sorted((out / "shards").glob("slurm-*.log")))
+    assert sorted(p.name for p in (out / "shards").glob("*-of-2.json")) == \
+        ["0-of-2.json", "1-of-2.json"], logs
+    merged = classroom.merge(submissions, out)
+    assert cells(merged) == cells(summary), logs
+    print(f"Slurm array of 2 shards: {elapsed:.1f} s for {len(merged['students'])} students")
