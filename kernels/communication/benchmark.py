@@ -1,0 +1,318 @@
+"""Measure what `cost_model` predicts: point-to-point alpha and beta, the ring all-reduce against
+`dist.all_reduce`, data-parallel steps with and without overlap, and sharded optimizer state.
+
+    python -m kernels.communication.benchmark            # gloo, CPU processes (about a minute)
+    python -m kernels.communication.benchmark --quick    # small sizes only (what the notebook runs)
+
+On a machine with several GPUs the same command runs NCCL, one GPU per rank, and writes
+data/results/<gpu>/08_communication_nccl.json; with gloo it writes
+data/results/cpu-gloo/08_communication.json. Each file carries the environment fingerprint (CPU model
+and cores, GPU, torch, backend) and the load average before and after the run: CPU timings taken on
+a busy machine are noisy, and the file says how busy it was.
+
+Method. Every timed operation is preceded by a barrier; each rank times itself with the host clock
+(gloo's collectives return when this rank's part is done; under NCCL the device is synchronized);
+a repetition's time is the slowest rank's; the ring and `dist.all_reduce` alternate repetition by
+repetition so drift hits both; the median is reported, with the 10th-90th percentile spread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import platform
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from kernels import bench, runtime
+from kernels.communication import cost_model, ddp, launch, ring, sharded_optimizer
+from kernels.memory_profiling import gpt
+
+MiB = 2**20
+# A GPT small enough for CPU processes, with layers alike (for the overlap model): 0.95 M parameters.
+DDP_CONFIG = gpt.GPTConfig(vocab=1024, max_seq=64, d_model=128, layers=4, heads=4)
+DDP_BATCH_PER_RANK, DDP_SEQ = 2, 64
+DDP_BUCKET_MB = 1.0
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(backend: str) -> dict:
+    fp = runtime.fingerprint()
+    fp.update(
+        backend=backend,
+        cpu_model=cpu_model(),
+        cpu_cores=os.cpu_count(),
+        load_average=list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    )
+    return fp
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn, device) -> float:
+    dist.barrier()
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def _summary(seconds: list[float]) -> dict:
+    q = statistics.quantiles(seconds, n=10, method="inclusive") if len(seconds) > 1 else None
+    med = statistics.median(seconds)
+    return {"median_s": med, "p10_s": q[0] if q else med, "p90_s": q[-1] if q else med}
+
+
+# --------------------------------------------------------------------------------------------------
+# Point to point: alpha and beta
+
+
+def _ping_pong(rank, world, sizes, reps):
+    device = launch.device_for(rank, dist.get_backend())
+    out = {}
+    for size in sizes:
+        buf = torch.zeros(max(1, size // 4), device=device)
+        times = []
+        for _ in range(reps + 1):  # the first is a warm-up
+            def exchange():
+                if rank == 0:
+                    dist.send(buf, 1)
+                    dist.recv(buf, 1)
+                elif rank == 1:
+                    dist.recv(buf, 0)
+                    dist.send(buf, 0)
+
+            times.append(_timed(exchange, device) / 2)  # one way
+        out[size] = times[1:]
+    return out
+
+
+def measure_alpha_beta(sizes=(4, 64 * 1024, MiB, 4 * MiB), reps=7, backend=None) -> dict:
+    """One-way point-to-point times between two ranks, and the alpha-beta fit to their medians."""
+    per_rank = launch.run(_ping_pong, 2, (list(sizes), reps), backend=backend)
+    times = {s: statistics.median(per_rank[0][s]) for s in sizes}
+    alpha, beta = cost_model.fit_alpha_beta(list(times), list(times.values()))
+    return {"one_way_s": {str(s): t for s, t in times.items()}, "alpha_s": alpha, "beta_bps": beta}
+
+
+# --------------------------------------------------------------------------------------------------
+# All-reduce: the ring against dist.all_reduce
+
+
+def _all_reduce_sweep(rank, world, sizes, reps):
+    device = launch.device_for(rank, dist.get_backend())
+    out = {}
+    for size in sizes:
+        x = torch.randn(size // 4, device=device)
+        impls = {"ring": lambda: ring.ring_all_reduce(x), "torch": lambda: dist.all_reduce(x)}
+        times = {name: [] for name in impls}
+        for rep in range(reps + 1):
+            for name, fn in impls.items():
+                t = _timed(fn, device)
+                if rep:  # the first round warms up
+                    times[name].append(t)
+        out[size] = times
+    return out
+
+
+def all_reduce_sweep(world: int, sizes, reps: int, backend=None) -> list[dict]:
+    """Rows of (size, impl, median time, bus bandwidth), the slowest rank's time per repetition."""
+    per_rank = launch.run(_all_reduce_sweep, world, (list(sizes), reps), backend=backend)
+    rows = []
+    for size in sizes:
+        for impl in ("ring", "torch"):
+            slowest = [max(r[size][impl][i] for r in per_rank) for i in range(reps)]
+            s = _summary(slowest)
+            rows.append(
+                {
+                    "world": world,
+                    "bytes": size,
+                    "impl": impl,
+                    **s,
+                    "busbw_gbps": cost_model.bus_bandwidth(size, world, s["median_s"]) / 1e9,
+                }
+            )
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# Data-parallel steps on the GPT: compute alone, communication alone, and both
+
+
+def _ddp_step_times(rank, world, cfg, batch, seq, bucket_mb, steps):
+    device = launch.device_for(rank, dist.get_backend())
+    torch.manual_seed(0)
+    base = gpt.GPT(cfg).to(device)
+    idx, targets = gpt.make_batch(cfg, batch, seq, device, seed=rank)
+
+    def fwd_bwd(model):
+        model(idx, targets).backward()
+
+    variants = {
+        "compute only": copy.deepcopy(base),
+        "overlapped": ddp.DataParallel(copy.deepcopy(base), bucket_mb, overlap=True),
+        "per parameter": ddp.DataParallel(copy.deepcopy(base), 0.0, overlap=True),
+        "after backward": ddp.DataParallel(copy.deepcopy(base), bucket_mb, overlap=False),
+    }
+    buckets = variants["overlapped"].buckets
+    times = {name: [] for name in [*variants, "communication only"]}
+    exposed = {name: [] for name in variants if name != "compute only"}
+
+    def comm_only():
+        for b in buckets:
+            dist.all_reduce(b.flat)
+
+    for step in range(steps + 1):
+        for name, model in variants.items():
+            model.zero_grad(set_to_none=True)
+            if name == "compute only":
+                t = _timed(lambda: fwd_bwd(model), device)
+            else:
+                t = _timed(lambda: (fwd_bwd(model), model.finish_gradient_synchronization()), device)
+            if step:
+                times[name].append(t)
+                if name in exposed:
+                    exposed[name].append(model.exposed_s)
+        t = _timed(comm_only, device)
+        if step:
+            times["communication only"].append(t)
+    return {
+        "times": times,
+        "exposed": exposed,
+        "bucket_bytes": [b.flat.numel() * b.flat.element_size() for b in buckets],
+        "params": sum(p.numel() for p in base.parameters()),
+    }
+
+
+def ddp_steps(world=2, steps=8, bucket_mb=DDP_BUCKET_MB, backend=None) -> dict:
+    per_rank = launch.run(
+        _ddp_step_times,
+        world,
+        (DDP_CONFIG, DDP_BATCH_PER_RANK, DDP_SEQ, bucket_mb, steps),
+        backend=backend,
+    )
+    names = list(per_rank[0]["times"])
+    med = {
+        n: statistics.median(max(r["times"][n][i] for r in per_rank) for i in range(steps))
+        for n in names
+    }
+    exp = {
+        n: statistics.median(max(r["exposed"][n][i] for r in per_rank) for i in range(steps))
+        for n in per_rank[0]["exposed"]
+    }
+    comm = med["communication only"]
+    return {
+        "world": world,
+        "config": DDP_CONFIG.__dict__,
+        "batch_per_rank": DDP_BATCH_PER_RANK,
+        "seq": DDP_SEQ,
+        "bucket_mb": bucket_mb,
+        "params": per_rank[0]["params"],
+        "bucket_bytes": per_rank[0]["bucket_bytes"],
+        "step_median_s": med,
+        "exposed_median_s": exp,
+        # hidden = the communication that did not lengthen the step
+        "hidden_fraction": {
+            n: 1.0 - max(0.0, med[n] - med["compute only"]) / comm
+            for n in ("overlapped", "per parameter", "after backward")
+        },
+        "steps": steps,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# Optimizer state per rank, sharded and not
+
+
+def _optimizer_state(rank, world, cfg, steps):
+    torch.manual_seed(0)
+    model = gpt.GPT(cfg)
+    reference = copy.deepcopy(model)
+    sharded = sharded_optimizer.ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3)
+    full = torch.optim.AdamW(reference.parameters(), lr=1e-3)
+    peak_sharded = peak_full = 0
+    for step in range(steps):
+        idx, targets = gpt.make_batch(cfg, 2, cfg.max_seq, "cpu", seed=step)
+        for m, opt in ((model, sharded), (reference, full)):
+            m(idx, targets).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        peak_sharded = max(peak_sharded, sharded.state_bytes())
+        peak_full = max(peak_full, sharded_optimizer.state_bytes(full))
+    max_diff = max((a - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters()))
+    return {"sharded_bytes": peak_sharded, "full_bytes": peak_full, "max_param_diff": max_diff}
+
+
+def optimizer_state(world: int, steps: int = 3) -> dict:
+    per_rank = launch.run(_optimizer_state, world, (DDP_CONFIG, steps), backend="gloo")
+    full = per_rank[0]["full_bytes"]
+    return {
+        "world": world,
+        "full_bytes": full,
+        "sharded_bytes_per_rank": [r["sharded_bytes"] for r in per_rank],
+        "largest_shard_fraction": max(r["sharded_bytes"] for r in per_rank) / full,
+        "max_param_diff": max(r["max_param_diff"] for r in per_rank),
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="small sizes only, nothing written")
+    args = p.parse_args(argv)
+    backend = launch.default_backend(2)
+    big = [4 * 1024, 64 * 1024, MiB, 16 * MiB, 64 * MiB]
+    sizes = {2: [4 * 1024, 64 * 1024, MiB] if args.quick else big,
+             4: [4 * 1024, 64 * 1024, MiB] if args.quick else big[:4]}
+    results = {"environment": environment(backend)}
+    started = time.perf_counter()
+    results["point_to_point"] = pp = measure_alpha_beta(backend=backend)
+    print(f"point to point: alpha {pp['alpha_s'] * 1e6:.0f} us, beta {pp['beta_bps'] / 1e9:.2f} GB/s")
+    results["all_reduce"] = rows = []
+    for world in (2, 4):
+        if backend == "nccl" and torch.cuda.device_count() < world:
+            continue
+        reps = 5 if args.quick else 7
+        rows += all_reduce_sweep(world, sizes[world], reps, backend=backend)
+    for r in rows:
+        print(f"all-reduce N={r['world']} {r['bytes'] / MiB:8.3f} MiB {r['impl']:5s} "
+              f"{r['median_s'] * 1e3:8.2f} ms  busbw {r['busbw_gbps']:.3f} GB/s")
+    results["ddp"] = d = ddp_steps(backend=backend, steps=4 if args.quick else 8)
+    for name, t in d["step_median_s"].items():
+        print(f"DDP N=2 {name:20s} {t * 1e3:7.1f} ms")
+    results["optimizer_state"] = [optimizer_state(w) for w in (2, 4)]
+    for o in results["optimizer_state"]:
+        print(f"sharded AdamW N={o['world']}: largest shard {o['largest_shard_fraction']:.3f} "
+              f"of {o['full_bytes'] / MiB:.2f} MiB")
+    results["elapsed_s"] = time.perf_counter() - started
+    results["load_average_after"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    if not args.quick:
+        if backend == "nccl":
+            path = bench.save_results("08_communication_nccl", results)
+        else:
+            path = bench.save_results("08_communication", results, gpu_slug="cpu-gloo")
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Start `world` processes joined in one process group, run a function in each, return its results.
+
+    results = launch.run(worker, world=2, args=(x,))   # worker(rank, world, x) in each process
+
+The backend follows the device: NCCL with one GPU per rank where `world` GPUs are visible, gloo with
+CPU processes otherwise (`backend=` overrides). Every process group has a timeout, and so does the
+wait for the processes: a rank that waits for a message that never comes (a send without its
+receive) makes `run` raise after `timeout_s`, never hang.
+
+Processes are forked for gloo: a forked child starts in milliseconds, shares the parent's imports
+and can run a function defined in a notebook. CUDA cannot be used after a fork, so NCCL processes
+are spawned instead; a spawned child imports the worker by name, so it must be defined in a module
+(a `.py` file), not in a notebook cell.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+TIMEOUT_S = 60.0  # process group and join: a bug fails a test instead of hanging it
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (the rendezvous of one run)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def default_backend(world: int) -> str:
+    """NCCL where `world` GPUs are visible, gloo otherwise."""
+    if torch.cuda.is_available() and dist.is_nccl_available() and torch.cuda.device_count() >= world:
+        return "nccl"
+    return "gloo"
+
+
+def device_for(rank: int, backend: str) -> torch.device:
+    """Where rank `rank`'s tensors live: its own GPU under NCCL, the CPU under gloo."""
+    return torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+
+
+def _child(rank, world, port, backend, threads, worker, args, conn):
+    try:
+        if threads:
+            torch.set_num_threads(threads)  # the ranks share the machine's cores
+        device = device_for(rank, backend)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=TIMEOUT_S),
+            device_id=device if device.type == "cuda" else None,
+        )
+        try:
+            conn.send(("ok", worker(rank, world, *args)))
+        finally:
+            dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - every failure goes back to the parent, with its traceback
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+def run(
+    worker,
+    world: int,
+    args: tuple = (),
+    *,
+    backend: str | None = None,
+    threads: int | None = None,
+    timeout_s: float = TIMEOUT_S,
+) -> list:
+    """worker(rank, world, *args) in `world` processes of one process group; its return values by
+    rank. `threads`: torch threads per process (default: the cores shared out, at least 1). Raises
+    RuntimeError with the failing rank's traceback, or TimeoutError naming the ranks still waiting."""
+    backend = backend or default_backend(world)
+    # torch.optim imports torch._dynamo when the first optimizer is built (seconds): do it once here,
+    # so that forked children share it instead of each importing it on its own core
+    import torch._dynamo  # noqa: F401
+
+    threads = threads or max(1, (os.cpu_count() or 1) // world)
+    ctx = mp.get_context("spawn" if backend == "nccl" else "fork")
+    port = free_port()
+    pipes, procs = [], []
+    for rank in range(world):
+        parent_end, child_end = ctx.Pipe(duplex=False)
+        p = ctx.Process(
+            target=_child,
+            args=(rank, world, port, backend, threads, worker, args, child_end),
+            daemon=True,
+        )
+        p.start()
+        child_end.close()
+        pipes.append(parent_end)
+        procs.append(p)
+    results: dict[int, object] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(results) < world:
+            waiting = [r for r in range(world) if r not in results]
+            for rank in waiting:
+                if pipes[rank].poll(0.01):
+                    try:
+                        status, value = pipes[rank].recv()
+                    except EOFError:
+                        status, value = "error", f"exited with code {procs[rank].exitcode}"
+                    if status == "error":
+                        raise RuntimeError(f"rank {rank} of {world} failed:\n{value}")
+                    results[rank] = value
+                elif not procs[rank].is_alive() and not pipes[rank].poll(0):
+                    raise RuntimeError(
+                        f"rank {rank} of {world} died (exit code {procs[rank].exitcode})"
+                    )
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"ranks {waiting} of {world} did not finish within {timeout_s:.0f} s: a send "
+                    "without its matching receive, or a collective that not every rank called?"
+                )
+    finally:
+        for p in procs:
+            p.join(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5.0)
+        for c in pipes:
+            c.close()
+    return [results[r] for r in range(world)]
