@@ -20,17 +20,17 @@ def random_llama(config, *, seed: int = 0, dtype: torch.dtype = torch.float32, d
     eval mode, on `device` in `dtype`."""
     from transformers import LlamaForCausalLM
 
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     with torch.device(device):
         model = LlamaForCausalLM(config.hf_config()).to(dtype).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 1:  # RMSNorm weights
-                values = torch.rand(p.shape, generator=gen) + 0.5
+                values = torch.rand(p.shape, generator=gen, device=device) + 0.5
             elif "embed_tokens" in name:
-                values = torch.randn(p.shape, generator=gen)
+                values = torch.randn(p.shape, generator=gen, device=device)
             else:
-                values = torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1])
+                values = torch.randn(p.shape, generator=gen, device=device) / math.sqrt(p.shape[1])
             p.copy_(values)
     return model
 

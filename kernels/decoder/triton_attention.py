@@ -27,7 +27,7 @@ from kernels import runtime
 from kernels.flash_attention.triton_flash import LOG2E, UPCAST
 
 BLOCK_N = runtime.pick(gpu=64, cpu=32)  # keys per tile
-SPLIT_KEYS = runtime.pick(gpu=256, cpu=64)  # keys per split: a whole number of tiles
+SPLIT_KEYS = runtime.pick(gpu=128, cpu=64)  # keys per split: a whole number of tiles
 MAX_ROWS = 64  # query rows per program (query heads of a group x queries)
 NUM_WARPS = runtime.pick(gpu=4, cpu=1)
 
@@ -225,7 +225,7 @@ def cache_attention(
     block_h = max(16, triton.next_power_of_2(min(group * n_q, MAX_ROWS)))
     row_blocks = triton.cdiv(group * n_q, block_h)
     n_splits = workspace.n_splits
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    precision = "ieee" if q.dtype == torch.float32 else None  # fp32: no TF32 rounding
     cache_attention_split_kernel[(n_splits, batch * n_kv_heads * row_blocks)](
         q,
         k_cache,
