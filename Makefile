@@ -16,7 +16,7 @@ export BROWSER_TEST
 SLURM_TEST ?= 1
 ARTIFACTS := build/test-artifacts/browser
 
-.PHONY: setup grade lint test lab labs browser slurm refresh-gpu
+.PHONY: setup grade lint test lab labs browser slurm refresh-gpu sandbox
 
 $(STAMP): pyproject.toml constraints.txt constraints-gpu.txt constraints-cpu.txt tools/setup_env.py
 	$(PYTHON) tools/setup_env.py --stack $(STACK) --venv $(VENV) --extras $(EXTRAS)
@@ -39,7 +39,7 @@ lint: $(STAMP)
 # browser test: JupyterLab runs the lab and its solution in headless chromium (screenshots in $(ARTIFACTS)).
 # TESTS narrows the run to some of these paths (e.g. TESTS=tests, or TESTS="notebooks solutions").
 TESTS ?= tests notebooks solutions
-test: $(STAMP) lint $(if $(filter 1,$(SLURM_TEST)),slurm) $(if $(filter 1,$(BROWSER_TEST)),browser)
+test: $(STAMP) lint sandbox $(if $(filter 1,$(SLURM_TEST)),slurm) $(if $(filter 1,$(BROWSER_TEST)),browser)
 	@rm -rf $(ARTIFACTS)
 	@left_out=""; \
 	[ "$(BROWSER_TEST)" = 1 ] || left_out="not browser"; \
@@ -49,6 +49,23 @@ test: $(STAMP) lint $(if $(filter 1,$(SLURM_TEST)),slurm) $(if $(filter 1,$(BROW
 	for f in $(ARTIFACTS)/*.png; do [ -e "$$f" ] && echo "browser test screenshot: $$f"; done; \
 	[ -z "$$left_out" ] || echo "BROWSER_TEST=$(BROWSER_TEST) SLURM_TEST=$(SLURM_TEST): deselected ($$left_out)"; \
 	exit $$status
+
+# Debian's bubblewrap, the sandbox the grader runs a student's code in (grading/sandbox.py), installed
+# once like chromium below. Without it the grader still grades (and says so); its sandbox tests skip.
+sandbox:
+	@if command -v bwrap >/dev/null 2>&1; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+		echo "bwrap (bubblewrap) not found: install it to grade in a sandbox (grading/README.md)." >&2; \
+		exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then sudo=; else sudo="sudo -n"; fi; \
+	echo "installing Debian's bubblewrap for the grader's sandbox (apt-get)"; \
+	for try in 1 2 3; do \
+		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq \
+			--no-install-recommends bubblewrap >/dev/null && exit 0; \
+		echo "apt-get failed (try $$try of 3)" >&2; sleep 5; \
+	done; \
+	echo "Could not install bubblewrap (root or passwordless sudo needed): the grader runs" \
+		"without a sandbox until it is installed (grading/README.md)." >&2
 
 # Debian's chromium for the browser test, installed once (apt-get, as root or through sudo -n). Playwright
 # never downloads a browser: the test launches this one.
