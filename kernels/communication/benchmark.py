@@ -6,9 +6,9 @@
 
 On a machine with several GPUs the same command runs NCCL, one GPU per rank, and writes
 data/results/<gpu>/08_communication_nccl.json; with gloo it writes
-data/results/cpu-gloo/08_communication.json. Each file carries the environment fingerprint (CPU model
-and cores, GPU, torch, backend) and the load average before and after the run: CPU timings taken on
-a busy machine are noisy, and the file says how busy it was.
+data/results/cpu-gloo/08_communication.json. Each file carries the environment fingerprint (CPU
+model and cores, GPU, torch, backend) and the load average before and after the run: CPU timings
+taken on a busy machine are noisy, and the file says how busy it was.
 
 Method. Every timed operation is preceded by a barrier; each rank times itself with the host clock
 (gloo's collectives return when this rank's part is done; under NCCL the device is synchronized);
@@ -33,7 +33,8 @@ from kernels.communication import cost_model, ddp, launch, ring, sharded_optimiz
 from kernels.memory_profiling import gpt
 
 MiB = 2**20
-# A GPT small enough for CPU processes, with layers alike (for the overlap model): 0.95 M parameters.
+# A GPT small enough for CPU processes, its layers alike (as the overlap model assumes): 0.95 M
+# parameters.
 DDP_CONFIG = gpt.GPTConfig(vocab=1024, max_seq=64, d_model=128, layers=4, heads=4)
 DDP_BATCH_PER_RANK, DDP_SEQ = 2, 64
 DDP_BUCKET_MB = 1.0
@@ -92,6 +93,7 @@ def _ping_pong(rank, world, sizes, reps):
         buf = torch.zeros(max(1, size // 4), device=device)
         times = []
         for _ in range(reps + 1):  # the first is a warm-up
+
             def exchange():
                 if rank == 0:
                     dist.send(buf, 1)
@@ -186,7 +188,9 @@ def _ddp_step_times(rank, world, cfg, batch, seq, bucket_mb, steps):
             if name == "compute only":
                 t = _timed(lambda: fwd_bwd(model), device)
             else:
-                t = _timed(lambda: (fwd_bwd(model), model.finish_gradient_synchronization()), device)
+                t = _timed(
+                    lambda: (fwd_bwd(model), model.finish_gradient_synchronization()), device
+                )
             if step:
                 times[name].append(t)
                 if name in exposed:
@@ -257,7 +261,9 @@ def _optimizer_state(rank, world, cfg, steps):
             opt.zero_grad(set_to_none=True)
         peak_sharded = max(peak_sharded, sharded.state_bytes())
         peak_full = max(peak_full, sharded_optimizer.state_bytes(full))
-    max_diff = max((a - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters()))
+    max_diff = max(
+        (a - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters())
+    )
     return {"sharded_bytes": peak_sharded, "full_bytes": peak_full, "max_param_diff": max_diff}
 
 
@@ -282,12 +288,16 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     backend = launch.default_backend(2)
     big = [4 * 1024, 64 * 1024, MiB, 16 * MiB, 64 * MiB]
-    sizes = {2: [4 * 1024, 64 * 1024, MiB] if args.quick else big,
-             4: [4 * 1024, 64 * 1024, MiB] if args.quick else big[:4]}
+    sizes = {
+        2: [4 * 1024, 64 * 1024, MiB] if args.quick else big,
+        4: [4 * 1024, 64 * 1024, MiB] if args.quick else big[:4],
+    }
     results = {"environment": environment(backend)}
     started = time.perf_counter()
     results["point_to_point"] = pp = measure_alpha_beta(backend=backend)
-    print(f"point to point: alpha {pp['alpha_s'] * 1e6:.0f} us, beta {pp['beta_bps'] / 1e9:.2f} GB/s")
+    print(
+        f"point to point: alpha {pp['alpha_s'] * 1e6:.0f} us, beta {pp['beta_bps'] / 1e9:.2f} GB/s"
+    )
     results["all_reduce"] = rows = []
     for world in (2, 4):
         if backend == "nccl" and torch.cuda.device_count() < world:
@@ -295,15 +305,19 @@ def main(argv=None) -> None:
         reps = 5 if args.quick else 7
         rows += all_reduce_sweep(world, sizes[world], reps, backend=backend)
     for r in rows:
-        print(f"all-reduce N={r['world']} {r['bytes'] / MiB:8.3f} MiB {r['impl']:5s} "
-              f"{r['median_s'] * 1e3:8.2f} ms  busbw {r['busbw_gbps']:.3f} GB/s")
+        print(
+            f"all-reduce N={r['world']} {r['bytes'] / MiB:8.3f} MiB {r['impl']:5s} "
+            f"{r['median_s'] * 1e3:8.2f} ms  busbw {r['busbw_gbps']:.3f} GB/s"
+        )
     results["ddp"] = d = ddp_steps(backend=backend, steps=4 if args.quick else 8)
     for name, t in d["step_median_s"].items():
         print(f"DDP N=2 {name:20s} {t * 1e3:7.1f} ms")
     results["optimizer_state"] = [optimizer_state(w) for w in (2, 4)]
     for o in results["optimizer_state"]:
-        print(f"sharded AdamW N={o['world']}: largest shard {o['largest_shard_fraction']:.3f} "
-              f"of {o['full_bytes'] / MiB:.2f} MiB")
+        print(
+            f"sharded AdamW N={o['world']}: largest shard {o['largest_shard_fraction']:.3f} "
+            f"of {o['full_bytes'] / MiB:.2f} MiB"
+        )
     results["elapsed_s"] = time.perf_counter() - started
     results["load_average_after"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     if not args.quick:

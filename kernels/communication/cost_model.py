@@ -32,7 +32,8 @@ def ring_bytes_per_rank(size_bytes: float, world: int) -> float:
 
 
 def tree_bytes_per_rank(size_bytes: float, world: int) -> float:
-    """Bytes the busiest rank (the root) sends, and receives, in a binomial-tree reduce + broadcast."""
+    """Bytes the busiest rank (the root) sends, and receives, in a binomial-tree reduce and
+    broadcast."""
     return math.ceil(math.log2(world)) * size_bytes if world > 1 else 0.0
 
 

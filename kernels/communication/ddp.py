@@ -86,9 +86,8 @@ class DataParallel(nn.Module):
 
     def _grad_ready(self, param: nn.Parameter) -> None:
         self._bucket_of[param].ready += 1
-        while (
-            self._next < len(self.buckets)
-            and self.buckets[self._next].ready == len(self.buckets[self._next].params)
+        while self._next < len(self.buckets) and self.buckets[self._next].ready == len(
+            self.buckets[self._next].params
         ):
             self.buckets[self._next].launch()
             self._next += 1

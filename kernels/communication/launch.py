@@ -37,9 +37,8 @@ def free_port() -> int:
 
 def default_backend(world: int) -> str:
     """NCCL where `world` GPUs are visible, gloo otherwise."""
-    if torch.cuda.is_available() and dist.is_nccl_available() and torch.cuda.device_count() >= world:
-        return "nccl"
-    return "gloo"
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return "nccl" if dist.is_nccl_available() and gpus >= world else "gloo"
 
 
 def device_for(rank: int, backend: str) -> torch.device:
@@ -82,11 +81,12 @@ def run(
     timeout_s: float = TIMEOUT_S,
 ) -> list:
     """worker(rank, world, *args) in `world` processes of one process group; its return values by
-    rank. `threads`: torch threads per process (default: the cores shared out, at least 1). Raises
-    RuntimeError with the failing rank's traceback, or TimeoutError naming the ranks still waiting."""
+    rank. `threads`: torch threads per process (default: the cores shared out, at least 1).
+    Raises RuntimeError with the failing rank's traceback, or TimeoutError naming the ranks still
+    waiting."""
     backend = backend or default_backend(world)
-    # torch.optim imports torch._dynamo when the first optimizer is built (seconds): do it once here,
-    # so that forked children share it instead of each importing it on its own core
+    # torch.optim imports torch._dynamo when the first optimizer is built (seconds): do it once
+    # here, so that forked children share it instead of each importing it on its own core
     import torch._dynamo  # noqa: F401
 
     threads = threads or max(1, (os.cpu_count() or 1) // world)

@@ -8,10 +8,11 @@ it). Rank r sends to r + 1 and receives from r - 1 (mod N).
 * All-gather, N - 1 steps: at step s rank r sends chunk (r + 1 - s) and overwrites chunk (r - s)
   with what it receives. After the last step every rank holds every summed chunk.
 
-Each rank sends 2 (N - 1) chunks of S / N bytes: 2 (N - 1) / N * S, nearly independent of N, which is
-why rings are bandwidth-optimal (`cost_model.ring_bytes_per_rank`). Each step posts its send and its
-receive together (`batch_isend_irecv`), so no rank waits for its left neighbour to finish sending
-before it starts its own send: with NCCL a lone blocking send around a ring would deadlock.
+Each rank sends 2 (N - 1) chunks of S / N bytes: 2 (N - 1) / N * S, nearly independent of N, which
+is why rings are bandwidth-optimal (`cost_model.ring_bytes_per_rank`). Each step posts its send and
+its receive together (`batch_isend_irecv`), so no rank waits for its left neighbour to finish
+sending before it starts its own send: with NCCL a lone blocking send around a ring would
+deadlock.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ def ring_all_reduce(tensor: torch.Tensor, average: bool = False) -> torch.Tensor
     """Sum (or average) `tensor` across the ranks of the default process group, in place, through
     the ring above; returns `tensor`. Same contract as `dist.all_reduce(tensor)`."""
     if not tensor.is_contiguous():
-        raise ValueError("ring_all_reduce works in place on a contiguous tensor; pass .contiguous()")
+        raise ValueError(
+            "ring_all_reduce works in place on a contiguous tensor; pass x.contiguous()"
+        )
     world, rank = dist.get_world_size(), dist.get_rank()
     if world > 1:
         chunks = tensor.view(-1).tensor_split(world)  # views into tensor; the first are the longest

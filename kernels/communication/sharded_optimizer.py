@@ -2,12 +2,13 @@
 two float32 tensors per parameter, twice the model's size, on every data-parallel rank. Each rank
 needs only the state of the parameters it updates.
 
-`ShardedOptimizer(params, torch.optim.AdamW, lr=...)` gives every parameter an owner (greedily, to
-the rank owning the fewest elements so far, so the shards are about equal), builds the real
-optimizer on the owned parameters only, and after each step the owner of each parameter sends its
-new values to every other rank (one broadcast per owner, of its parameters flattened). Gradients
-must already be averaged across ranks (by `ddp.DataParallel`). Each rank then holds 1/N of the
-optimizer state (`state_bytes`), and the parameters stay identical on every rank.
+`ShardedOptimizer(params, torch.optim.AdamW, lr=...)` gives every parameter an owner (the
+largest first, each to the rank owning the fewest elements so far, so the shards are about equal),
+builds the real optimizer on the owned parameters only, and after each step the owner of each
+parameter sends its new values to every other rank (one broadcast per owner, of its parameters
+flattened). Gradients must already be averaged across ranks (by `ddp.DataParallel`). Each rank
+then holds 1/N of the optimizer state (`state_bytes`), and the parameters stay identical on every
+rank.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ class ShardedOptimizer(Optimizer):
     def add_param_group(self, param_group: dict) -> None:
         super().add_param_group(param_group)
         group = self.param_groups[-1]
-        for p in group["params"]:
+        # largest first, each to the least-loaded rank: shards within a few % of 1/N (the same
+        # order, so the same owners, on every rank)
+        for p in sorted(group["params"], key=lambda p: -p.numel()):
             rank = min(range(self.world), key=self._load.__getitem__)
             self.owner[p] = rank
             self._load[rank] += p.numel()

@@ -1,0 +1,203 @@
+"""The communication module on gloo with CPU processes: the ring all-reduce against
+`dist.all_reduce`, bucketed data parallelism against single-process training, the sharded optimizer
+against the unsharded one, the launcher's failures, and the cost model's formulas.
+
+Each multi-process check runs all its cases in one launch (a forked process group starts in a
+fraction of a second), world sizes 2 and 4, tiny tensors, a timeout on everything."""
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from kernels.communication import cost_model, ddp, launch, ring, sharded_optimizer
+from kernels.memory_profiling import gpt
+
+# Odd sizes, sizes smaller than the world (empty chunks), not divisible by 2, 3 or 4.
+SIZES = (1, 2, 3, 7, 1001, 4099)
+CFG = gpt.GPTConfig(vocab=97, max_seq=16, d_model=32, layers=2, heads=4)
+BATCH, SEQ = 4, 16
+
+
+def _ring_against_all_reduce(rank, world, sizes):
+    failures = []
+    for n in sizes:
+        g = torch.Generator().manual_seed(1000 * n + rank)  # different values on every rank
+        x = torch.randn(n, generator=g) * 10 ** torch.randint(-3, 4, (n,), generator=g)
+        want_fp64 = x.double()
+        dist.all_reduce(want_fp64)
+        want = x.clone()
+        dist.all_reduce(want)
+        got = ring.ring_all_reduce(x.clone())
+        averaged = ring.ring_all_reduce(x.clone().view(1, n), average=True).view(n)
+        for name, value, ref in (
+            ("sum vs dist.all_reduce", got, want),
+            ("sum vs float64", got, want_fp64.float()),
+            ("average", averaged, (want_fp64 / world).float()),
+        ):
+            if not torch.allclose(value, ref, rtol=1e-5, atol=1e-5) or value.isnan().any():
+                failures.append(f"n={n} {name}: max err {(value - ref).abs().max().item():.3g}")
+    try:
+        ring.ring_all_reduce(torch.randn(4, 6)[:, ::2])
+        failures.append("a non-contiguous view was accepted")
+    except ValueError as e:
+        assert "contiguous" in str(e)
+    return failures
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ring_all_reduce_matches_dist_all_reduce(world):
+    for failures in launch.run(_ring_against_all_reduce, world, (SIZES,), backend="gloo"):
+        assert failures == []
+
+
+def _ddp_against_one_process(rank, world, bucket_mb, overlap, steps):
+    """Train a replica with DataParallel on this rank's rows and the same model in one process on
+    the whole batch (SGD: its update is linear in the gradient, so replicas stay within fp32
+    tolerance); report the largest gradient and weight differences, and what the buckets did."""
+    torch.manual_seed(0)
+    model = gpt.GPT(CFG)
+    single = copy.deepcopy(model)
+    if rank == 1:  # DataParallel must start every replica from rank 0's weights
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+    wrapped = ddp.DataParallel(model, bucket_mb=bucket_mb, overlap=overlap)
+    opt = torch.optim.SGD(wrapped.parameters(), lr=0.5)
+    single_opt = torch.optim.SGD(single.parameters(), lr=0.5)
+    rows = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
+    grad_err = 0.0
+    launched_during_backward = []
+    for step in range(steps):
+        idx, targets = gpt.make_batch(CFG, BATCH, SEQ, "cpu", seed=step)
+        wrapped(idx[rows], targets[rows]).backward()
+        launched_during_backward.append(sum(b.work is not None for b in wrapped.buckets))
+        wrapped.finish_gradient_synchronization()
+        single(idx, targets).backward()
+        for a, b in zip(model.parameters(), single.parameters()):
+            grad_err = max(grad_err, ((a.grad - b.grad).abs() / (b.grad.abs().max() + 1e-30)).max())
+        for o in (opt, single_opt):
+            o.step()
+            o.zero_grad(set_to_none=True)
+    weight_err = max(
+        (a - b).abs().max().item() for a, b in zip(model.parameters(), single.parameters())
+    )
+    return float(grad_err), weight_err, len(wrapped.buckets), launched_during_backward
+
+
+@pytest.mark.parametrize(
+    "bucket_mb, overlap",
+    [(0.0, True), (0.02, True), (100.0, True), (0.02, False)],
+    ids=["per-parameter", "small-buckets", "one-bucket", "after-backward"],
+)
+def test_data_parallel_matches_single_process_training(bucket_mb, overlap):
+    n_params = len(list(gpt.GPT(CFG).parameters()))
+    for grad_err, weight_err, buckets, launched in launch.run(
+        _ddp_against_one_process, 2, (bucket_mb, overlap, 3), backend="gloo"
+    ):
+        assert grad_err < 1e-5 and weight_err < 1e-5, (grad_err, weight_err)
+        if bucket_mb == 0.0:
+            assert buckets == n_params
+        elif bucket_mb == 100.0:
+            assert buckets == 1
+        else:
+            assert 1 < buckets < n_params
+        # with overlap every bucket has started when backward returns; without, none has
+        assert launched == ([buckets] * 3 if overlap else [0] * 3)
+
+
+def test_buckets_hold_consecutive_parameters_up_to_the_size():
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in (300, 100, 200, 50, 1000)]
+    buckets = ddp.make_buckets(params, bucket_mb=1200 / 2**20)  # 1200 bytes = 300 floats
+    assert [[p.numel() for p in b] for b in buckets] == [[300], [100, 200], [50, 1000]]
+    assert len(ddp.make_buckets(params, 0.0)) == len(params)
+
+
+def _sharded_against_full(rank, world, steps):
+    torch.manual_seed(0)
+    model = gpt.GPT(CFG)
+    full_model = copy.deepcopy(model)
+    sharded = sharded_optimizer.ShardedOptimizer(
+        model.parameters(), torch.optim.AdamW, lr=1e-2, weight_decay=0.1
+    )
+    full = torch.optim.AdamW(full_model.parameters(), lr=1e-2, weight_decay=0.1)
+    for step in range(steps):
+        idx, targets = gpt.make_batch(CFG, BATCH, SEQ, "cpu", seed=step)
+        for m, opt in ((model, sharded), (full_model, full)):
+            m(idx, targets).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    err = max(
+        (a - b).abs().max().item() for a, b in zip(model.parameters(), full_model.parameters())
+    )
+    return err, sharded.state_bytes(), sharded_optimizer.state_bytes(full)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_sharded_optimizer_equals_unsharded_with_a_share_of_the_state(world):
+    results = launch.run(_sharded_against_full, world, (4,), backend="gloo")
+    full = results[0][2]
+    shards = [r[1] for r in results]
+    for err, _, _ in results:
+        assert err < 1e-6  # the owner's step is AdamW's own step; the others copy its result
+    # every parameter's state is held by exactly one rank (the step counters too)
+    assert sum(shards) == full
+    assert max(shards) <= 1.15 * full / world, (shards, full)
+
+
+def _raises(rank, world):
+    if rank == 1:
+        raise ValueError("rank one is broken")
+    return rank
+
+
+def _waits_forever(rank, world):
+    dist.recv(torch.empty(1), src=1 - rank)  # each waits for the other, neither sends
+    return rank
+
+
+def test_launch_reports_a_failing_rank_with_its_traceback():
+    with pytest.raises(RuntimeError, match="rank 1 of 2 failed(.|\n)*rank one is broken"):
+        launch.run(_raises, 2, backend="gloo")
+
+
+def test_launch_stops_a_rank_that_waits_forever():
+    with pytest.raises(TimeoutError, match=r"ranks \[0, 1\] of 2 did not finish within 3 s"):
+        launch.run(_waits_forever, 2, backend="gloo", timeout_s=3)
+
+
+def test_cost_model_formulas():
+    S = 64 * 2**20
+    assert cost_model.ring_bytes_per_rank(S, 2) == S
+    assert cost_model.ring_bytes_per_rank(S, 8) == 2 * 7 / 8 * S
+    assert cost_model.tree_bytes_per_rank(S, 8) == 3 * S
+    assert cost_model.tree_bytes_per_rank(S, 5) == 3 * S  # ceil(log2 5) levels
+    alpha, beta = 5e-6, 100e9
+    assert math.isclose(cost_model.ring_time(S, 4, alpha, beta), 6 * alpha + 1.5 * S / beta)
+    assert math.isclose(cost_model.tree_time(S, 4, alpha, beta), 4 * (alpha + S / beta))
+    # small messages: the tree's few steps win; large ones: the ring's few bytes win
+    assert cost_model.tree_time(8, 64, alpha, beta) < cost_model.ring_time(8, 64, alpha, beta)
+    assert cost_model.ring_time(S, 64, alpha, beta) < cost_model.tree_time(S, 64, alpha, beta)
+    # an ideal ring's bus bandwidth is the link's
+    t = cost_model.ring_time(S, 4, 0.0, beta)
+    assert math.isclose(cost_model.bus_bandwidth(S, 4, t), beta)
+
+
+def test_alpha_beta_fit_recovers_the_line():
+    sizes = [4, 1e3, 1e5, 1e6, 4e6]
+    alpha, beta = cost_model.fit_alpha_beta(sizes, [20e-6 + m / 2e9 for m in sizes])
+    assert math.isclose(alpha, 20e-6, rel_tol=1e-6) and math.isclose(beta, 2e9, rel_tol=1e-6)
+
+
+def test_overlap_model_exposes_the_last_bucket_at_least():
+    alpha, beta, world = 0.0, 1e9, 2
+    one = cost_model.overlap([4e6], backward_s=0.1, world=world, alpha_s=alpha, beta_bps=beta)
+    assert one.exposed_s == pytest.approx(one.comm_s) and one.hidden_fraction == pytest.approx(0)
+    many = cost_model.overlap([1e6] * 4, 0.1, world, alpha, beta)
+    last = cost_model.ring_time(1e6, world, alpha, beta)
+    assert many.exposed_s == pytest.approx(last) and many.hidden_fraction == pytest.approx(0.75)
+    # communication longer than backward: everything past backward's end is exposed
+    slow = cost_model.overlap([1e8] * 4, 0.01, world, alpha, beta)
+    assert slow.step_s == pytest.approx(slow.comm_s + 0.01 / 4)
