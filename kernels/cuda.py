@@ -1,16 +1,19 @@
 """CUDA C through CuPy: compiling the course's `.cu` files and launching them on PyTorch tensors.
 
-The CUDA C lives in real `.cu` files next to their wrappers, so an editor highlights it, `nvcc` compiles
-it in CI (no GPU needed) and the same text is what CuPy compiles at run time with NVRTC.
+The CUDA C lives in real `.cu` files next to their wrappers, so an editor highlights it, `nvcc`
+compiles it in CI (no GPU needed) and the same text is what CuPy compiles at run time with NVRTC.
 
 Launching on PyTorch tensors takes two decisions worth seeing once:
 
-* **Pointers, not arrays.** CuPy has no bfloat16 dtype, so instead of converting tensors we pass their
-  device addresses (`tensor.data_ptr()`) as 64-bit integers; the kernel's `const T*` parameter receives
-  them. The wrapper, not CuPy, is then responsible for shapes, dtypes and contiguity (`kernels.validate`).
-* **PyTorch's stream.** The kernel is launched on `torch.cuda.current_stream()`, so it is ordered with
-  the PyTorch work before and after it, and is captured when that stream is recording a CUDA graph.
+* **Pointers, not arrays.** CuPy has no bfloat16 dtype, so instead of converting tensors we pass
+  their device addresses (`tensor.data_ptr()`) as 64-bit integers; the kernel's `const T*` parameter
+  receives them. The wrapper, not CuPy, is then responsible for shapes, dtypes and contiguity
+  (`kernels.validate`).
+* **PyTorch's stream.** The kernel is launched on `torch.cuda.current_stream()`, so it is ordered
+  with the PyTorch work before and after it, and is captured when that stream is recording a CUDA
+  graph.
 """
+
 from __future__ import annotations
 
 import functools
@@ -25,7 +28,8 @@ import torch
 from kernels import runtime
 
 KERNELS_DIR = Path(__file__).resolve().parent
-# Headers that several topics share (elementwise.cuh: the fp16/bf16 conversions and 16-byte vectors).
+# Headers that several topics share (elementwise.cuh: the fp16/bf16 conversions and 16-byte
+# vectors).
 SHARED_INCLUDE_DIR = KERNELS_DIR / "include"
 
 
@@ -40,8 +44,8 @@ def _site_packages_cuda_dirs() -> list[Path]:
 
 
 def cuda_include_dirs() -> list[str]:
-    """The course's shared headers, then the directories holding cuda_fp16.h and cuda_bf16.h, the toolkit
-    first."""
+    """The course's shared headers, then the directories holding cuda_fp16.h and cuda_bf16.h, the
+    toolkit first."""
     candidates = []
     for var in ("CUDA_PATH", "CUDA_HOME"):
         if os.environ.get(var):
@@ -67,7 +71,8 @@ def nvcc_path() -> str | None:
 
 
 def source_path(relative: str) -> Path:
-    """Absolute path of a course `.cu` file, e.g. source_path('elementwise_add/add_vectorized.cu')."""
+    """Absolute path of a course `.cu` file, e.g.
+    source_path('elementwise_add/add_vectorized.cu')."""
     path = KERNELS_DIR / relative
     if not path.is_file():
         raise FileNotFoundError(path)
@@ -87,12 +92,15 @@ def module_from_source(code: str, include_dir: Path | None = None):
     runtime.require_cupy()
     import cupy
 
-    includes = ([f"-I{include_dir}"] if include_dir else []) + [f"-I{d}" for d in cuda_include_dirs()]
+    includes = ([f"-I{include_dir}"] if include_dir else []) + [
+        f"-I{d}" for d in cuda_include_dirs()
+    ]
     return cupy.RawModule(code=code, options=("-std=c++17", *includes))
 
 
 def load_kernel(relative: str, name: str):
-    """The `extern "C"` kernel `name` from the course's `.cu` file `relative` (compiled once, cached)."""
+    """The `extern "C"` kernel `name` from the course's `.cu` file `relative` (compiled once,
+    cached)."""
     runtime.require_cupy()
     return _module_from_file(source_path(relative)).get_function(name)
 
@@ -101,13 +109,21 @@ def pointer(t: torch.Tensor) -> np.uint64:
     return np.uint64(t.data_ptr())
 
 
-def launch(kernel, grid: int, block: int, args: tuple, device: torch.device, shared_mem: int = 0) -> None:
-    """Launch a CuPy kernel on PyTorch's current stream of `device`, with `shared_mem` bytes of dynamic
-    shared memory (at most 48 KB: more needs a per-kernel opt-in, which the course's kernels do not use)."""
+def launch(
+    kernel, grid: int, block: int, args: tuple, device: torch.device, shared_mem: int = 0
+) -> None:
+    """Launch a CuPy kernel on PyTorch's current stream of `device`, with `shared_mem` bytes of
+    dynamic shared memory (at most 48 KB: more needs a per-kernel opt-in, which the course's kernels
+    do not use)."""
     import cupy
 
     if shared_mem > 48 * 1024:
-        raise ValueError(f"launch: {shared_mem} bytes of dynamic shared memory requested; at most 48 KB without "
-                         "an opt-in")
-    with cupy.cuda.Device(device.index or 0), cupy.cuda.Stream.from_external(torch.cuda.current_stream(device)):
+        raise ValueError(
+            f"launch: {shared_mem} bytes of dynamic shared memory requested; at most 48 KB without "
+            "an opt-in"
+        )
+    with (
+        cupy.cuda.Device(device.index or 0),
+        cupy.cuda.Stream.from_external(torch.cuda.current_stream(device)),
+    ):
         kernel((grid,), (block,), args, shared_mem=shared_mem)

@@ -2,16 +2,17 @@
 
 The mode is decided once, when `kernels` is first imported, and everything else asks this module:
 
-* **GPU mode** -- a CUDA device is visible. Triton compiles real kernels, CuPy runs CUDA C, timings use
-  device events.
+* **GPU mode** -- a CUDA device is visible. Triton compiles real kernels, CuPy runs CUDA C, timings
+  use device events.
 * **CPU mode** -- no CUDA device (or ``KERNELS_MODE=cpu``). ``TRITON_INTERPRET=1`` is set *before*
-  Triton is imported, so every ``@triton.jit`` function runs in Triton's NumPy interpreter. CuPy kernels
-  cannot run (they need a driver); their cells say so. Performance is "not measured".
+  Triton is imported, so every ``@triton.jit`` function runs in Triton's NumPy interpreter. CuPy
+  kernels cannot run (they need a driver); their cells say so. Performance is "not measured".
 
 The interpreter only understands that setting if it is in the environment before the first
-``@triton.jit`` decorator executes; that is why ``kernels/__init__.py`` imports this module first and why
-no notebook should import ``triton`` before ``kernels``.
+``@triton.jit`` decorator executes; that is why ``kernels/__init__.py`` imports this module first
+and why no notebook should import ``triton`` before ``kernels``.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -46,9 +47,17 @@ def _decide_mode() -> str:
 MODE: str = _decide_mode()
 ON_GPU: bool = MODE == "gpu"
 # What forced CPU mode, if anything (read before the line below sets TRITON_INTERPRET itself).
-CPU_FORCED_BY: str | None = None if ON_GPU else (
-    "KERNELS_MODE=cpu" if os.environ.get("KERNELS_MODE", "").strip().lower() == "cpu"
-    else "TRITON_INTERPRET=1" if os.environ.get("TRITON_INTERPRET") == "1" else None)
+CPU_FORCED_BY: str | None = (
+    None
+    if ON_GPU
+    else (
+        "KERNELS_MODE=cpu"
+        if os.environ.get("KERNELS_MODE", "").strip().lower() == "cpu"
+        else "TRITON_INTERPRET=1"
+        if os.environ.get("TRITON_INTERPRET") == "1"
+        else None
+    )
+)
 DEVICE: str = "cuda" if ON_GPU else "cpu"
 
 if not ON_GPU:
@@ -77,14 +86,19 @@ def cupy_status() -> tuple[bool, str]:
     try:
         import cupy
     except ImportError as exc:  # pragma: no cover - depends on the machine
-        return False, f"CuPy is not installed ({exc}); `pip install cupy-cuda13x` (driver >= 580) or cupy-cuda12x."
+        return (
+            False,
+            f"CuPy is not installed ({exc}); `pip install cupy-cuda13x` (driver >= 580) or "
+            "cupy-cuda12x.",
+        )
     try:
         cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # noqa: BLE001 - CuPy raises its own CUDARuntimeError subclasses
         text = str(exc)
         if "InsufficientDriver" in text:
             return False, (
-                "The NVIDIA driver is older than this CuPy's CUDA: install cupy-cuda12x instead of cupy-cuda13x."
+                "The NVIDIA driver is older than this CuPy's CUDA: install cupy-cuda12x instead of "
+                "cupy-cuda13x."
             )
         return False, f"CuPy cannot reach the GPU: {text}"
     return True, "CuPy can run CUDA C kernels on this GPU."
@@ -98,7 +112,8 @@ def require_cupy() -> None:
 
 
 def gpu_slug(name: str) -> str:
-    """Key of a GPU model in the expected-results tables: 'NVIDIA H100 80GB HBM3' -> 'h100-80gb-hbm3'."""
+    """Key of a GPU model in the expected-results tables: 'NVIDIA H100 80GB HBM3' ->
+    'h100-80gb-hbm3'."""
     name = re.sub(r"^nvidia\s+", "", name.strip(), flags=re.IGNORECASE)
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
@@ -134,10 +149,17 @@ def _driver_version() -> str | None:
     smi = shutil.which("nvidia-smi")
     if smi:
         try:
-            out = subprocess.run(
-                [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
-                capture_output=True, text=True, timeout=10, check=True,
-            ).stdout.strip().splitlines()
+            out = (
+                subprocess.run(
+                    [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+                    capture_output=True,
+                    text=True,
+                    timeout=10,
+                    check=True,
+                )
+                .stdout.strip()
+                .splitlines()
+            )
             if out:
                 return out[0].strip()
         except (subprocess.SubprocessError, OSError):
@@ -188,13 +210,19 @@ def describe() -> str:
     """One line saying where we are running, for the top of every notebook."""
     fp = _static_fingerprint()
     if ON_GPU:
-        return (f"GPU mode: {fp['gpu']} (sm_{fp['compute_capability'].replace('.', '')}, {fp['sm_count']} SMs), "
-                f"torch {fp['torch']}, triton {fp['triton']}, cupy {fp['cupy']}, CUDA {fp['cuda']}")
-    return (f"CPU mode: Triton interpreter (TRITON_INTERPRET=1), torch {fp['torch']}, triton {fp['triton']}; "
-            "CuPy cells and timings need a GPU")
+        return (
+            f"GPU mode: {fp['gpu']} (sm_{fp['compute_capability'].replace('.', '')}, "
+            f"{fp['sm_count']} SMs), "
+            f"torch {fp['torch']}, triton {fp['triton']}, cupy {fp['cupy']}, CUDA {fp['cuda']}"
+        )
+    return (
+        f"CPU mode: Triton interpreter (TRITON_INTERPRET=1), torch {fp['torch']}, triton "
+        f"{fp['triton']}; "
+        "CuPy cells and timings need a GPU"
+    )
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The setup check at the top of every notebook: where am I, with what, and what to fix.
 
 
@@ -205,9 +233,11 @@ def _tf32_flags() -> dict:
 
     with warnings.catch_warnings():  # newer torch may flag the allow_tf32 attributes as legacy
         warnings.simplefilter("ignore")
-        return {"torch.backends.cuda.matmul.allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
-                "torch.backends.cudnn.allow_tf32": bool(torch.backends.cudnn.allow_tf32),
-                "float32_matmul_precision": torch.get_float32_matmul_precision()}
+        return {
+            "torch.backends.cuda.matmul.allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+            "torch.backends.cudnn.allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        }
 
 
 def _cupy_package() -> str | None:
@@ -222,7 +252,8 @@ def _cupy_package() -> str | None:
 
 
 def setup_facts() -> dict:
-    """What the setup check looks at (a plain dict, so `setup_advice` can be tested with made-up facts)."""
+    """What the setup check looks at (a plain dict, so `setup_advice` can be tested with made-up
+    facts)."""
     import torch
 
     fp = _static_fingerprint()
@@ -248,55 +279,90 @@ def setup_facts() -> dict:
 
 
 def setup_advice(facts: dict) -> list[str]:
-    """One sentence per problem found, saying what to do; [] when everything the course uses can run."""
+    """One sentence per problem found, saying what to do; [] when everything the course uses can
+    run."""
     advice = []
     if facts["triton"] is None:
-        advice.append("Triton is missing: run `make setup` (or `pip install triton`); without it no Triton "
-                      "cell runs.")
+        advice.append(
+            "Triton is missing: run `make setup` (or `pip install triton`); without it no Triton "
+            "cell runs."
+        )
     if facts["mode"] == "gpu":
         if not facts["cupy_ok"]:
             if facts["cupy"] is None:
-                advice.append("CuPy is not installed: `pip install cupy-cuda13x` (NVIDIA driver 580 or newer) or "
-                              "`pip install cupy-cuda12x` (older drivers); until then only the Triton cells run.")
+                advice.append(
+                    "CuPy is not installed: `pip install cupy-cuda13x` (NVIDIA driver 580 or "
+                    "newer) or "
+                    "`pip install cupy-cuda12x` (older drivers); until then only the Triton cells "
+                    "run."
+                )
             elif "older than this CuPy" in facts["cupy_why"]:
-                advice.append(f"The NVIDIA driver ({facts['driver'] or 'version unknown'}) is too old for "
-                              f"{facts['cupy_package'] or 'this CuPy'} (CUDA 13 needs driver 580 or newer): "
-                              "`pip uninstall cupy-cuda13x` then `pip install cupy-cuda12x`.")
+                advice.append(
+                    f"The NVIDIA driver ({facts['driver'] or 'version unknown'}) is too old for "
+                    f"{facts['cupy_package'] or 'this CuPy'} (CUDA 13 needs driver 580 or newer): "
+                    "`pip uninstall cupy-cuda13x` then `pip install cupy-cuda12x`."
+                )
             else:
-                advice.append(f"{facts['cupy_why']} Until that is fixed, only the Triton cells run.")
+                advice.append(
+                    f"{facts['cupy_why']} Until that is fixed, only the Triton cells run."
+                )
         return advice
     # CPU mode: on purpose, by a broken install, or because there is no GPU.
     if facts["forced"] and facts["nvidia_smi"]:
-        advice.append(f"{facts['forced']} forces CPU mode: unset it and restart the kernel to use a GPU.")
+        advice.append(
+            f"{facts['forced']} forces CPU mode: unset it and restart the kernel to use a GPU."
+        )
     elif facts["nvidia_smi"] and facts["torch_cuda"] is None:
-        advice.append(f"This machine has an NVIDIA GPU but torch {facts['torch']} is a CPU-only build: install "
-                      "a CUDA build of torch (then `make setup`) to use the GPU.")
+        advice.append(
+            f"This machine has an NVIDIA GPU but torch {facts['torch']} is a CPU-only build: "
+            "install "
+            "a CUDA build of torch (then `make setup`) to use the GPU."
+        )
     elif facts["nvidia_smi"]:
-        advice.append(f"torch (built for CUDA {facts['torch_cuda']}) sees no GPU although nvidia-smi is "
-                      f"present (driver {facts['driver'] or 'unknown'}): the driver may be too old for this "
-                      "torch, or CUDA_VISIBLE_DEVICES hides the GPU.")
+        advice.append(
+            f"torch (built for CUDA {facts['torch_cuda']}) sees no GPU although nvidia-smi is "
+            f"present (driver {facts['driver'] or 'unknown'}): the driver may be too old for this "
+            "torch, or CUDA_VISIBLE_DEVICES hides the GPU."
+        )
     else:
-        advice.append("No NVIDIA GPU here: the Triton cells run on the CPU in Triton's interpreter (small "
-                      "sizes); the CuPy and timing cells say that they need a GPU.")
+        advice.append(
+            "No NVIDIA GPU here: the Triton cells run on the CPU in Triton's interpreter (small "
+            "sizes); the CuPy and timing cells say that they need a GPU."
+        )
     return advice
 
 
 def setup_report(facts: dict | None = None) -> str:
-    """The setup check printed at the top of every notebook: mode, versions, TF32 flags, CuPy, and advice."""
+    """The setup check printed at the top of every notebook: mode, versions, TF32 flags, CuPy, and
+    advice."""
     f = setup_facts() if facts is None else facts
     lines = [describe() if facts is None else f"{f['mode'].upper()} mode"]
     if f["gpu"]:
-        lines.append(f"  GPU      {f['gpu']}, compute capability {f['compute_capability']}, "
-                     f"driver {f['driver'] or 'unknown'}")
+        lines.append(
+            f"  GPU      {f['gpu']}, compute capability {f['compute_capability']}, "
+            f"driver {f['driver'] or 'unknown'}"
+        )
     lines.append(f"  python   {f['python']} ({f['executable']})")
-    lines.append(f"  torch    {f['torch']} " + (f"(CUDA {f['torch_cuda']})" if f["torch_cuda"] else "(CPU-only build)"))
+    lines.append(
+        f"  torch    {f['torch']} "
+        + (f"(CUDA {f['torch_cuda']})" if f["torch_cuda"] else "(CPU-only build)")
+    )
     lines.append(f"  triton   {f['triton'] or 'NOT INSTALLED'}")
-    cupy = f"{f['cupy']} ({f['cupy_package']})" if f["cupy"] and f["cupy_package"] else (f["cupy"] or "not installed")
-    lines.append(f"  cupy     {cupy}: " + ("can run CUDA C kernels here" if f["cupy_ok"] else "cannot run here"))
+    cupy = (
+        f"{f['cupy']} ({f['cupy_package']})"
+        if f["cupy"] and f["cupy_package"]
+        else (f["cupy"] or "not installed")
+    )
+    lines.append(
+        f"  cupy     {cupy}: "
+        + ("can run CUDA C kernels here" if f["cupy_ok"] else "cannot run here")
+    )
     tf32 = f["tf32"]
-    lines.append(f"  TF32     cuda.matmul.allow_tf32={tf32['torch.backends.cuda.matmul.allow_tf32']}, "
-                 f"cudnn.allow_tf32={tf32['torch.backends.cudnn.allow_tf32']}, "
-                 f"float32 matmul precision '{tf32['float32_matmul_precision']}'")
+    lines.append(
+        f"  TF32     cuda.matmul.allow_tf32={tf32['torch.backends.cuda.matmul.allow_tf32']}, "
+        f"cudnn.allow_tf32={tf32['torch.backends.cudnn.allow_tf32']}, "
+        f"float32 matmul precision '{tf32['float32_matmul_precision']}'"
+    )
     advice = setup_advice(f)
     if not advice:
         lines.append("  setup OK: every cell of the course runs here.")

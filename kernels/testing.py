@@ -2,15 +2,16 @@
 
 The rules every check in the course follows:
 
-* the reference is computed in float64 from the *same* (low-precision) inputs, so the only error left
-  is the kernel's own rounding;
+* the reference is computed in float64 from the *same* (low-precision) inputs, so the only error
+  left is the kernel's own rounding;
 * tolerances are stated in units in the last place (ulp) of the output dtype, times the number of
   roundings the computation is allowed, scaled by the magnitude of the terms (so cancellation cannot
   make a correct kernel look wrong);
-* outputs are poisoned with NaN before the kernel runs, and NaN never passes, so an element the kernel
-  forgot to write is caught;
+* outputs are poisoned with NaN before the kernel runs, and NaN never passes, so an element the
+  kernel forgot to write is caught;
 * inputs are fresh random numbers, never zeros (zeros hide unwritten outputs and wrong indexing).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -60,7 +61,10 @@ class Comparison:
         return asdict(self)
 
 
-def _unravel(flat_index: int, shape) -> list[int]:
+def unravel_index(flat_index: int, shape) -> list[int]:
+    """The per-dimension index of element `flat_index` of a row-major `shape`.
+
+    The same as numpy.unravel_index, for torch shapes."""
     index = []
     for size in reversed(tuple(shape)):
         index.append(flat_index % size)
@@ -72,28 +76,61 @@ def _fmt_index(index: list[int]) -> str:
     return str(index[0]) if len(index) == 1 else str(tuple(index))
 
 
-def compare(actual: torch.Tensor, expected: torch.Tensor, *, atol: float, rtol: float,
-            scale: torch.Tensor | None = None) -> Comparison:
+def compare(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    *,
+    atol: float,
+    rtol: float,
+    scale: torch.Tensor | None = None,
+) -> Comparison:
     """Pass if |actual - expected| <= atol + rtol * scale everywhere (scale defaults to |expected|).
 
     `expected` should be float64. NaN or Inf in `actual` where `expected` is finite always fails; an
     infinity in `expected` is matched only by the same infinity.
     """
     if not isinstance(actual, torch.Tensor):
-        return Comparison(False, f"returned {type(actual).__name__}, expected a tensor", expected.numel(),
-                          expected.numel(), 0, 0, float("inf"), float("inf"), None, None, None, None)
+        return Comparison(
+            False,
+            f"returned {type(actual).__name__}, expected a tensor",
+            expected.numel(),
+            expected.numel(),
+            0,
+            0,
+            float("inf"),
+            float("inf"),
+            None,
+            None,
+            None,
+            None,
+        )
     if tuple(actual.shape) != tuple(expected.shape):
-        return Comparison(False, f"wrong shape: got {tuple(actual.shape)}, expected {tuple(expected.shape)}",
-                          expected.numel(), expected.numel(), 0, 0, float("inf"), float("inf"),
-                          None, None, None, None)
-    # Compare in float64 on the tensors' device: a 64M-element GPU output need not travel to the host.
+        return Comparison(
+            False,
+            f"wrong shape: got {tuple(actual.shape)}, expected {tuple(expected.shape)}",
+            expected.numel(),
+            expected.numel(),
+            0,
+            0,
+            float("inf"),
+            float("inf"),
+            None,
+            None,
+            None,
+            None,
+        )
+    # Compare in float64 on the tensors' device: a 64M-element GPU output need not travel to the
+    # host.
     want = expected.detach().to(torch.float64).flatten()
     got = actual.detach().to(want.device, torch.float64).flatten()
-    bound = atol + rtol * (want.abs() if scale is None else scale.detach().to(want.device, torch.float64).flatten())
-    # An infinity matches only the same infinity (inf - inf would be NaN): attention's log-sum-exp is -inf
-    # for a query that sees no key, and a kernel that says so is right.
+    bound = atol + rtol * (
+        want.abs() if scale is None else scale.detach().to(want.device, torch.float64).flatten()
+    )
+    # An infinity matches only the same infinity (inf - inf would be NaN): attention's log-sum-exp
+    # is -inf for a query that sees no key, and a kernel that says so is right.
     err = torch.where(got == want, torch.zeros_like(got), (got - want).abs())
-    bound = torch.where(torch.isinf(want), torch.zeros_like(bound), bound)  # (rtol * inf would pass anything)
+    # (rtol * inf would pass anything)
+    bound = torch.where(torch.isinf(want), torch.zeros_like(bound), bound)
     # NaN compares false, so `err <= bound` is False wherever got is NaN: NaN never passes.
     bad = ~(err <= bound)
     n_bad = int(bad.sum())
@@ -110,8 +147,11 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, *, atol: float, rtol: 
     reason = ""
     if n_bad:
         i = first_bad
-        reason = (f"{n_bad} of {numel} elements wrong; first bad index {_fmt_index(_unravel(i, shape))}: "
-                  f"expected {want[i].item():.6g}, got {got[i].item():.6g}")
+        reason = (
+            f"{n_bad} of {numel} elements wrong; "
+            f"first bad index {_fmt_index(unravel_index(i, shape))}: "
+            f"expected {want[i].item():.6g}, got {got[i].item():.6g}"
+        )
         if n_nan:
             reason += f" ({n_nan} NaN: elements never written, or a NaN produced)"
     return Comparison(
@@ -123,10 +163,10 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, *, atol: float, rtol: 
         n_inf=n_inf,
         max_abs_err=float(err_for_ranking.max()),
         max_rel_err=float(rel.max()),
-        worst_index=_unravel(worst, shape),
+        worst_index=unravel_index(worst, shape),
         expected_at_worst=float(want[worst]),
         actual_at_worst=float(got[worst]),
-        first_bad_index=_unravel(first_bad, shape) if first_bad is not None else None,
+        first_bad_index=unravel_index(first_bad, shape) if first_bad is not None else None,
     )
 
 
@@ -137,7 +177,9 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
     return t.fill_(torch.iinfo(t.dtype).max)
 
 
-def random_tensor(shape, dtype: torch.dtype, device, generator: torch.Generator | None = None) -> torch.Tensor:
+def random_tensor(
+    shape, dtype: torch.dtype, device, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Standard-normal values rounded to `dtype`: never zeros, never a constant."""
     return torch.randn(shape, dtype=torch.float32, device=device, generator=generator).to(dtype)
 
@@ -147,8 +189,13 @@ def generator(seed: int, device) -> torch.Generator:
 
 
 def strided_view(t: torch.Tensor) -> torch.Tensor:
-    """A non-contiguous view with t's shape and values (every other element of a buffer twice as wide)."""
-    wide = torch.empty(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=t.device) if t.dim() else None
+    """A non-contiguous view with t's shape and values (every other element of a buffer twice as
+    wide)."""
+    wide = (
+        torch.empty(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=t.device)
+        if t.dim()
+        else None
+    )
     if wide is None:
         raise ValueError("a 0-d tensor has no non-contiguous view")
     view = wide[..., ::2]

@@ -1,9 +1,10 @@
 """Argument checks shared by every kernel wrapper.
 
 A kernel handed the wrong thing does not fail politely: it reads garbage, writes out of bounds or
-crashes the CUDA context. So every wrapper checks its arguments first and raises a `TypeError` (wrong
-kind or dtype) or `ValueError` (wrong shape, device or layout) that says what to do instead.
+crashes the CUDA context. So every wrapper checks its arguments first and raises a `TypeError`
+(wrong kind or dtype) or `ValueError` (wrong shape, device or layout) that says what to do instead.
 """
+
 from __future__ import annotations
 
 import torch
@@ -15,8 +16,14 @@ def _dtype_names(dtypes) -> str:
     return ", ".join(str(d).removeprefix("torch.") for d in dtypes)
 
 
-def check_elementwise(op: str, tensors: dict[str, torch.Tensor], out: torch.Tensor | None = None, *,
-                      dtypes=FLOAT_DTYPES, device_type: str | None = None) -> None:
+def check_elementwise(
+    op: str,
+    tensors: dict[str, torch.Tensor],
+    out: torch.Tensor | None = None,
+    *,
+    dtypes=FLOAT_DTYPES,
+    device_type: str | None = None,
+) -> None:
     """Check the inputs (and `out`) of an element-wise kernel that works on flat, contiguous memory.
 
     `tensors` maps argument names to tensors, so messages can name the culprit. `device_type="cuda"`
@@ -30,22 +37,36 @@ def check_elementwise(op: str, tensors: dict[str, torch.Tensor], out: torch.Tens
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in dtypes:
-            raise TypeError(f"{op}: {name} has dtype {str(t.dtype).removeprefix('torch.')}; "
-                            f"supported: {_dtype_names(dtypes)}")
+            raise TypeError(
+                f"{op}: {name} has dtype {str(t.dtype).removeprefix('torch.')}; "
+                f"supported: {_dtype_names(dtypes)}"
+            )
     (first_name, first), *rest = args.items()
     for name, t in rest:
         if t.dtype != first.dtype:
-            raise TypeError(f"{op}: {name} is {str(t.dtype).removeprefix('torch.')} but {first_name} is "
-                            f"{str(first.dtype).removeprefix('torch.')}; cast one so they match")
+            raise TypeError(
+                f"{op}: {name} is {str(t.dtype).removeprefix('torch.')} but {first_name} is "
+                f"{str(first.dtype).removeprefix('torch.')}; cast one so they match"
+            )
         if t.shape != first.shape:
-            raise ValueError(f"{op}: {name} has shape {tuple(t.shape)} but {first_name} has "
-                             f"{tuple(first.shape)}; this kernel does not broadcast")
+            raise ValueError(
+                f"{op}: {name} has shape {tuple(t.shape)} but {first_name} has "
+                f"{tuple(first.shape)}; this kernel does not broadcast"
+            )
         if t.device != first.device:
             raise ValueError(f"{op}: {name} is on {t.device} but {first_name} is on {first.device}")
     for name, t in args.items():
         if device_type is not None and t.device.type != device_type:
-            hint = " (CuPy kernels run on the GPU: move it with .cuda())" if device_type == "cuda" else ""
-            raise ValueError(f"{op}: {name} is on {t.device}, expected a {device_type} tensor{hint}")
+            hint = (
+                " (CuPy kernels run on the GPU: move it with .cuda())"
+                if device_type == "cuda"
+                else ""
+            )
+            raise ValueError(
+                f"{op}: {name} is on {t.device}, expected a {device_type} tensor{hint}"
+            )
         if not t.is_contiguous():
-            raise ValueError(f"{op}: {name} is not contiguous (shape {tuple(t.shape)}, strides {t.stride()}); "
-                             "this kernel walks flat memory: pass t.contiguous()")
+            raise ValueError(
+                f"{op}: {name} is not contiguous (shape {tuple(t.shape)}, strides {t.stride()}); "
+                "this kernel walks flat memory: pass t.contiguous()"
+            )

@@ -1,5 +1,6 @@
-"""What a notebook check cell prints (`grading.check`): the grader's result as a compact, colour-coded
-dtype x shape table, the failures with their error figures, and the status line."""
+"""What a notebook check cell prints (`grading.check`): the grader's result as a compact,
+colour-coded dtype x shape table, the failures with their error figures, and the status line."""
+
 import re
 
 import grading
@@ -37,21 +38,60 @@ def test_not_implemented_prints_only_the_status_line(capsys):
         raise NotImplementedError()
 
     grading.check(LAB, "add", stub, seed=0)
-    assert [ANSI.sub("", line) for line in printed(capsys)] == ["NOT IMPLEMENTED  add: 0/3 points -- not implemented yet"]
+    assert [ANSI.sub("", line) for line in printed(capsys)] == [
+        "NOT IMPLEMENTED  add: 0/3 points -- not implemented yet"
+    ]
 
 
 def test_performance_table_has_the_report_columns_and_coloured_tiers():
-    result = FunctionResult("add", "triton", "", "pass", 3, 3, perf=[
-        PerfResult(config="add/fp16/64M", student_us=93.1, reference_us=93.0, torch_us=92.1, spread_us=[92.0, 94.0],
-                   ratio_to_reference=1.0, gbps=4321.0, percent_of_floor=101.0, tier="A",
-                   expected={"reference_us": 92.99, "status": "measured"}),
-        PerfResult(config="add/fp32/64M", student_us=300.1, reference_us=186.0, torch_us=184.1,
-                   spread_us=[299.0, 301.0], ratio_to_reference=0.62, gbps=2000.0, percent_of_floor=62.0, tier="F",
-                   note="output wrong at this size: not credited")])
+    result = FunctionResult(
+        "add",
+        "triton",
+        "",
+        "pass",
+        3,
+        3,
+        perf=[
+            PerfResult(
+                config="add/fp16/64M",
+                student_us=93.1,
+                reference_us=93.0,
+                torch_us=92.1,
+                spread_us=[92.0, 94.0],
+                ratio_to_reference=1.0,
+                gbps=4321.0,
+                percent_of_floor=101.0,
+                tier="A",
+                expected={"reference_us": 92.99, "status": "measured"},
+            ),
+            PerfResult(
+                config="add/fp32/64M",
+                student_us=300.1,
+                reference_us=186.0,
+                torch_us=184.1,
+                spread_us=[299.0, 301.0],
+                ratio_to_reference=0.62,
+                gbps=2000.0,
+                percent_of_floor=62.0,
+                tier="F",
+                note="output wrong at this size: not credited",
+            ),
+        ],
+    )
     lines = grading.performance_lines(result)
     plain = [ANSI.sub("", line) for line in lines]
-    for column in ("yours us", "p10-p90", "reference us", "torch us", "vs reference", "GB/s", "% floor", "tier",
-                   "expected ref us", "note"):
+    for column in (
+        "yours us",
+        "p10-p90",
+        "reference us",
+        "torch us",
+        "vs reference",
+        "GB/s",
+        "% floor",
+        "tier",
+        "expected ref us",
+        "note",
+    ):
         assert column in plain[0]
     assert "92.99 (measured)" in plain[1] and "no row" in plain[2] and "not credited" in plain[2]
     assert "\033[32mA\033[0m" in lines[1] and "\033[31mF\033[0m" in lines[2]

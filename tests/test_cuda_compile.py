@@ -1,5 +1,7 @@
-"""Every course .cu file compiles with nvcc for Ampere (sm_80) and Hopper (sm_90), spills nothing, and the
-vectorized kernels really issue 16-byte loads. No GPU needed: this is what CI checks of the CUDA C."""
+"""Every course .cu file compiles with nvcc for Ampere (sm_80) and Hopper (sm_90), spills nothing,
+and the vectorized kernels really issue 16-byte loads. No GPU needed: this is what CI checks of the
+CUDA C."""
+
 import re
 import subprocess
 from pathlib import Path
@@ -16,8 +18,19 @@ def compile_cubin(source: Path, arch: str, tmp_path: Path) -> tuple[Path, str]:
     nvcc = cuda.nvcc_path()
     assert nvcc, "nvcc not found: install the dev extras (nvidia-cuda-nvcc) or a CUDA toolkit"
     cubin = tmp_path / f"{source.stem}_{arch}.cubin"
-    cmd = [nvcc, "-cubin", f"-arch={arch}", "-std=c++17", "-Xptxas", "-v", f"-I{source.parent}",
-           *(f"-I{d}" for d in cuda.cuda_include_dirs()), "-o", str(cubin), str(source)]
+    cmd = [
+        nvcc,
+        "-cubin",
+        f"-arch={arch}",
+        "-std=c++17",
+        "-Xptxas",
+        "-v",
+        f"-I{source.parent}",
+        *(f"-I{d}" for d in cuda.cuda_include_dirs()),
+        "-o",
+        str(cubin),
+        str(source),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return cubin, proc.stderr
@@ -44,7 +57,9 @@ def _sass(cubin: Path) -> str:
     import triton
 
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    return subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    return subprocess.run(
+        [str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True, check=True
+    ).stdout
 
 
 def _functions(sass: str) -> dict[str, str]:
@@ -53,11 +68,15 @@ def _functions(sass: str) -> dict[str, str]:
 
 
 def test_vectorized_kernels_issue_16_byte_accesses(tmp_path):
-    cubin, _ = compile_cubin(cuda.source_path("elementwise_add/add_vectorized.cu"), "sm_90", tmp_path)
+    cubin, _ = compile_cubin(
+        cuda.source_path("elementwise_add/add_vectorized.cu"), "sm_90", tmp_path
+    )
     functions = _functions(_sass(cubin))
     assert len(functions) == 9
     for name, body in functions.items():
-        assert "LDG.E.128" in body and "STG.E.128" in body, f"{name} does not use 16-byte loads/stores"
+        assert "LDG.E.128" in body and "STG.E.128" in body, (
+            f"{name} does not use 16-byte loads/stores"
+        )
 
 
 def test_naive_kernels_use_narrow_accesses(tmp_path):

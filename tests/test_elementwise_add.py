@@ -1,8 +1,9 @@
 """The add kernels against the float64 reference: odd sizes, every dtype, strided views, bad input.
 
-Triton kernels run everywhere (the interpreter on CPU). CuPy kernels run on a GPU; without one, these
-tests assert the clear "needs a GPU" error instead -- they are never skipped.
+Triton kernels run everywhere (the interpreter on CPU). CuPy kernels run on a GPU; without one,
+these tests assert the clear "needs a GPU" error instead -- they are never skipped.
 """
+
 import pytest
 import torch
 
@@ -13,7 +14,11 @@ from kernels.testing import compare, generator, poison_, random_tensor, strided_
 SIZES = [1, 7, 1023, 1025, 98_765]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 DEVICE = runtime.DEVICE
-ADDS = {"triton": triton_add.add, "cupy naive": cupy_add.add_naive, "cupy vectorized": cupy_add.add_vectorized}
+ADDS = {
+    "triton": triton_add.add,
+    "cupy naive": cupy_add.add_naive,
+    "cupy vectorized": cupy_add.add_vectorized,
+}
 RESIDUAL_ADDS = {"triton": triton_add.residual_add, "cupy": cupy_add.residual_add}
 
 
@@ -69,7 +74,9 @@ def test_residual_add_reproduces_pytorch_order(name, dtype, n):
     cmp = compare(out, reference.residual_add_fp64(x, attn, mlp), atol=atol, rtol=rtol, scale=scale)
     assert cmp.ok, cmp.reason
     if dtype != torch.bfloat16 or runtime.ON_GPU:
-        assert torch.equal(out, reference.residual_add(x, attn, mlp)), "not bit-identical to mlp + attn + x"
+        assert torch.equal(out, reference.residual_add(x, attn, mlp)), (
+            "not bit-identical to mlp + attn + x"
+        )
 
 
 @pytest.mark.parametrize("name", RESIDUAL_ADDS)

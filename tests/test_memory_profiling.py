@@ -1,21 +1,35 @@
-"""Module 05: the fused linear + cross-entropy against float64, the estimator against measurement, the
-profiling helpers and the timeline plot."""
+"""Module 05: the fused linear + cross-entropy against float64, the estimator against measurement,
+the profiling helpers and the timeline plot."""
+
 import time
 
 import pytest
 import torch
 
 from kernels import runtime
-from kernels.memory_profiling import cupy_pool, estimator, gpt, profiling, reference, timeline, triton_chunked_loss
+from kernels.memory_profiling import (
+    cupy_pool,
+    estimator,
+    gpt,
+    profiling,
+    reference,
+    timeline,
+    triton_chunked_loss,
+)
 from kernels.memory_profiling import triton_cross_entropy as tce
 from kernels.testing import ULP, generator
 
 DEV = runtime.DEVICE
-# (tokens, hidden, vocab): odd sizes, a vocabulary not a multiple of BLOCK_V, tokens not a multiple of chunk
+# (tokens, hidden, vocab): odd sizes, a vocabulary not a multiple of BLOCK_V, tokens not a multiple
+# of chunk
 SHAPES = [(1, 16, 7), (37, 48, 1500), (64, 32, 1025)]
-# float32: products and sums in float32; bfloat16/float16: logits and gradients rounded to the dtype,
-# dw summed over chunks in the dtype -- a few ulp of the terms' magnitude
-GRAD_RTOL = {torch.float32: 2.0**-16, torch.float16: 8 * ULP[torch.float16], torch.bfloat16: 8 * ULP[torch.bfloat16]}
+# float32: products and sums in float32; bfloat16/float16: logits and gradients rounded to the
+# dtype, dw summed over chunks in the dtype -- a few ulp of the terms' magnitude
+GRAD_RTOL = {
+    torch.float32: 2.0**-16,
+    torch.float16: 8 * ULP[torch.float16],
+    torch.bfloat16: 8 * ULP[torch.bfloat16],
+}
 
 
 def _inputs(tokens, hidden, vocab, dtype, seed=0, ignore=(3, 10)):
@@ -42,7 +56,10 @@ def test_fused_loss_and_grads_match_fp64(shape, dtype):
     l64, gx, gw = reference.loss_and_grads_fp64(x, w, t)
     sx, sw = reference.grad_scales_fp64(x, w, t)
     assert loss.dtype == torch.float32 and dx.dtype == dtype and dw.dtype == dtype
-    assert abs(loss.item() - l64.item()) <= 2.0**-18 * l64.item() + GRAD_RTOL[dtype] * 0.1, (loss, l64)
+    assert abs(loss.item() - l64.item()) <= 2.0**-18 * l64.item() + GRAD_RTOL[dtype] * 0.1, (
+        loss,
+        l64,
+    )
     ok, worst = _within(dx, gx, sx, GRAD_RTOL[dtype])
     assert ok, f"dx off by {worst} of its terms' magnitude"
     ok, worst = _within(dw, gw, sw, GRAD_RTOL[dtype])
@@ -55,7 +72,10 @@ def test_autograd_wrapper_scales_by_upstream_gradient():
     (3.0 * tce.linear_cross_entropy(xr, wr, t, chunk=8)).backward()
     _, gx, gw = reference.loss_and_grads_fp64(x, w, t)
     sx, sw = reference.grad_scales_fp64(x, w, t)
-    assert _within(xr.grad, 3 * gx, 3 * sx, 2.0**-16)[0] and _within(wr.grad, 3 * gw, 3 * sw, 2.0**-16)[0]
+    assert (
+        _within(xr.grad, 3 * gx, 3 * sx, 2.0**-16)[0]
+        and _within(wr.grad, 3 * gw, 3 * sw, 2.0**-16)[0]
+    )
 
 
 def test_every_target_ignored_gives_nan_loss_and_zero_grads_like_pytorch():
@@ -66,21 +86,25 @@ def test_every_target_ignored_gives_nan_loss_and_zero_grads_like_pytorch():
 
 
 def test_off_by_one_chunk_would_be_caught():
-    """The test can fail: dropping the last chunk's tokens changes the loss by far more than the tolerance."""
+    """The test can fail: dropping the last chunk's tokens changes the loss by far more than the
+    tolerance."""
     x, w, t = _inputs(37, 48, 1500, torch.float32, ignore=())
     full = tce.linear_cross_entropy_with_grads(x, w, t, chunk=16)[0]
     short = tce.linear_cross_entropy_with_grads(x[:32], w, t[:32], chunk=16)[0]
     assert abs(full - short) > 1e-4
 
 
-@pytest.mark.parametrize("bad, error", [
-    (lambda x, w, t: (x.double(), w, t), TypeError),
-    (lambda x, w, t: (x, w.half(), t), TypeError),
-    (lambda x, w, t: (x, w, t.int()), TypeError),
-    (lambda x, w, t: (x, w[:, :-1], t), ValueError),
-    (lambda x, w, t: (x, w, t[:-1]), ValueError),
-    (lambda x, w, t: (x.t().contiguous().t(), w, t), ValueError),
-])
+@pytest.mark.parametrize(
+    "bad, error",
+    [
+        (lambda x, w, t: (x.double(), w, t), TypeError),
+        (lambda x, w, t: (x, w.half(), t), TypeError),
+        (lambda x, w, t: (x, w, t.int()), TypeError),
+        (lambda x, w, t: (x, w[:, :-1], t), ValueError),
+        (lambda x, w, t: (x, w, t[:-1]), ValueError),
+        (lambda x, w, t: (x.t().contiguous().t(), w, t), ValueError),
+    ],
+)
 def test_bad_input_is_rejected_clearly(bad, error):
     x, w, t = _inputs(8, 16, 40, torch.float32)
     with pytest.raises(error):
@@ -103,12 +127,15 @@ def test_triton_token_losses_match_fp64(shape, dtype):
 
 
 def test_fused_extra_memory_is_one_chunk_not_the_logits():
-    """CPU or GPU: the fused loss's extra memory is dx, dw and one chunk, PyTorch's is several logits."""
+    """CPU or GPU: the fused loss's extra memory is dx, dw and one chunk, PyTorch's is several
+    logits."""
     x, w, t = _inputs(256, 32, 4096, torch.float32)
     _, ours = profiling.peak_bytes(tce.linear_cross_entropy_with_grads, x, w, t, chunk=32)
     logits = 256 * 4096 * 4
     chunk_and_grads = 32 * 4096 * 4 + x.numel() * 4 + w.numel() * 4
-    assert ours <= chunk_and_grads + 64 * 1024 + (estimator.CUBLAS_WORKSPACE if runtime.ON_GPU else 0)
+    assert ours <= chunk_and_grads + 64 * 1024 + (
+        estimator.CUBLAS_WORKSPACE if runtime.ON_GPU else 0
+    )
 
     def torch_step():
         xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
@@ -122,51 +149,88 @@ SMALL = gpt.GPTConfig(vocab=1000, max_seq=64, d_model=64, layers=2, heads=4)
 
 
 def _measured_phases(cfg, batch, seq, dtype=torch.float32):
-    before = torch.cuda.memory_allocated() if runtime.ON_GPU else 0  # earlier tests' leftovers are not ours
+    # earlier tests' leftovers are not ours
+    before = torch.cuda.memory_allocated() if runtime.ON_GPU else 0
     torch.manual_seed(0)
-    est = estimator.estimate(cfg, batch, seq, dtype, **({} if runtime.ON_GPU else {"rounding": 1, "workspace": 0}))
-    rec = profiling.PhaseRecorder(baseline=est.parameters + est.adam_state + est.inputs, exclude=before)
+    est = estimator.estimate(
+        cfg, batch, seq, dtype, **({} if runtime.ON_GPU else {"rounding": 1, "workspace": 0})
+    )
+    rec = profiling.PhaseRecorder(
+        baseline=est.parameters + est.adam_state + est.inputs, exclude=before
+    )
     gpt.record_training_step(cfg, batch, seq, dtype, DEV, rec)
     return est, {p.name: p.peak for p in rec.phases}
 
 
 def test_estimator_predicts_measured_peaks():
-    """Exact on the CPU (requested bytes, no allocator); within 10% on a GPU (GPT-2 small, batch 4)."""
+    """Exact on the CPU (requested bytes, no allocator); within 10% on a GPU (GPT-2 small, batch
+    4)."""
     cfg, batch, seq = (gpt.GPT2_SMALL, 4, 1024) if runtime.ON_GPU else (SMALL, 4, 64)
     est, peaks = _measured_phases(cfg, batch, seq)
     rtol = 0.10 if runtime.ON_GPU else 1e-4
-    for phase, predicted in (("forward", est.peak_forward), ("backward", est.peak_forward_backward),
-                             ("step", est.peak_optimizer)):
-        assert abs(peaks[phase] - predicted) <= rtol * peaks[phase], (phase, peaks[phase], predicted)
+    for phase, predicted in (
+        ("forward", est.peak_forward),
+        ("backward", est.peak_forward_backward),
+        ("step", est.peak_optimizer),
+    ):
+        assert abs(peaks[phase] - predicted) <= rtol * peaks[phase], (
+            phase,
+            peaks[phase],
+            predicted,
+        )
 
 
 def test_estimator_counts_seed_004_residual_stream():
     assert estimator.residual_stream_bytes(4, 256, 1600) == 6_553_600  # GPT-2 XL, float32
-    assert estimator.parameter_count(gpt.GPT2_SMALL) == sum(p.numel() for p in gpt.GPT(gpt.GPTConfig(
-        vocab=50257, layers=1)).parameters()) + 11 * (12 * 768**2 + 13 * 768)
+    assert estimator.parameter_count(gpt.GPT2_SMALL) == sum(
+        p.numel() for p in gpt.GPT(gpt.GPTConfig(vocab=50257, layers=1)).parameters()
+    ) + 11 * (12 * 768**2 + 13 * 768)
 
 
 def test_record_snapshot_writes_a_file_and_plots(tmp_path):
     import matplotlib
+
     matplotlib.use("Agg")
     lin = torch.nn.Linear(32, 64).to(DEV)
     x = torch.randn(16, 32, device=DEV)
     with profiling.record_snapshot(tmp_path / "snap.pickle") as rec:
         lin(x).sum().backward()
-    assert rec.path.exists() and profiling.load_snapshot(rec.path).keys() >= {"segments", "device_traces"}
+    assert rec.path.exists() and profiling.load_snapshot(rec.path).keys() >= {
+        "segments",
+        "device_traces",
+    }
     data, labels = timeline.timeline_arrays(rec.snapshot)
     assert data.shape[0] > 0 and labels and data.min() >= 0
     timeline.plot_timeline(rec.snapshot)
 
 
 def test_timeline_arrays_account_for_every_byte():
-    snap = {"device_traces": [[
-        {"action": "alloc", "addr": 1, "size": 100, "frames": [{"filename": "a.py", "line": 1, "name": "f"}]},
-        {"action": "alloc", "addr": 2, "size": 50, "frames": [{"filename": "b.py", "line": 2, "name": "g"}]},
-        {"action": "free_requested", "addr": 1, "size": 100, "frames": []},
-        {"action": "free_completed", "addr": 1, "size": 100, "frames": []},
-        {"action": "free_completed", "addr": 9, "size": 30, "frames": []},  # allocated before recording
-    ]]}
+    snap = {
+        "device_traces": [
+            [
+                {
+                    "action": "alloc",
+                    "addr": 1,
+                    "size": 100,
+                    "frames": [{"filename": "a.py", "line": 1, "name": "f"}],
+                },
+                {
+                    "action": "alloc",
+                    "addr": 2,
+                    "size": 50,
+                    "frames": [{"filename": "b.py", "line": 2, "name": "g"}],
+                },
+                {"action": "free_requested", "addr": 1, "size": 100, "frames": []},
+                {"action": "free_completed", "addr": 1, "size": 100, "frames": []},
+                {
+                    "action": "free_completed",
+                    "addr": 9,
+                    "size": 30,
+                    "frames": [],
+                },  # allocated before recording
+            ]
+        ]
+    }
     data, labels = timeline.timeline_arrays(snap)
     assert labels == ["f (a.py:1)", "g (b.py:2)", timeline.BEFORE]
     assert data.sum(axis=1).tolist() == [130, 180, 80, 50]
@@ -174,6 +238,7 @@ def test_timeline_arrays_account_for_every_byte():
 
 def test_timeline_of_100k_events_renders_in_under_10_s():
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -212,4 +277,7 @@ def test_cupy_pool_is_invisible_to_torch_until_routed_through_its_allocator():
     assert both.torch_allocated - start.torch_allocated == 64 * 2**20  # the CuPy array is not in it
     assert both.cupy_used - start.cupy_used == 64 * 2**20
     routed = steps["CuPy array on PyTorch's allocator"]
-    assert routed.torch_allocated - start.torch_allocated >= 64 * 2**20 and routed.cupy_used == start.cupy_used
+    assert (
+        routed.torch_allocated - start.torch_allocated >= 64 * 2**20
+        and routed.cupy_used == start.cupy_used
+    )

@@ -1,17 +1,25 @@
 """Module 06 (MoE): router, permutation, grouped GEMM, combine and the whole layer against float64.
 
-Small configurations on the CPU (Triton interpreter): 8 experts (and 6, not a power of two), hidden 128,
-intermediate 256, 37 and 100 tokens (not multiples of any block), top-1 and top-2, fp16 and bf16. Routing
-balanced and skewed (one expert takes most tokens, others none). Every buffer the kernels allocate is
-poisoned (NaN, or INT_MAX for integers) by the `poisoned_empty` fixture, so an element nobody writes shows.
-The CuPy permutation and the CUDA-graph capture need a GPU and are skipped on the CPU; permute.cu's
-compilation is covered by tests/test_cuda_compile.py.
+Small configurations on the CPU (Triton interpreter): 8 experts (and 6, not a power of two), hidden
+128, intermediate 256, 37 and 100 tokens (not multiples of any block), top-1 and top-2, fp16 and
+bf16. Routing balanced and skewed (one expert takes most tokens, others none). Every buffer the
+kernels allocate is poisoned (NaN, or INT_MAX for integers) by the `poisoned_empty` fixture, so an
+element nobody writes shows. The CuPy permutation and the CUDA-graph capture need a GPU and are
+skipped on the CPU; permute.cu's compilation is covered by tests/test_cuda_compile.py.
 """
+
 import pytest
 import torch
 
 from kernels import runtime
-from kernels.moe import moe_layer, reference, triton_combine, triton_grouped_gemm, triton_permute, triton_router
+from kernels.moe import (
+    moe_layer,
+    reference,
+    triton_combine,
+    triton_grouped_gemm,
+    triton_permute,
+    triton_router,
+)
 from kernels.testing import ULP, compare, generator, poison_, tolerance
 
 DEV = runtime.DEVICE
@@ -22,8 +30,8 @@ needs_gpu = pytest.mark.skipif(not runtime.ON_GPU, reason="needs a GPU (CuPy ker
 
 @pytest.fixture(autouse=True, scope="module")
 def one_gemm_config():
-    """On the GPU, one grouped-GEMM configuration per case (the benchmark autotunes over all of them and
-    checks the result at full size); the CPU has only one."""
+    """On the GPU, one grouped-GEMM configuration per case (the benchmark autotunes over all of them
+    and checks the result at full size); the CPU has only one."""
     triton_grouped_gemm.TUNING_OVERRIDE = 0
     yield
     triton_grouped_gemm.TUNING_OVERRIDE = None
@@ -31,8 +39,8 @@ def one_gemm_config():
 
 @pytest.fixture
 def poisoned_empty(monkeypatch):
-    """torch.empty / empty_like return poisoned memory while the test runs (the kernels allocate their
-    own outputs and intermediates: h, y, block counts, ...)."""
+    """torch.empty / empty_like return poisoned memory while the test runs (the kernels allocate
+    their own outputs and intermediates: h, y, block counts, ...)."""
     empty, empty_like = torch.empty, torch.empty_like
     monkeypatch.setattr(torch, "empty", lambda *a, **k: poison_(empty(*a, **k)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poison_(empty_like(*a, **k)))
@@ -54,7 +62,7 @@ def _problem(tokens, dtype, *, experts=E, skew=False, seed=0):
     return x.to(dtype), w
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Router
 
 
@@ -71,12 +79,16 @@ def test_router_matches_fp64(tokens, experts, top_k, dtype, poisoned_empty):
     for got, want in ((probs, p64), (weights, w64)):
         c = compare(got, want, atol=1e-7, rtol=64 * ULP[torch.float32])
         assert c.ok, c.reason
-    assert torch.allclose(weights.sum(-1).double(), torch.ones(tokens, dtype=torch.float64, device=weights.device), atol=1e-6)
+    assert torch.allclose(
+        weights.sum(-1).double(),
+        torch.ones(tokens, dtype=torch.float64, device=weights.device),
+        atol=1e-6,
+    )
 
 
 def test_router_weights_are_renormalized():
-    """The check that catches a router that forgets to renormalize: the top-2 probabilities of 8 experts
-    sum to well under 1."""
+    """The check that catches a router that forgets to renormalize: the top-2 probabilities of 8
+    experts sum to well under 1."""
     x, w = _problem(37, torch.bfloat16)
     probs, _, weights = triton_router.route(x, w.router, 2)
     top = probs.topk(2, dim=-1).values
@@ -105,7 +117,7 @@ def test_load_balancing_loss_and_utilization():
     assert stats["load_balancing_loss"].item() > 1.5 and stats["dropped"].item() > 0
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Permutation
 
 
@@ -127,10 +139,16 @@ def check_permutation(perm, ids, experts, block_m):
     for e in range(experts):
         lo, hi = want.padded_offsets[e].item(), want.padded_offsets[e + 1].item()
         got_rows = perm.sorted_ids[lo:hi]
-        assert torch.equal(got_rows.sort().values, want.sorted_ids[lo:hi].sort().values), f"expert {e}'s rows"
-    assert (perm.sorted_ids[want.padded_offsets[-1].item():] == -1).all(), "rows past the end must be padding"
+        assert torch.equal(got_rows.sort().values, want.sorted_ids[lo:hi].sort().values), (
+            f"expert {e}'s rows"
+        )
+    assert (perm.sorted_ids[want.padded_offsets[-1].item() :] == -1).all(), (
+        "rows past the end must be padding"
+    )
     n = ids.numel()
-    assert torch.equal(perm.sorted_ids[perm.row_of.long()], torch.arange(n, dtype=torch.int32, device=ids.device))
+    assert torch.equal(
+        perm.sorted_ids[perm.row_of.long()], torch.arange(n, dtype=torch.int32, device=ids.device)
+    )
 
 
 @pytest.mark.parametrize("block_m", [16, 64])
@@ -141,8 +159,11 @@ def test_triton_permutation(tokens, experts, top_k, block_m, poisoned_empty):
     perm = triton_permute.permute(ids, experts, block_m)
     check_permutation(perm, ids, experts, block_m)
     assert perm.counts[3].item() == 0 and perm.counts[0].item() > tokens * top_k // experts
-    # the Triton version is stable: rows keep the assignments' order, exactly as the sorted reference
-    assert torch.equal(perm.sorted_ids, triton_permute.permute_reference(ids, experts, block_m).sorted_ids)
+    # the Triton version is stable: rows keep the assignments' order, exactly as the sorted
+    # reference
+    assert torch.equal(
+        perm.sorted_ids, triton_permute.permute_reference(ids, experts, block_m).sorted_ids
+    )
 
 
 @needs_gpu
@@ -150,19 +171,22 @@ def test_triton_permutation(tokens, experts, top_k, block_m, poisoned_empty):
 @pytest.mark.parametrize("tokens,experts", [(37, 8), (100, 6), (65536, 32), (3, 8)])
 def test_cuda_permutation(tokens, experts, top_k, poisoned_empty):
     from kernels.moe import cupy_permute
+
     ids = _skewed_ids(tokens, top_k, experts)
     for block_m in (16, 64, 128):
         check_permutation(cupy_permute.permute(ids, experts, block_m), ids, experts, block_m)
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Grouped GEMMs and combine, each from exact inputs
 
 
 def _routed(tokens, top_k, dtype, skew=False):
     x, w = _problem(tokens, dtype, skew=skew)
     _, ids, weights = reference.route(x, w.router, top_k, fp64=True)
-    perm = triton_permute.permute(ids.to(torch.int32), E, triton_grouped_gemm.block_m_for(tokens, E, top_k))
+    perm = triton_permute.permute(
+        ids.to(torch.int32), E, triton_grouped_gemm.block_m_for(tokens, E, top_k)
+    )
     return x, w, ids, weights, perm
 
 
@@ -172,18 +196,30 @@ def _rows(perm):
     tile_of = torch.arange(perm.sorted_ids.numel(), device=DEV) // perm.block_m
     used = tile_of < perm.padded_offsets[-1].item() // perm.block_m
     padding = (used & (perm.sorted_ids < 0)).nonzero().flatten()
-    return real, perm.sorted_ids[real].long() // perm.top_k, perm.tile_expert[tile_of[real]].long(), padding
+    return (
+        real,
+        perm.sorted_ids[real].long() // perm.top_k,
+        perm.tile_expert[tile_of[real]].long(),
+        padding,
+    )
 
 
 def check_h(h, x, w, perm, dtype, fused=True):
-    """h (permuted rows) against float64 SwiGLU of each real row's expert; padding rows must be zeros."""
+    """h (permuted rows) against float64 SwiGLU of each real row's expert; padding rows must be
+    zeros."""
     real, token, expert, padding = _rows(perm)
     xs = x.double()[token]
     wg, wu = w.gate.double()[expert], w.up.double()[expert]
     h_ref, scale = reference.swiglu_with_error_scale(
-        torch.einsum("rh,rih->ri", xs, wg), torch.einsum("rh,rih->ri", xs, wu),
-        torch.einsum("rh,rih->ri", xs.abs(), wg.abs()), torch.einsum("rh,rih->ri", xs.abs(), wu.abs()), fused=fused)
-    c = compare(h[real], h_ref, atol=1e-6 * h_ref.abs().mean().item(), rtol=2 * ULP[dtype], scale=scale)
+        torch.einsum("rh,rih->ri", xs, wg),
+        torch.einsum("rh,rih->ri", xs, wu),
+        torch.einsum("rh,rih->ri", xs.abs(), wg.abs()),
+        torch.einsum("rh,rih->ri", xs.abs(), wu.abs()),
+        fused=fused,
+    )
+    c = compare(
+        h[real], h_ref, atol=1e-6 * h_ref.abs().mean().item(), rtol=2 * ULP[dtype], scale=scale
+    )
     assert c.ok, c.reason
     assert (h[padding] == 0).all(), "padding rows must compute zeros"
 
@@ -225,14 +261,15 @@ def test_combine(top_k, dtype, poisoned_empty):
     assert c.ok, c.reason
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The layer
 
 
 def _check_layer(out, x, w, top_k, dtype):
     ref = reference.moe_loop(x, w, top_k, fp64=True)
     _, ids, weights = reference.route(x, w.router, top_k, fp64=True)
-    # h rounded to dtype (one ulp of each term, truncation in the interpreter), y and out rounded once each
+    # h rounded to dtype (one ulp of each term, truncation in the interpreter), y and out rounded
+    # once each
     c = compare(out, ref, **_tol(dtype, 3), scale=reference.output_scale(x, w, ids, weights))
     assert c.ok, c.reason
 
@@ -244,21 +281,29 @@ def test_layer_matches_fp64(tokens, skew, top_k, dtype, poisoned_empty):
     x, w = _problem(tokens, dtype, skew=skew)
     out, (_, _, _, perm) = moe_layer.moe_forward(x, w, top_k, return_routing=True)
     if skew:
-        assert (perm.counts == 0).any() and perm.counts.max() > tokens * 3 // 4  # most tokens pick expert 0
+        # an expert without tokens, and most tokens pick expert 0
+        assert (perm.counts == 0).any() and perm.counts.max() > tokens * 3 // 4
     _check_layer(out, x, w, top_k, dtype)
 
 
 def test_layer_check_can_fail(poisoned_empty):
-    """The layer check rejects a layer that forgets to renormalize, and one that skips the last partial tile."""
+    """The layer check rejects a layer that forgets to renormalize, and one that skips the last
+    partial tile."""
     x, w = _problem(37, torch.bfloat16)
     _, ids, _ = reference.route(x, w.router, 2, fp64=True)
     probs = torch.softmax(x.double() @ w.router.double().T, -1)
-    unnormalized = reference.moe_loop(x, w, 2, ids=ids, weights=probs.gather(1, ids)).to(torch.bfloat16)
+    unnormalized = reference.moe_loop(x, w, 2, ids=ids, weights=probs.gather(1, ids)).to(
+        torch.bfloat16
+    )
     with pytest.raises(AssertionError):
         _check_layer(unnormalized, x, w, 2, torch.bfloat16)
     _, (_, _, weights, perm) = moe_layer.moe_forward(x, w, 2, return_routing=True)
-    perm.tile_expert[(perm.tile_expert >= 0).nonzero().max()] = -1  # the last partial tile is never computed
-    y = triton_grouped_gemm.down(triton_grouped_gemm.gate_up_swiglu(x, w.gate, w.up, perm), w.down, perm)
+    perm.tile_expert[
+        (perm.tile_expert >= 0).nonzero().max()
+    ] = -1  # the last partial tile is never computed
+    y = triton_grouped_gemm.down(
+        triton_grouped_gemm.gate_up_swiglu(x, w.gate, w.up, perm), w.down, perm
+    )
     with pytest.raises(AssertionError):
         _check_layer(triton_combine.combine(y, weights, perm), x, w, 2, torch.bfloat16)
 
@@ -267,20 +312,23 @@ def test_layer_check_can_fail(poisoned_empty):
 @pytest.mark.parametrize("tokens", [37, 1000])
 def test_layer_with_cuda_permutation_and_graph_capture(tokens):
     from kernels import bench
+
     dtype = torch.bfloat16
     x, w = _problem(tokens, dtype, skew=True)
     out = moe_layer.moe_forward(x, w, 2, permutation="cuda")
     _check_layer(out, x, w, 2, dtype)
     for permutation in ("triton", "cuda"):
         result = {}
-        graph = bench.capture_graph(lambda: result.update(out=moe_layer.moe_forward(x, w, 2, permutation=permutation)))
+        graph = bench.capture_graph(
+            lambda: result.update(out=moe_layer.moe_forward(x, w, 2, permutation=permutation))
+        )
         result["out"].fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
         _check_layer(result["out"], x, w, 2, dtype)
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Bad input
 
 
@@ -303,9 +351,13 @@ def test_bad_input_errors():
     with pytest.raises(ValueError, match="power of two"):
         triton_permute.permute(torch.zeros(8, 2, dtype=torch.int32, device=DEV), E, 24)
     with pytest.raises(ValueError, match="w_down"):
-        moe_layer.moe_forward(x, reference.MoEWeights(w.router, w.gate, w.up, w.down.transpose(1, 2).contiguous()), 2)
+        moe_layer.moe_forward(
+            x, reference.MoEWeights(w.router, w.gate, w.up, w.down.transpose(1, 2).contiguous()), 2
+        )
     with pytest.raises(ValueError, match="permutation"):
         moe_layer.moe_forward(x, w, 2, permutation="numpy")
     with pytest.raises(ValueError, match="weights must be float32"):
         perm = triton_permute.permute(torch.zeros(8, 2, dtype=torch.int32, device=DEV), E, 16)
-        triton_combine.combine(torch.zeros(perm.sorted_ids.numel(), H, device=DEV), torch.ones(8, 2).half(), perm)
+        triton_combine.combine(
+            torch.zeros(perm.sorted_ids.numel(), H, device=DEV), torch.ones(8, 2).half(), perm
+        )

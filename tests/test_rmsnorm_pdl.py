@@ -1,6 +1,8 @@
-"""The GEMM -> RMSNorm pair of triton_pdl.py: the GEMM against float64 on odd sizes, the pair against
-float64, bad arguments, and (on a GPU) programmatic dependent launch giving the same bits as the plain
-launch, eagerly and in a CUDA graph. In CPU mode `pdl=True` runs the plain kernels (no PDL there)."""
+"""The GEMM -> RMSNorm pair of triton_pdl.py: the GEMM against float64 on odd sizes, the pair
+against float64, bad arguments, and (on a GPU) programmatic dependent launch giving the same bits as
+the plain launch, eagerly and in a CUDA graph. In CPU mode `pdl=True` runs the plain kernels (no PDL
+there)."""
+
 import pytest
 import torch
 
@@ -9,7 +11,9 @@ from kernels.rmsnorm import triton_pdl, triton_rmsnorm
 from kernels.testing import generator, poison_, random_tensor
 
 DEVICE = runtime.DEVICE
-on_gpu = pytest.mark.skipif(not runtime.ON_GPU, reason="programmatic dependent launch needs a GPU (sm_90)")
+on_gpu = pytest.mark.skipif(
+    not runtime.ON_GPU, reason="programmatic dependent launch needs a GPU (sm_90)"
+)
 
 
 def operands(tokens, k, n, dtype=torch.bfloat16, seed=0):
@@ -19,7 +23,8 @@ def operands(tokens, k, n, dtype=torch.bfloat16, seed=0):
     return a, b, random_tensor((n,), dtype, DEVICE, g)
 
 
-# K and N not multiples of any block size (the CPU tile is 32 x 64 x 64, the GPU's 16..128 x 32..256 x 64..128)
+# K and N not multiples of any block size (the CPU tile is 32 x 64 x 64, the GPU's 16..128 x 32..256
+# x 64..128)
 SIZES = [(1, 200, 136), (3, 72, 40), (17, 130, 300), (17, 64, 4096)]
 
 
@@ -64,11 +69,26 @@ def test_rms_norm_pdl_flag_same_result():
 
 
 BAD = [
-    ("float32 a and b", lambda a, b, w: (a.float(), b.float(), w), TypeError, "supported: bfloat16, float16"),
+    (
+        "float32 a and b",
+        lambda a, b, w: (a.float(), b.float(), w),
+        TypeError,
+        "supported: bfloat16, float16",
+    ),
     ("dtypes differ", lambda a, b, w: (a, b.half(), w), TypeError, "they must match"),
-    ("inner sizes differ", lambda a, b, w: (a, b[:-1], w), ValueError, "a's columns must equal b's rows"),
+    (
+        "inner sizes differ",
+        lambda a, b, w: (a, b[:-1], w),
+        ValueError,
+        "a's columns must equal b's rows",
+    ),
     ("a is 3-D", lambda a, b, w: (a[None], b, w), ValueError, "must be a matrix"),
-    ("b not contiguous", lambda a, b, w: (a, b.t().contiguous().t(), w), ValueError, r"pass b\.contiguous\(\)"),
+    (
+        "b not contiguous",
+        lambda a, b, w: (a, b.t().contiguous().t(), w),
+        ValueError,
+        r"pass b\.contiguous\(\)",
+    ),
     ("w the wrong length", lambda a, b, w: (a, b, w[:-1]), ValueError, "w must have shape"),
     ("w float32", lambda a, b, w: (a, b, w.float()), TypeError, "reads both as x's dtype"),
 ]
@@ -102,10 +122,14 @@ def test_pdl_is_bit_identical_eager_and_in_a_graph(tokens):
     for t in layers.outputs():
         poison_(t)
     layers.run(pdl=True)
-    assert all(torch.equal(got, want) for got, want in zip(layers.outputs(), plain)), "eager PDL differs"
+    assert all(torch.equal(got, want) for got, want in zip(layers.outputs(), plain)), (
+        "eager PDL differs"
+    )
     graph = bench.capture_graph(lambda: layers.run(pdl=True))
     for t in layers.outputs():
         poison_(t)
     graph.replay()
     torch.cuda.synchronize()
-    assert all(torch.equal(got, want) for got, want in zip(layers.outputs(), plain)), "PDL in a CUDA graph differs"
+    assert all(torch.equal(got, want) for got, want in zip(layers.outputs(), plain)), (
+        "PDL in a CUDA graph differs"
+    )

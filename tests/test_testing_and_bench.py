@@ -1,5 +1,6 @@
-"""The correctness and timing helpers: a comparison that a wrong kernel cannot pass, and timers that say
-what they measured."""
+"""The correctness and timing helpers: a comparison that a wrong kernel cannot pass, and timers that
+say what they measured."""
+
 import math
 import time
 
@@ -27,10 +28,16 @@ def test_nan_in_both_never_passes():
 def test_an_infinity_matches_only_the_same_infinity():
     want = torch.tensor([float("-inf"), 1.0, float("inf")], dtype=torch.float64)
     assert compare(torch.tensor([float("-inf"), 1.0, float("inf")]), want, atol=0, rtol=0).ok
-    for wrong in ([float("inf"), 1.0, float("inf")], [-1e30, 1.0, float("inf")], [float("nan"), 1.0, float("inf")]):
+    for wrong in (
+        [float("inf"), 1.0, float("inf")],
+        [-1e30, 1.0, float("inf")],
+        [float("nan"), 1.0, float("inf")],
+    ):
         cmp = compare(torch.tensor(wrong), want, atol=1e-3, rtol=1e-3)
         assert not cmp.ok and cmp.first_bad_index == [0], cmp.reason
-    assert not compare(torch.tensor([float("-inf")]), torch.tensor([0.0], dtype=torch.float64), atol=1, rtol=1).ok
+    assert not compare(
+        torch.tensor([float("-inf")]), torch.tensor([0.0], dtype=torch.float64), atol=1, rtol=1
+    ).ok
 
 
 def test_one_ulp_error_passes_and_two_fail():
@@ -76,28 +83,37 @@ def test_cpu_timings_are_labelled_as_host_timings():
 
 def test_guard_outlasts_the_host_launch_path():
     assert bench.guard_cycles(0.0) == bench.GUARD_CYCLES  # about 100 us even for the fastest launch
-    assert bench.guard_cycles(400.0) == 2 * 400 * bench.CYCLES_PER_US  # twice the host's time at 2 GHz
-    assert bench.guard_cycles(2e6) == bench.MAX_GUARD_CYCLES  # a 2 s first call (compiling) is not spun for
+    # twice the host's time at 2 GHz
+    assert bench.guard_cycles(400.0) == 2 * 400 * bench.CYCLES_PER_US
+    # a 2 s first call (compiling) is not spun for
+    assert bench.guard_cycles(2e6) == bench.MAX_GUARD_CYCLES
 
 
 def test_round_hooks_run_around_every_timed_round():
     """before_round before every round (warm-up included), after_round after every timed one."""
     calls = []
-    timings = bench.benchmark({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, reps=4, warmup=2,
-                              before_round=lambda: calls.append("new inputs"),
-                              after_round=lambda: calls.append("check"))
+    timings = bench.benchmark(
+        {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+        reps=4,
+        warmup=2,
+        before_round=lambda: calls.append("new inputs"),
+        after_round=lambda: calls.append("check"),
+    )
     assert len(timings["a"].times_us) == len(timings["b"].times_us) == 4
     assert calls.count("check") == 4
     warmups = 2 if runtime.ON_GPU else 1  # the host timer warms up once
     assert calls.count("new inputs") == 4 + warmups
     first_check = calls.index("check")
-    assert calls[first_check - 3] == "new inputs" and sorted(calls[first_check - 2:first_check]) == ["a", "b"]
+    assert calls[first_check - 3] == "new inputs" and sorted(
+        calls[first_check - 2 : first_check]
+    ) == ["a", "b"]
 
 
 @pytest.mark.skipif(not runtime.ON_GPU, reason="device events need a GPU")
 def test_events_do_not_time_a_slow_host_launch_path():
-    """A call that spends 300 us in Python before launching a tiny kernel: the device time is the kernel's,
-    not the host's. With a fixed 100 us spin ahead of the start event it read about 200 us more."""
+    """A call that spends 300 us in Python before launching a tiny kernel: the device time is the
+    kernel's, not the host's. With a fixed 100 us spin ahead of the start event it read about 200 us
+    more."""
     x = torch.randn(1024, device="cuda")
 
     def slow_host_then_tiny_kernel():
@@ -150,6 +166,8 @@ def test_results_are_saved_per_gpu_as_strict_json(tmp_path, monkeypatch):
     import json
 
     monkeypatch.setattr(bench, "RESULTS_DIR", tmp_path)
-    path = bench.save_results("99_example", {"fingerprint": {"gpu": "Test GPU"}, "median_us": 1.5}, gpu_slug="testgpu")
+    path = bench.save_results(
+        "99_example", {"fingerprint": {"gpu": "Test GPU"}, "median_us": 1.5}, gpu_slug="testgpu"
+    )
     assert path == tmp_path / "testgpu" / "99_example.json"
     assert json.loads(path.read_text()) == {"fingerprint": {"gpu": "Test GPU"}, "median_us": 1.5}

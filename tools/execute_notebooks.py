@@ -1,10 +1,13 @@
-"""Execute notebooks in place with nbclient, keeping their outputs: how the committed GPU outputs are made.
+"""Execute notebooks in place with nbclient, keeping their outputs: how the committed GPU outputs
+are made.
 
-    python tools/execute_notebooks.py notebooks/01_elementwise_add.ipynb solutions/01_elementwise_add_lab.ipynb
+    python tools/execute_notebooks.py notebooks/01_elementwise_add.ipynb \
+        solutions/01_elementwise_add_lab.ipynb
 
-Each notebook runs in its own directory with the current Python as its kernel; a failing cell stops that
-notebook (the error stays in its outputs) and the command exits non-zero.
+Each notebook runs in its own directory with the current Python as its kernel; a failing cell stops
+that notebook (the error stays in its outputs) and the command exits non-zero.
 """
+
 from __future__ import annotations
 
 import sys
@@ -18,8 +21,9 @@ from nbclient.exceptions import CellExecutionError
 
 def execute(path: Path) -> bool:
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=300, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent)}})
+    client = NotebookClient(
+        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    )
     start = time.perf_counter()
     try:
         client.execute()

@@ -1,5 +1,7 @@
-"""Element-wise add in CUDA C, launched through CuPy: the naive kernel, the vectorized kernel, and the
-fused three-way residual add. The CUDA C is in add_naive.cu and add_vectorized.cu beside this file."""
+"""Element-wise add in CUDA C, launched through CuPy: the naive kernel, the vectorized kernel, and
+the fused three-way residual add. The CUDA C is in add_naive.cu and add_vectorized.cu beside this
+file."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -31,13 +33,19 @@ def add_naive(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None)
         return out  # a grid of zero blocks is a launch error, not a no-op
     kernel = cuda.load_kernel("elementwise_add/add_naive.cu", f"add_naive_{SUFFIX[out.dtype]}")
     grid = (n + THREADS - 1) // THREADS
-    cuda.launch(kernel, grid, THREADS, (cuda.pointer(a), cuda.pointer(b), cuda.pointer(out), np.int64(n)),
-                out.device)
+    cuda.launch(
+        kernel,
+        grid,
+        THREADS,
+        (cuda.pointer(a), cuda.pointer(b), cuda.pointer(out), np.int64(n)),
+        out.device,
+    )
     return out
 
 
 def grid_stride_blocks(n_items: int, max_blocks: int | None) -> int:
-    """Blocks for a grid-stride kernel: enough to cover `n_items` in one trip, capped at `max_blocks`.
+    """Blocks for a grid-stride kernel: enough to cover `n_items` in one trip, capped at
+    `max_blocks`.
 
     Covering the data measured 3% faster than a persistent grid on an H200 (see add_vectorized.cu).
     """
@@ -45,9 +53,15 @@ def grid_stride_blocks(n_items: int, max_blocks: int | None) -> int:
     return covering if max_blocks is None else max(1, min(covering, max_blocks))
 
 
-def add_vectorized(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
-                   max_blocks: int | None = None) -> torch.Tensor:
-    """out = a + b with 16-byte loads/stores and a grid-stride loop (naive kernel if not 16-byte aligned).
+def add_vectorized(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    max_blocks: int | None = None,
+) -> torch.Tensor:
+    """out = a + b with 16-byte loads/stores and a grid-stride loop (naive kernel if not 16-byte
+    aligned).
 
     `max_blocks` caps the grid (None: one trip per thread); any value gives the same result.
     """
@@ -58,20 +72,34 @@ def add_vectorized(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = 
     if not _is_16b_aligned(a, b, out):
         # A view that starts mid-buffer (x[1:]) cannot be read in 16-byte pieces; correctness first.
         return add_naive(a, b, out)
-    kernel = cuda.load_kernel("elementwise_add/add_vectorized.cu", f"add_vectorized_{SUFFIX[out.dtype]}")
+    kernel = cuda.load_kernel(
+        "elementwise_add/add_vectorized.cu", f"add_vectorized_{SUFFIX[out.dtype]}"
+    )
     n_vec = n // (16 // out.element_size())
     grid = grid_stride_blocks(n_vec, max_blocks)
-    cuda.launch(kernel, grid, THREADS, (cuda.pointer(a), cuda.pointer(b), cuda.pointer(out), np.int64(n)),
-                out.device)
+    cuda.launch(
+        kernel,
+        grid,
+        THREADS,
+        (cuda.pointer(a), cuda.pointer(b), cuda.pointer(out), np.int64(n)),
+        out.device,
+    )
     return out
 
 
-def residual_add(x: torch.Tensor, attn: torch.Tensor, mlp: torch.Tensor, out: torch.Tensor | None = None,
-                 *, accumulate: str = "exact_order", max_blocks: int | None = None) -> torch.Tensor:
+def residual_add(
+    x: torch.Tensor,
+    attn: torch.Tensor,
+    mlp: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    accumulate: str = "exact_order",
+    max_blocks: int | None = None,
+) -> torch.Tensor:
     """out = (mlp + attn) + x in one pass: the parallel-residual update of GPT-NeoX/Pythia.
 
-    accumulate="exact_order" rounds mlp + attn to the tensor dtype first, reproducing PyTorch's
-    `mlp + attn + x` bit for bit; accumulate="fp32" keeps the partial sum in float32 and rounds once.
+    accumulate="exact_order" rounds mlp + attn to the tensor dtype first, reproducing PyTorch's `mlp
+    + attn + x` bit for bit; accumulate="fp32" keeps the partial sum in float32 and rounds once.
     """
     if accumulate not in RESIDUAL_KERNEL:
         raise ValueError(f"accumulate must be 'exact_order' or 'fp32', not {accumulate!r}")
@@ -80,12 +108,20 @@ def residual_add(x: torch.Tensor, attn: torch.Tensor, mlp: torch.Tensor, out: to
     if n == 0:
         return out
     if not _is_16b_aligned(x, attn, mlp, out):
-        raise ValueError("residual_add: the CuPy kernel needs 16-byte-aligned tensors (got a view with an "
-                         "offset); pass .clone() of the view")
-    kernel = cuda.load_kernel("elementwise_add/add_vectorized.cu", f"{RESIDUAL_KERNEL[accumulate]}_{SUFFIX[out.dtype]}")
+        raise ValueError(
+            "residual_add: the CuPy kernel needs 16-byte-aligned tensors (got a view with an "
+            "offset); pass .clone() of the view"
+        )
+    kernel = cuda.load_kernel(
+        "elementwise_add/add_vectorized.cu", f"{RESIDUAL_KERNEL[accumulate]}_{SUFFIX[out.dtype]}"
+    )
     n_vec = n // (16 // out.element_size())
     grid = grid_stride_blocks(n_vec, max_blocks)
-    cuda.launch(kernel, grid, THREADS,
-                (cuda.pointer(x), cuda.pointer(attn), cuda.pointer(mlp), cuda.pointer(out), np.int64(n)),
-                out.device)
+    cuda.launch(
+        kernel,
+        grid,
+        THREADS,
+        (cuda.pointer(x), cuda.pointer(attn), cuda.pointer(mlp), cuda.pointer(out), np.int64(n)),
+        out.device,
+    )
     return out

@@ -1,8 +1,9 @@
 """The specification: what the add kernels compute, in plain PyTorch.
 
-`*_fp64` versions compute the exact answer from the same low-precision inputs, to compare kernels with;
-the others are the PyTorch-native versions kernels are timed against.
+`*_fp64` versions compute the exact answer from the same low-precision inputs, to compare kernels
+with; the others are the PyTorch-native versions kernels are timed against.
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,10 +18,11 @@ def add_fp64(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def residual_add(x: torch.Tensor, attn: torch.Tensor, mlp: torch.Tensor) -> torch.Tensor:
-    """GPT-NeoX's parallel residual as Hugging Face writes it: `mlp_output + attn_output + hidden_states`.
+    """GPT-NeoX's parallel residual as Hugging Face writes it: `mlp_output + attn_output +
+    hidden_states`.
 
-    Python evaluates left to right, so this is (mlp + attn) + x, with the intermediate rounded to the
-    tensor dtype: two kernels, one intermediate written to and read back from memory.
+    Python evaluates left to right, so this is (mlp + attn) + x, with the intermediate rounded to
+    the tensor dtype: two kernels, one intermediate written to and read back from memory.
     """
     return mlp + attn + x
 

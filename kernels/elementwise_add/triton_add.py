@@ -2,8 +2,10 @@
 
 A Triton program handles one BLOCK of elements: it computes their offsets, masks the ones past the
 end (n is rarely a multiple of BLOCK), loads, adds and stores. Triton turns the contiguous,
-16-byte-aligned block into 16-byte vector loads by itself -- the thing the CUDA C version spells out.
+16-byte-aligned block into 16-byte vector loads by itself -- the thing the CUDA C version spells
+out.
 """
+
 from __future__ import annotations
 
 import torch
@@ -33,7 +35,9 @@ def add_kernel(a_ptr, b_ptr, out_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def residual_add_kernel(x_ptr, attn_ptr, mlp_ptr, out_ptr, n, BLOCK: tl.constexpr, EXACT_ORDER: tl.constexpr):
+def residual_add_kernel(
+    x_ptr, attn_ptr, mlp_ptr, out_ptr, n, BLOCK: tl.constexpr, EXACT_ORDER: tl.constexpr
+):
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
     x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
@@ -51,25 +55,49 @@ def _prepare(op: str, inputs: dict[str, torch.Tensor], out: torch.Tensor | None)
     return torch.empty_like(next(iter(inputs.values()))) if out is None else out
 
 
-def add(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
-        block_size: int = BLOCK_SIZE, num_warps: int = NUM_WARPS) -> torch.Tensor:
+def add(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    block_size: int = BLOCK_SIZE,
+    num_warps: int = NUM_WARPS,
+) -> torch.Tensor:
     """out = a + b."""
     out = _prepare("add", {"a": a, "b": b}, out)
     n = out.numel()
     if n:
-        add_kernel[(triton.cdiv(n, block_size),)](a, b, out, n, BLOCK=block_size, num_warps=num_warps)
+        add_kernel[(triton.cdiv(n, block_size),)](
+            a, b, out, n, BLOCK=block_size, num_warps=num_warps
+        )
     return out
 
 
-def residual_add(x: torch.Tensor, attn: torch.Tensor, mlp: torch.Tensor, out: torch.Tensor | None = None, *,
-                 accumulate: str = "exact_order", block_size: int = BLOCK_SIZE,
-                 num_warps: int = NUM_WARPS) -> torch.Tensor:
-    """out = (mlp + attn) + x in one pass (see kernels.elementwise_add.cupy_add.residual_add for `accumulate`)."""
+def residual_add(
+    x: torch.Tensor,
+    attn: torch.Tensor,
+    mlp: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    accumulate: str = "exact_order",
+    block_size: int = BLOCK_SIZE,
+    num_warps: int = NUM_WARPS,
+) -> torch.Tensor:
+    """out = (mlp + attn) + x in one pass (see kernels.elementwise_add.cupy_add.residual_add for
+    `accumulate`)."""
     if accumulate not in ("exact_order", "fp32"):
         raise ValueError(f"accumulate must be 'exact_order' or 'fp32', not {accumulate!r}")
     out = _prepare("residual_add", {"x": x, "attn": attn, "mlp": mlp}, out)
     n = out.numel()
     if n:
         residual_add_kernel[(triton.cdiv(n, block_size),)](
-            x, attn, mlp, out, n, BLOCK=block_size, EXACT_ORDER=accumulate == "exact_order", num_warps=num_warps)
+            x,
+            attn,
+            mlp,
+            out,
+            n,
+            BLOCK=block_size,
+            EXACT_ORDER=accumulate == "exact_order",
+            num_warps=num_warps,
+        )
     return out

@@ -1,2 +1,3 @@
-"""Where GPU memory goes: profiling helpers, snapshots and timelines, an activation-memory estimator,
-and a fused linear + cross-entropy that never materializes the (tokens x vocab) logits."""
+"""Where GPU memory goes: profiling helpers, snapshots and timelines, an activation-memory
+estimator, and a fused linear + cross-entropy that never materializes the (tokens x vocab)
+logits."""

@@ -1,11 +1,12 @@
 """CuPy's memory pool beside PyTorch's caching allocator: two caches, each blind to the other.
 
 Both keep freed GPU memory for reuse instead of returning it to the driver. CuPy's default pool is
-invisible to `torch.cuda.memory_allocated()` and to PyTorch's snapshots, and PyTorch's cache is invisible
-to CuPy's pool: a process that uses both can run out of memory while each says it has plenty free.
-`torch_backed_allocator()` makes CuPy allocate through PyTorch's allocator, so one cache holds everything
-and the snapshot shows CuPy's arrays too. GPU only (CuPy needs a driver).
+invisible to `torch.cuda.memory_allocated()` and to PyTorch's snapshots, and PyTorch's cache is
+invisible to CuPy's pool: a process that uses both can run out of memory while each says it has
+plenty free. `torch_backed_allocator()` makes CuPy allocate through PyTorch's allocator, so one
+cache holds everything and the snapshot shows CuPy's arrays too. GPU only (CuPy needs a driver).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,9 +25,12 @@ class PoolFigures:
 
     def table(self) -> str:
         mib = 2**20
-        return (f"PyTorch: allocated {self.torch_allocated / mib:8.1f} MiB, "
-                f"reserved {self.torch_reserved / mib:8.1f} MiB\n"
-                f"CuPy:    used      {self.cupy_used / mib:8.1f} MiB, held     {self.cupy_held / mib:8.1f} MiB")
+        return (
+            f"PyTorch: allocated {self.torch_allocated / mib:8.1f} MiB, "
+            f"reserved {self.torch_reserved / mib:8.1f} MiB\n"
+            f"CuPy:    used      {self.cupy_used / mib:8.1f} MiB, "
+            f"held     {self.cupy_held / mib:8.1f} MiB"
+        )
 
 
 def figures() -> PoolFigures:
@@ -34,8 +38,12 @@ def figures() -> PoolFigures:
     import cupy
 
     pool = cupy.get_default_memory_pool()
-    return PoolFigures(torch.cuda.memory_allocated(), torch.cuda.memory_reserved(), pool.used_bytes(),
-                       pool.total_bytes())
+    return PoolFigures(
+        torch.cuda.memory_allocated(),
+        torch.cuda.memory_reserved(),
+        pool.used_bytes(),
+        pool.total_bytes(),
+    )
 
 
 class _TorchBlock:
@@ -66,7 +74,8 @@ def torch_backed_allocator():
 
 
 def demo(nbytes: int = 256 * 2**20) -> list[tuple[str, PoolFigures]]:
-    """Allocate and free through both, and through CuPy on PyTorch's allocator: the figures after each."""
+    """Allocate and free through both, and through CuPy on PyTorch's allocator: the figures after
+    each."""
     runtime.require_cupy()
     import cupy
 

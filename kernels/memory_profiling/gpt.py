@@ -1,10 +1,12 @@
 """A GPT-2-style decoder, small and explicit, so that every tensor autograd saves can be named.
 
-Pre-norm blocks (LayerNorm -> causal self-attention through `F.scaled_dot_product_attention` -> residual
-add; LayerNorm -> Linear 4x -> GELU(tanh) -> Linear -> residual add), learned positions, a final
-LayerNorm and an unembedding tied to the token embedding, as GPT-2. No dropout: dropout would save a
-mask per layer and make memory depend on the training mode. `estimator.py` counts this model's memory.
+Pre-norm blocks (LayerNorm -> causal self-attention through `F.scaled_dot_product_attention` ->
+residual add; LayerNorm -> Linear 4x -> GELU(tanh) -> Linear -> residual add), learned positions, a
+final LayerNorm and an unembedding tied to the token embedding, as GPT-2. No dropout: dropout would
+save a mask per layer and make memory depend on the training mode. `estimator.py` counts this
+model's memory.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,9 +48,11 @@ class Block(nn.Module):
         b, t, c = h.shape
         # q, k, v are views of the one qkv tensor: saving them for backward keeps that tensor alive
         q, k, v = self.qkv(h).view(b, t, 3, self.heads, c // self.heads).unbind(2)
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-        # (b, heads, t, hd) -> (b, t, c): a view when the kernel returned y in (b, t, heads, hd) memory order
-        # (flash attention does), a copy otherwise
+        y = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+        # (b, heads, t, hd) -> (b, t, c): a view when the kernel returned y in (b, t, heads, hd)
+        # memory order (flash attention does), a copy otherwise
         return self.attn_out(y.transpose(1, 2).reshape(b, t, c))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -66,25 +70,32 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.d_model)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The mean next-token loss; the logits are not returned, so they are freed as soon as possible."""
+        """The mean next-token loss; the logits are not returned, so they are freed as soon as
+        possible."""
         t = idx.shape[1]
         x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
         for block in self.blocks:
             x = block(x)
-        logits = F.linear(self.ln_f(x), self.tok.weight)  # the unembedding is the token embedding (tied)
+        # the unembedding is the token embedding (tied)
+        logits = F.linear(self.ln_f(x), self.tok.weight)
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
 
 
-def make_batch(cfg: GPTConfig, batch: int, seq: int, device, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def make_batch(
+    cfg: GPTConfig, batch: int, seq: int, device, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator(device=device).manual_seed(seed)
     idx = torch.randint(0, cfg.vocab, (batch, seq + 1), device=device, generator=g)
     return idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
 
 
-def record_training_step(cfg: GPTConfig, batch: int, seq: int, dtype: torch.dtype, device, recorder) -> None:
-    """Build the model and AdamW, take one training step (AdamW allocates its state in the first), then take
-    a second with its forward, backward and optimizer phases recorded by `recorder` (a
-    `profiling.PhaseRecorder`). Everything is freed on return; the recorder keeps the measurements."""
+def record_training_step(
+    cfg: GPTConfig, batch: int, seq: int, dtype: torch.dtype, device, recorder
+) -> None:
+    """Build the model and AdamW, take one training step (AdamW allocates its state in the first),
+    then take a second with its forward, backward and optimizer phases recorded by `recorder` (a
+    `profiling.PhaseRecorder`). Everything is freed on return; the recorder keeps the
+    measurements."""
     model = GPT(cfg).to(device, dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     idx, targets = make_batch(cfg, batch, seq, device)

@@ -3,15 +3,17 @@
 On a GPU the numbers come from PyTorch's caching allocator:
   * **allocated** -- bytes in blocks handed to live tensors (rounded up to the allocator's 512-byte
     granularity);
-  * **reserved** -- bytes the allocator holds from the driver (cudaMalloc'd segments), allocated or not:
-    what `nvidia-smi` sees, minus the CUDA context;
-  * **peak** -- the largest `allocated` since the phase began (`torch.cuda.max_memory_allocated` after
-    `reset_peak_memory_stats`).
-Without a GPU, `torch.cuda.memory_allocated()` returns 0 and tells nothing, so the same helpers fall back
-to `torch.profiler(profile_memory=True)`, which sees every CPU tensor's allocation and free: allocated and
-peak then count the bytes of CPU tensors (no rounding, no reserve), relative to the phase's start plus a
-`baseline` you pass (e.g. the bytes of the model's parameters). The `source` field says which one you got.
+  * **reserved** -- bytes the allocator holds from the driver (cudaMalloc'd segments), allocated or
+    not: what `nvidia-smi` sees, minus the CUDA context;
+  * **peak** -- the largest `allocated` since the phase began (`torch.cuda.max_memory_allocated`
+    after `reset_peak_memory_stats`).
+Without a GPU, `torch.cuda.memory_allocated()` returns 0 and tells nothing, so the same helpers fall
+back to `torch.profiler(profile_memory=True)`, which sees every CPU tensor's allocation and free:
+allocated and peak then count the bytes of CPU tensors (no rounding, no reserve), relative to the
+phase's start plus a `baseline` you pass (e.g. the bytes of the model's parameters). The `source`
+field says which one you got.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -44,18 +46,22 @@ class PhaseStats:
 
 
 def _cpu_profile():
-    """The CPU fallback: the profiler records every allocation and free of a CPU tensor, with the op that
-    made it. (Not `with_stack=True`: that records every Python call, and under the Triton interpreter --
-    Python executing a kernel -- that is millions of records and gigabytes.)"""
+    """The CPU fallback: the profiler records every allocation and free of a CPU tensor, with the op
+    that made it. (Not `with_stack=True`: that records every Python call, and under the Triton
+    interpreter -- Python executing a kernel -- that is millions of records and gigabytes.)"""
     from torch.profiler import ProfilerActivity, profile
 
     return profile(activities=[ProfilerActivity.CPU], profile_memory=True)
 
 
 def _live_curve(prof) -> list[int]:
-    """Running sum of the bytes of CPU allocations (+) and frees (-) in a profile, in time order, from 0."""
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                    if e.name() == "[memory]")
+    """Running sum of the bytes of CPU allocations (+) and frees (-) in a profile, in time order,
+    from 0."""
+    events = sorted(
+        (e.start_ns(), e.nbytes())
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]"
+    )
     total, curve = 0, [0]
     for _, nbytes in events:
         total += nbytes
@@ -66,9 +72,10 @@ def _live_curve(prof) -> list[int]:
 def _cpu_snapshot(prof) -> dict:
     """A profile's allocations as a snapshot in `torch.cuda.memory._snapshot()`'s format (device 0).
 
-    Each allocation's one "frame" names the outermost PyTorch op that made it (what your code called:
-    aten::linear, aten::cross_entropy_loss, ...) and the innermost `torch.profiler.record_function` range
-    around it, if any -- the CPU stand-in for the Python frame a GPU snapshot records."""
+    Each allocation's one "frame" names the outermost PyTorch op that made it (what your code
+    called: aten::linear, aten::cross_entropy_loss, ...) and the innermost
+    `torch.profiler.record_function` range around it, if any -- the CPU stand-in for the Python
+    frame a GPU snapshot records."""
     from torch._C._profiler import _EventType
 
     found = []
@@ -78,8 +85,16 @@ def _cpu_snapshot(prof) -> dict:
         for node in nodes:
             if node.tag == _EventType.Allocation:
                 label = f"{note}: {op}" if note and op else (op or note or "outside any op")
-                found.append((node.start_time_ns, node.extra_fields.ptr, node.extra_fields.alloc_size,
-                              frames_of.setdefault(label, [{"filename": "none", "line": 0, "name": label}])))
+                found.append(
+                    (
+                        node.start_time_ns,
+                        node.extra_fields.ptr,
+                        node.extra_fields.alloc_size,
+                        frames_of.setdefault(
+                            label, [{"filename": "none", "line": 0, "name": label}]
+                        ),
+                    )
+                )
             elif node.tag == _EventType.TorchOp:
                 name = node.name
                 if name.startswith("aten::"):
@@ -93,10 +108,14 @@ def _cpu_snapshot(prof) -> dict:
     trace = []
     for _, addr, size, frames in sorted(found, key=lambda f: f[0]):
         if size >= 0:
-            trace.append({"action": "alloc", "addr": addr, "size": size, "stream": 0, "frames": frames})
+            trace.append(
+                {"action": "alloc", "addr": addr, "size": size, "stream": 0, "frames": frames}
+            )
         else:
             for action in ("free_requested", "free_completed"):
-                trace.append({"action": action, "addr": addr, "size": -size, "stream": 0, "frames": frames})
+                trace.append(
+                    {"action": action, "addr": addr, "size": -size, "stream": 0, "frames": frames}
+                )
     return {"segments": [], "device_traces": [trace]}
 
 
@@ -111,7 +130,8 @@ class PhaseRecorder:
         print(rec.table())
 
     On a GPU, `exclude` bytes (what the process held before the workload was built, e.g.
-    `torch.cuda.memory_allocated()` before creating the model) are subtracted from allocated and peak.
+    `torch.cuda.memory_allocated()` before creating the model) are subtracted from allocated and
+    peak.
     """
 
     def __init__(self, baseline: int = 0, exclude: int = 0):
@@ -127,32 +147,48 @@ class PhaseRecorder:
             torch.cuda.reset_peak_memory_stats()
             yield
             torch.cuda.synchronize()
-            self.phases.append(PhaseStats(name, start, torch.cuda.memory_allocated() - self._exclude,
-                                          torch.cuda.max_memory_allocated() - self._exclude,
-                                          torch.cuda.memory_reserved(), GPU_SOURCE))
+            self.phases.append(
+                PhaseStats(
+                    name,
+                    start,
+                    torch.cuda.memory_allocated() - self._exclude,
+                    torch.cuda.max_memory_allocated() - self._exclude,
+                    torch.cuda.memory_reserved(),
+                    GPU_SOURCE,
+                )
+            )
             return
         start = self._cpu_allocated
         with _cpu_profile() as prof:
             yield
         curve = _live_curve(prof)
         self._cpu_allocated = start + curve[-1]
-        self.phases.append(PhaseStats(name, start, self._cpu_allocated, start + max(curve), None, CPU_SOURCE))
+        self.phases.append(
+            PhaseStats(name, start, self._cpu_allocated, start + max(curve), None, CPU_SOURCE)
+        )
 
     def table(self, unit: str = "MiB") -> str:
         scale = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[unit]
-        lines = [f"{'phase':<12}{'allocated at start':>20}{'at end':>12}{'peak':>12}{'reserved':>12}   ({unit}, "
-                 f"{self.phases[0].source if self.phases else ''})"]
+        lines = [
+            f"{'phase':<12}{'allocated at start':>20}{'at end':>12}{'peak':>12}{'reserved':>12}   "
+            f"({unit}, "
+            f"{self.phases[0].source if self.phases else ''})"
+        ]
         for p in self.phases:
             reserved = "-" if p.reserved_end is None else f"{p.reserved_end / scale:,.1f}"
-            lines.append(f"{p.name:<12}{p.allocated_start / scale:>20,.1f}{p.allocated_end / scale:>12,.1f}"
-                         f"{p.peak / scale:>12,.1f}{reserved:>12}")
+            lines.append(
+                f"{p.name:<12}{p.allocated_start / scale:>20,.1f}{p.allocated_end / scale:>12,.1f}"
+                f"{p.peak / scale:>12,.1f}{reserved:>12}"
+            )
         return "\n".join(lines)
 
 
 def peak_bytes(fn, *args, **kwargs) -> tuple[object, int]:
-    """(fn's result, the peak bytes allocated *above what was allocated before the call*) -- its extra memory.
+    """(fn's result, the peak bytes allocated *above what was allocated before the call*) -- its
+    extra memory.
 
-    GPU: the caching allocator's peak; CPU: the peak of CPU tensors live during the call (torch.profiler).
+    GPU: the caching allocator's peak; CPU: the peak of CPU tensors live during the call
+    (torch.profiler).
     """
     if runtime.ON_GPU:
         torch.cuda.synchronize()
@@ -180,10 +216,11 @@ def record_snapshot(path: str | Path | None = None, max_entries: int = MAX_ENTRI
     """Record every allocation and free inside the block, with the Python stack that made it.
 
     GPU: `torch.cuda.memory._record_memory_history(stacks="python")` -- Python frames only, because
-    symbolizing C++ stacks makes dumping a snapshot take minutes -- then `torch.cuda.memory._snapshot()`.
-    CPU: `torch.profiler(profile_memory=True)`, converted into the same format; allocations are labelled
-    by the PyTorch op that made them (and `record_function` ranges), not by Python frame.
-    With `path`, the snapshot is also pickled there: drag the file onto https://pytorch.org/memory_viz.
+    symbolizing C++ stacks makes dumping a snapshot take minutes -- then
+    `torch.cuda.memory._snapshot()`. CPU: `torch.profiler(profile_memory=True)`, converted into the
+    same format; allocations are labelled by the PyTorch op that made them (and `record_function`
+    ranges), not by Python frame. With `path`, the snapshot is also pickled there: drag the file
+    onto https://pytorch.org/memory_viz.
     """
     rec = Recording()
     if runtime.ON_GPU:

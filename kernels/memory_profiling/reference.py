@@ -1,9 +1,11 @@
 """The spec of the fused linear + cross-entropy, in plain PyTorch.
 
-`x` (tokens, hidden) are the last hidden states, `w` (vocab, hidden) the unembedding (lm head) weight,
-`targets` (tokens,) int64 class indices, where `ignore_index` marks tokens that carry no loss (padding,
-the prompt). The loss is the mean over the tokens that are not ignored, as `F.cross_entropy` does.
+`x` (tokens, hidden) are the last hidden states, `w` (vocab, hidden) the unembedding (lm head)
+weight, `targets` (tokens,) int64 class indices, where `ignore_index` marks tokens that carry no
+loss (padding, the prompt). The loss is the mean over the tokens that are not ignored, as
+`F.cross_entropy` does.
 """
+
 from __future__ import annotations
 
 import torch
@@ -12,28 +14,35 @@ import torch.nn.functional as F
 IGNORE_INDEX = -100
 
 
-def linear_cross_entropy(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor,
-                         ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
-    """What everyone writes: the full logits, then `F.cross_entropy` (mean over non-ignored tokens)."""
+def linear_cross_entropy(
+    x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX
+) -> torch.Tensor:
+    """What everyone writes: the full logits, then `F.cross_entropy` (mean over non-ignored
+    tokens)."""
     return F.cross_entropy(x @ w.t(), targets, ignore_index=ignore_index)
 
 
-def token_losses(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor,
-                 ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+def token_losses(
+    x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX
+) -> torch.Tensor:
     """Per-token losses (0 where ignored), as PyTorch computes them: full logits in x's dtype."""
     return F.cross_entropy(x @ w.t(), targets, ignore_index=ignore_index, reduction="none")
 
 
-def token_losses_fp64(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor,
-                      ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
-    """Per-token losses in float64 from the same (low-precision) inputs: the spec the checks compare with."""
+def token_losses_fp64(
+    x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX
+) -> torch.Tensor:
+    """Per-token losses in float64 from the same (low-precision) inputs: the spec the checks compare
+    with."""
     logits = x.double() @ w.double().t()
     return F.cross_entropy(logits, targets, ignore_index=ignore_index, reduction="none")
 
 
-def loss_and_grads_fp64(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor,
-                        ignore_index: int = IGNORE_INDEX) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(mean loss, d loss / d x, d loss / d w), all float64, by autograd on float64 copies of the inputs."""
+def loss_and_grads_fp64(
+    x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(mean loss, d loss / d x, d loss / d w), all float64, by autograd on float64 copies of the
+    inputs."""
     x64 = x.detach().double().requires_grad_()
     w64 = w.detach().double().requires_grad_()
     loss = F.cross_entropy(x64 @ w64.t(), targets, ignore_index=ignore_index)
@@ -41,11 +50,14 @@ def loss_and_grads_fp64(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor,
     return loss.detach(), gx, gw
 
 
-def grad_scales_fp64(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor,
-                     ignore_index: int = IGNORE_INDEX) -> tuple[torch.Tensor, torch.Tensor]:
-    """Magnitudes of the terms summed into each gradient element, for tolerances that survive cancellation.
+def grad_scales_fp64(
+    x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Magnitudes of the terms summed into each gradient element, for tolerances that survive
+    cancellation.
 
-    dx = P @ w / n and dw = P^T @ x / n with |P| <= |softmax| + onehot: bound each sum by the sum of |terms|.
+    dx = P @ w / n and dw = P^T @ x / n with |P| <= |softmax| + onehot: bound each sum by the sum of
+    |terms|.
     """
     logits = x.double() @ w.double().t()
     p = torch.softmax(logits, dim=-1)

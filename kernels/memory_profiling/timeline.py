@@ -1,17 +1,19 @@
-"""A memory snapshot as a matplotlib timeline: live bytes over time, stacked and coloured by the Python
-frame that allocated them.
+"""A memory snapshot as a matplotlib timeline: live bytes over time, stacked and coloured by the
+Python frame that allocated them.
 
 A snapshot is the dictionary `torch.cuda.memory._snapshot()` returns (the format `torch/cuda/
-_memory_viz.py` reads, and pytorch.org/memory_viz opens when pickled): `device_traces[d]` is the list of
-what the caching allocator did on device d, in order -- `alloc`, `free_requested`, `free_completed`,
-`segment_alloc`, ... -- each with `addr`, `size` and `frames` (innermost first). The timeline counts an
-allocation from its `alloc` to its `free_completed` (when the memory can be reused), as memory_viz's
-"Active Memory Timeline" does; the x axis is the event number, so a burst of small allocations is as
-wide as it is long in events, not in microseconds.
+_memory_viz.py` reads, and pytorch.org/memory_viz opens when pickled): `device_traces[d]` is the
+list of what the caching allocator did on device d, in order -- `alloc`, `free_requested`,
+`free_completed`, `segment_alloc`, ... -- each with `addr`, `size` and `frames` (innermost first).
+The timeline counts an allocation from its `alloc` to its `free_completed` (when the memory can be
+reused), as memory_viz's "Active Memory Timeline" does; the x axis is the event number, so a burst
+of small allocations is as wide as it is long in events, not in microseconds.
 
 Drawing must stay fast on a real training step (100k events): the bytes per category are built with
-NumPy (one row per event, one column per category, a cumulative sum), never in a Python loop per point.
+NumPy (one row per event, one column per category, a cumulative sum), never in a Python loop per
+point.
 """
+
 from __future__ import annotations
 
 import random
@@ -21,17 +23,29 @@ import numpy as np
 BEFORE = "allocated before recording"
 OTHER = "other"
 # Frames from these places say how PyTorch allocates, not which line of *your* code asked for it.
-_LIBRARY_MARKERS = ("/torch/", "torch/", "<built-in", "nn.Module:", "/site-packages/", "<frozen ", "/triton/")
+_LIBRARY_MARKERS = (
+    "/torch/",
+    "torch/",
+    "<built-in",
+    "nn.Module:",
+    "/site-packages/",
+    "<frozen ",
+    "/triton/",
+)
 
 
 def _frame_text(frame: dict) -> str:
-    if frame.get("filename", "none") == "none":  # snapshots converted from torch.profiler put all in name
+    # snapshots converted from torch.profiler put all in name
+    if frame.get("filename", "none") == "none":
         return frame.get("name", "?")
-    return f"{frame.get('name', '?')} ({frame['filename'].rsplit('/', 1)[-1]}:{frame.get('line', 0)})"
+    return (
+        f"{frame.get('name', '?')} ({frame['filename'].rsplit('/', 1)[-1]}:{frame.get('line', 0)})"
+    )
 
 
 def allocation_frame(frames: list[dict]) -> str:
-    """The innermost frame that is not PyTorch's (or a library's): the line of user code that allocated."""
+    """The innermost frame that is not PyTorch's (or a library's): the line of user code that
+    allocated."""
     for frame in frames:
         where = f"{frame.get('filename', '')} {frame.get('name', '')}"
         if not any(marker in where for marker in _LIBRARY_MARKERS):
@@ -47,16 +61,24 @@ def device_trace(snapshot: dict, device: int | None = None) -> list[dict]:
     return next((t for t in traces if t), [])
 
 
-def timeline_arrays(snapshot: dict, device: int | None = None, top: int = 10) -> tuple[np.ndarray, list[str]]:
-    """(bytes, labels): bytes[i, k] is the live bytes of category k after event i (alloc or free_completed).
+def timeline_arrays(
+    snapshot: dict, device: int | None = None, top: int = 10
+) -> tuple[np.ndarray, list[str]]:
+    """(bytes, labels): bytes[i, k] is the live bytes of category k after event i (alloc or
+    free_completed).
 
-    The categories are the `top` frames with the largest peak, then "other", then the memory that was
-    already allocated when recording began (freed during it, so its size is known from the free).
+    The categories are the `top` frames with the largest peak, then "other", then the memory that
+    was already allocated when recording began (freed during it, so its size is known from the
+    free).
     """
-    events = [e for e in device_trace(snapshot, device) if e["action"] in ("alloc", "free_completed")]
+    events = [
+        e for e in device_trace(snapshot, device) if e["action"] in ("alloc", "free_completed")
+    ]
     label_of_addr: dict[int, int] = {}
     label_ids: dict[str, int] = {}
-    frame_ids: dict[int, int] = {}  # id(frames list) -> label id: traces share one list per allocation
+    frame_ids: dict[
+        int, int
+    ] = {}  # id(frames list) -> label id: traces share one list per allocation
     cats = np.empty(len(events), dtype=np.int64)
     deltas = np.empty(len(events), dtype=np.float64)
     before = -1
@@ -95,9 +117,18 @@ def timeline_arrays(snapshot: dict, device: int | None = None, top: int = 10) ->
     return data, labels
 
 
-def plot_timeline(snapshot: dict, ax=None, *, device: int | None = None, top: int = 10, title: str | None = None,
-                  unit: str = "MiB", legend: bool = True):
-    """Draw the snapshot's live memory over events, stacked by allocating frame; returns the axes."""
+def plot_timeline(
+    snapshot: dict,
+    ax=None,
+    *,
+    device: int | None = None,
+    top: int = 10,
+    title: str | None = None,
+    unit: str = "MiB",
+    legend: bool = True,
+):
+    """Draw the snapshot's live memory over events, stacked by allocating frame; returns the
+    axes."""
     import matplotlib.pyplot as plt
 
     scale = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[unit]
@@ -107,8 +138,13 @@ def plot_timeline(snapshot: dict, ax=None, *, device: int | None = None, top: in
     if data.shape[0]:
         x = np.arange(data.shape[0])
         colours = plt.get_cmap("tab20").colors
-        ax.stackplot(x, (data / scale).T, labels=labels, colors=[colours[i % 20] for i in range(len(labels))],
-                     linewidth=0)
+        ax.stackplot(
+            x,
+            (data / scale).T,
+            labels=labels,
+            colors=[colours[i % 20] for i in range(len(labels))],
+            linewidth=0,
+        )
         peak = data.sum(axis=1).max() / scale
         ax.axhline(peak, color="black", linewidth=0.8, linestyle="--")
         ax.text(0, peak, f" peak {peak:,.1f} {unit}", va="bottom", fontsize=8)
@@ -122,13 +158,23 @@ def plot_timeline(snapshot: dict, ax=None, *, device: int | None = None, top: in
     return ax
 
 
-def synthetic_snapshot(n_events: int, *, n_frames: int = 40, seed: int = 0, device: int = 0) -> dict:
+def synthetic_snapshot(
+    n_events: int, *, n_frames: int = 40, seed: int = 0, device: int = 0
+) -> dict:
     """A made-up snapshot in `torch.cuda.memory._snapshot()`'s format with about `n_events` trace
     entries (allocs, free_requested, free_completed): for testing the plot's speed without a GPU."""
     rng = random.Random(seed)
-    frames = [[{"filename": f"/work/model/layer{k % 7}.py", "line": 10 + k, "name": f"forward_{k}"},
-               {"filename": "/usr/lib/python3/site-packages/torch/nn/modules/module.py", "line": 1782,
-                "name": "_call_impl"}] for k in range(n_frames)]
+    frames = [
+        [
+            {"filename": f"/work/model/layer{k % 7}.py", "line": 10 + k, "name": f"forward_{k}"},
+            {
+                "filename": "/usr/lib/python3/site-packages/torch/nn/modules/module.py",
+                "line": 1782,
+                "name": "_call_impl",
+            },
+        ]
+        for k in range(n_frames)
+    ]
     live: list[tuple[int, int, list]] = []
     trace: list[dict] = []
     addr = 1 << 32

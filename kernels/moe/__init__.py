@@ -1,2 +1,3 @@
-"""Mixture of experts: top-k routing, load balance, token permutation, a Triton grouped GEMM with the
-gather and SwiGLU fused in, and the weighted combine -- the pieces that together make one layer fast."""
+"""Mixture of experts: top-k routing, load balance, token permutation, a Triton grouped GEMM with
+the gather and SwiGLU fused in, and the weighted combine -- the pieces that together make one layer
+fast."""

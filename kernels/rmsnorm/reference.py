@@ -5,6 +5,7 @@
 `*_fp64` versions give the exact answer from the same low-precision inputs, to compare kernels with.
 `naive` is the unfused version a first implementation writes: several kernels, several passes.
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,24 +18,30 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tenso
 
 
 def naive(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """One op at a time, as the formula reads: square, mean, add, rsqrt, multiply, multiply, cast."""
+    """One op at a time, as the formula reads: square, mean, add, rsqrt, multiply, multiply,
+    cast."""
     x32 = x.float()
     return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
 
 
-def rms_norm_fp64(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, x_scale: float = 1.0) -> torch.Tensor:
+def rms_norm_fp64(
+    x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, x_scale: float = 1.0
+) -> torch.Tensor:
     x64 = x.double() * x_scale
     return x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * w.double()
 
 
-def fused_add_rms_norm_fp64(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor,
-                            eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
-    """vLLM's fused_add_rms_norm: h = x + residual (rounded to the dtype, as the model stores it); y = rmsnorm(h)."""
+def fused_add_rms_norm_fp64(
+    x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's fused_add_rms_norm: h = x + residual (rounded to the dtype, as the model stores it); y
+    = rmsnorm(h)."""
     h = (x.double() + residual.double()).to(x.dtype)
     return rms_norm_fp64(h, w, eps), h.double()
 
 
-def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor,
-                       eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
     h = x + residual
     return rms_norm(h, w, eps), h

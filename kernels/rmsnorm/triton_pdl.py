@@ -1,27 +1,31 @@
-"""Programmatic dependent launch (PDL): an RMSNorm that starts while the GEMM before it is still running.
+"""Programmatic dependent launch (PDL): an RMSNorm that starts while the GEMM before it is still
+running.
 
 In a model the norm's input is the output of a GEMM (the attention output projection, the MLP's down
 projection). Launched normally, the norm cannot start until the GEMM has finished and its writes are
-visible: between the GEMM's last program and the norm's first the GPU is partly idle (about a microsecond,
-measured in notebook 02, part 10), and the GEMM's last wave of programs leaves SMs empty. Hopper (sm_90)
-lets two kernels overlap there, in three parts:
+visible: between the GEMM's last program and the norm's first the GPU is partly idle (about a
+microsecond, measured in notebook 02, part 10), and the GEMM's last wave of programs leaves SMs
+empty. Hopper (sm_90) lets two kernels overlap there, in three parts:
 
-* the second kernel is launched with the launch attribute "programmatic stream serialization" (Triton:
-  `kernel[grid](..., launch_pdl=True)`): it may start before the first one has finished;
-* the first kernel says when: `tl.extra.cuda.gdc_launch_dependents()` (PTX `griddepcontrol.launch_dependents`).
-  The second kernel's programs are launched once every program of the first has executed it (or exited);
-* the second kernel's programs do what does not depend on the first (the norm loads its weight w), then
-  call `tl.extra.cuda.gdc_wait()` (PTX `griddepcontrol.wait`), which returns when the first grid has
-  completed and its memory operations are visible. Only then do they read the GEMM's output.
+* the second kernel is launched with the launch attribute "programmatic stream serialization"
+  (Triton: `kernel[grid](..., launch_pdl=True)`): it may start before the first one has finished;
+* the first kernel says when: `tl.extra.cuda.gdc_launch_dependents()` (PTX
+  `griddepcontrol.launch_dependents`). The second kernel's programs are launched once every program
+  of the first has executed it (or exited);
+* the second kernel's programs do what does not depend on the first (the norm loads its weight w),
+  then call `tl.extra.cuda.gdc_wait()` (PTX `griddepcontrol.wait`), which returns when the first
+  grid has completed and its memory operations are visible. Only then do they read the GEMM's
+  output.
 
-Correctness rests on `gdc_wait` alone: the trigger is a scheduling hint, and a dependent that waits reads
-the same data wherever the trigger is. So the PDL pair gives the same bits as the plain pair (the tests and
-the benchmark check it before timing). What it can save is the gap plus the part of the norm's start-up that
-overlaps the GEMM's tail; notebook 02, part 10 measures it.
+Correctness rests on `gdc_wait` alone: the trigger is a scheduling hint, and a dependent that waits
+reads the same data wherever the trigger is. So the PDL pair gives the same bits as the plain pair
+(the tests and the benchmark check it before timing). What it can save is the gap plus the part of
+the norm's start-up that overlaps the GEMM's tail; notebook 02, part 10 measures it.
 
-In CPU mode (the Triton interpreter) there is no launch attribute and the interpreter cannot execute the
-`griddepcontrol` instructions: the wrappers run the plain kernels, `pdl=True` included.
+In CPU mode (the Triton interpreter) there is no launch attribute and the interpreter cannot execute
+the `griddepcontrol` instructions: the wrappers run the plain kernels, `pdl=True` included.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,20 +40,36 @@ from kernels.rmsnorm.triton_rmsnorm import rms_norm
 from kernels.rmsnorm.validate import check_matmul_args, check_rmsnorm_args
 from kernels.testing import TINY, ULP, Comparison, compare, generator, random_tensor
 
-UPCAST = not runtime.ON_GPU  # bf16 tl.dot is wrong in the interpreter (DESIGN.md): float32 tiles there
-# The trigger is PTX the interpreter cannot run; on the GPU the GEMM always carries it, so the GEMM is the
-# same binary in the pair with and without PDL (without a PDL-launched dependent it does nothing).
+# bf16 tl.dot is wrong in the interpreter (DESIGN.md): float32 tiles there
+UPCAST = not runtime.ON_GPU
+# The trigger is PTX the interpreter cannot run; on the GPU the GEMM always carries it, so the GEMM
+# is the same binary in the pair with and without PDL (without a PDL-launched dependent it does
+# nothing).
 LAUNCH_DEPENDENTS = runtime.ON_GPU
 GROUP_M = 8
 
 
 @triton.jit
-def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr,
-                  LAUNCH_DEPENDENTS: tl.constexpr):
-    """c (M, N) = a (M, K) @ b (K, N), row-major; float32 accumulation, rounded once to c's dtype."""
+def matmul_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    UPCAST: tl.constexpr,
+    LAUNCH_DEPENDENTS: tl.constexpr,
+):
+    """c (M, N) = a (M, K) @ b (K, N), row-major; float32 accumulation, rounded once to c's
+    dtype."""
     pid = tl.program_id(0)
-    # Grouped order: GROUP_M row tiles walk the column tiles together, so their rows of a stay in L2.
+    # Grouped order: GROUP_M row tiles walk the column tiles together, so their rows of a stay in
+    # L2.
     m_tiles = tl.cdiv(M, BLOCK_M)
     n_tiles = tl.cdiv(N, BLOCK_N)
     per_group = GROUP_M * n_tiles
@@ -60,16 +80,17 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: 
     rows = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     k = tl.arange(0, BLOCK_K)
-    # Rows and columns past the edge read row M-1 / column N-1 again (modulo) instead of being masked: the
-    # loads of the main loop need no mask, and the store below drops those results.
+    # Rows and columns past the edge read row M-1 / column N-1 again (modulo) instead of being
+    # masked: the loads of the main loop need no mask, and the store below drops those results.
     a_ptrs = a_ptr + (rows % M)[:, None].to(tl.int64) * K + k[None, :]
     b_ptrs = b_ptr + k[:, None].to(tl.int64) * N + (cols % N)[None, :]
     if LAUNCH_DEPENDENTS:
-        # Let a PDL-launched next kernel start now. Its programs are launched once every program of this
-        # grid has passed this point, that is once the last wave of the GEMM is on the SMs and streaming:
-        # they take the SMs this grid has no more work for, do their prologue (the norm loads w) and wait
-        # in gdc_wait until this grid has finished. At the end of the program instead, they would be
-        # released when the last program stores its tile: nothing left to overlap but the store.
+        # Let a PDL-launched next kernel start now. Its programs are launched once every program of
+        # this grid has passed this point, that is once the last wave of the GEMM is on the SMs and
+        # streaming: they take the SMs this grid has no more work for, do their prologue (the norm
+        # loads w) and wait in gdc_wait until this grid has finished. At the end of the program
+        # instead, they would be released when the last program stores its tile: nothing left to
+        # overlap but the store.
         tl.extra.cuda.gdc_launch_dependents()
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -87,15 +108,23 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: 
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K * N
     mask = (rows < M)[:, None] & (cols < N)[None, :]
-    tl.store(c_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], acc.to(c_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        c_ptr + rows[:, None].to(tl.int64) * N + cols[None, :],
+        acc.to(c_ptr.dtype.element_ty),
+        mask=mask,
+    )
 
 
-# (most rows, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) on sm_90, by the number of rows (tokens).
-# Decode: a weight read; 32 columns per program gives 128 programs for N = 4096 (one per SM), each with
-# 5 tiles of b in flight. Prefill: wgmma tiles of 128 rows, 256 columns once there are enough rows to fill
-# 132 SMs several times. Compiled offline without spills (PERFORMANCE.md).
-GPU_TILES = [(16, 16, 32, 128, 4, 6), (64, 64, 64, 128, 4, 4), (1024, 128, 128, 64, 8, 4),
-             (None, 128, 256, 64, 8, 3)]
+# (most rows, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) on sm_90, by the number of rows
+# (tokens). Decode: a weight read; 32 columns per program gives 128 programs for N = 4096 (one per
+# SM), each with 5 tiles of b in flight. Prefill: wgmma tiles of 128 rows, 256 columns once there
+# are enough rows to fill 132 SMs several times. Compiled offline without spills (PERFORMANCE.md).
+GPU_TILES = [
+    (16, 16, 32, 128, 4, 6),
+    (64, 64, 64, 128, 4, 4),
+    (1024, 128, 128, 64, 8, 4),
+    (None, 128, 256, 64, 8, 3),
+]
 CPU_TILE = (32, 64, 64, 1, 1)  # the interpreter: few, large programs
 
 
@@ -106,8 +135,8 @@ def _tile(m: int) -> tuple[int, int, int, int, int]:
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """a (M, K) @ b (K, N) for bf16 or fp16, float32 accumulation: the GEMM before the norm. On the GPU its
-    programs trigger a PDL-launched next kernel early (see `matmul_kernel`)."""
+    """a (M, K) @ b (K, N) for bf16 or fp16, float32 accumulation: the GEMM before the norm. On the
+    GPU its programs trigger a PDL-launched next kernel early (see `matmul_kernel`)."""
     check_matmul_args("matmul", a, b, out, device_type=runtime.DEVICE)
     (m, k), n = a.shape, b.shape[1]
     out = torch.empty(m, n, dtype=a.dtype, device=a.device) if out is None else out
@@ -117,20 +146,48 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) ->
         return out.zero_()
     block_m, block_n, block_k, num_warps, num_stages = _tile(m)
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
-    matmul_kernel[grid](a, b, out, m, n, k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M,
-                        EVEN_K=k % block_k == 0, UPCAST=UPCAST, LAUNCH_DEPENDENTS=LAUNCH_DEPENDENTS,
-                        num_warps=num_warps, num_stages=num_stages)
+    matmul_kernel[grid](
+        a,
+        b,
+        out,
+        m,
+        n,
+        k,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        GROUP_M=GROUP_M,
+        EVEN_K=k % block_k == 0,
+        UPCAST=UPCAST,
+        LAUNCH_DEPENDENTS=LAUNCH_DEPENDENTS,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
     return out
 
 
-def gemm_rms_norm(a: torch.Tensor, b: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, *, pdl: bool = False,
-                  out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def gemm_rms_norm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    w: torch.Tensor,
+    eps: float = 1e-6,
+    *,
+    pdl: bool = False,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """h = a @ b, then y = rmsnorm(h) * w: two kernels; returns (h, y), written into `out` if given.
 
-    With `pdl=True` the norm is launched with programmatic dependent launch: it starts during the GEMM's
-    last wave, loads w and waits for h. Same result bit for bit. In CPU mode `pdl` is ignored (see above)."""
-    check_matmul_args("gemm_rms_norm", a, b, out[0] if out is not None else None, device_type=runtime.DEVICE)
-    h = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device) if out is None else out[0]
+    With `pdl=True` the norm is launched with programmatic dependent launch: it starts during the
+    GEMM's last wave, loads w and waits for h. Same result bit for bit. In CPU mode `pdl` is ignored
+    (see above)."""
+    check_matmul_args(
+        "gemm_rms_norm", a, b, out[0] if out is not None else None, device_type=runtime.DEVICE
+    )
+    h = (
+        torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device)
+        if out is None
+        else out[0]
+    )
     y = torch.empty_like(h) if out is None else out[1]
     # Checked before the GEMM runs, so that a bad w or y raises before anything is launched.
     check_rmsnorm_args("gemm_rms_norm", h, w, eps, y, device_type=runtime.DEVICE)
@@ -139,28 +196,35 @@ def gemm_rms_norm(a: torch.Tensor, b: torch.Tensor, w: torch.Tensor, eps: float 
     return h, y
 
 
-def check_pair(a: torch.Tensor, b: torch.Tensor, w: torch.Tensor, eps: float, h: torch.Tensor, y: torch.Tensor
-               ) -> dict[str, Comparison]:
-    """The pair's outputs against float64: h against a @ b, y against the float64 RMSNorm of the h returned.
+def check_pair(
+    a: torch.Tensor, b: torch.Tensor, w: torch.Tensor, eps: float, h: torch.Tensor, y: torch.Tensor
+) -> dict[str, Comparison]:
+    """The pair's outputs against float64: h against a @ b, y against the float64 RMSNorm of the h
+    returned.
 
-    h: float32 accumulation over K products may be off by K float32 roundings of sum |a||b| (per element),
-    then one rounding to the dtype. y normalizes the rounded h, as the next kernel of a model would: one
-    rounding of its own, plus float32's error summing the squares."""
+    h: float32 accumulation over K products may be off by K float32 roundings of sum |a||b| (per
+    element), then one rounding to the dtype. y normalizes the rounded h, as the next kernel of a
+    model would: one rounding of its own, plus float32's error summing the squares."""
     a64, b64 = a.double(), b.double()
     exact = a64 @ b64
     accumulation = a.shape[1] * 2.0**-24 / ULP[h.dtype] * (a64.abs() @ b64.abs())
-    return {"h = a @ b": compare(h, exact, atol=TINY[h.dtype], rtol=ULP[h.dtype], scale=exact.abs() + accumulation),
-            "y = rmsnorm(h) * w": compare(y, reference.rms_norm_fp64(h, w, eps), atol=TINY[y.dtype],
-                                          rtol=ULP[y.dtype] + 2.0**-16)}
+    return {
+        "h = a @ b": compare(
+            h, exact, atol=TINY[h.dtype], rtol=ULP[h.dtype], scale=exact.abs() + accumulation
+        ),
+        "y = rmsnorm(h) * w": compare(
+            y, reference.rms_norm_fp64(h, w, eps), atol=TINY[y.dtype], rtol=ULP[y.dtype] + 2.0**-16
+        ),
+    }
 
 
 @dataclass
 class GemmNormLayers:
     """`layers` GEMM -> RMSNorm pairs chained as in a model: layer i's GEMM reads layer i-1's y.
 
-    For timing: the buffers are fixed, so a CUDA graph can replay the calls, and every layer has its own
-    weight b, so each GEMM reads its weight from memory as a model's layers do (a benchmark that repeats one
-    GEMM finds its 32 MB weight in L2)."""
+    For timing: the buffers are fixed, so a CUDA graph can replay the calls, and every layer has its
+    own weight b, so each GEMM reads its weight from memory as a model's layers do (a benchmark that
+    repeats one GEMM finds its 32 MB weight in L2)."""
 
     x: torch.Tensor
     b: list[torch.Tensor]
@@ -170,13 +234,23 @@ class GemmNormLayers:
     eps: float = 1e-6
 
     @classmethod
-    def random(cls, tokens: int, hidden: int = 4096, layers: int = 8, dtype: torch.dtype = torch.bfloat16,
-               seed: int = 0) -> "GemmNormLayers":
+    def random(
+        cls,
+        tokens: int,
+        hidden: int = 4096,
+        layers: int = 8,
+        dtype: torch.dtype = torch.bfloat16,
+        seed: int = 0,
+    ) -> "GemmNormLayers":
         g = generator(seed, runtime.DEVICE)
         x = random_tensor((tokens, hidden), dtype, runtime.DEVICE, g)
         # b scaled by 1/sqrt(hidden) keeps h of the order of x, layer after layer
-        b = [(random_tensor((hidden, hidden), torch.float32, runtime.DEVICE, g) / hidden**0.5).to(dtype)
-             for _ in range(layers)]
+        b = [
+            (random_tensor((hidden, hidden), torch.float32, runtime.DEVICE, g) / hidden**0.5).to(
+                dtype
+            )
+            for _ in range(layers)
+        ]
         w = [random_tensor((hidden,), dtype, runtime.DEVICE, g) for _ in range(layers)]
         h = [torch.empty_like(x) for _ in range(layers)]
         return cls(x, b, w, h, [torch.empty_like(x) for _ in range(layers)])
@@ -186,7 +260,9 @@ class GemmNormLayers:
 
     def run(self, pdl: bool = False) -> None:
         for i in range(len(self.b)):
-            gemm_rms_norm(self.input(i), self.b[i], self.w[i], self.eps, pdl=pdl, out=(self.h[i], self.y[i]))
+            gemm_rms_norm(
+                self.input(i), self.b[i], self.w[i], self.eps, pdl=pdl, out=(self.h[i], self.y[i])
+            )
 
     def gemms(self) -> None:
         """The GEMMs alone (each reads the y its layer's input holds from the last `run`)."""
@@ -203,6 +279,10 @@ class GemmNormLayers:
 
     def check(self) -> dict[str, Comparison]:
         """Every layer's h and y against float64, from the layer's own input (after a `run`)."""
-        return {f"layer {i}: {name}": cmp for i in range(len(self.b))
-                for name, cmp in check_pair(self.input(i), self.b[i], self.w[i], self.eps, self.h[i],
-                                            self.y[i]).items()}
+        return {
+            f"layer {i}: {name}": cmp
+            for i in range(len(self.b))
+            for name, cmp in check_pair(
+                self.input(i), self.b[i], self.w[i], self.eps, self.h[i], self.y[i]
+            ).items()
+        }

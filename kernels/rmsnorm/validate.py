@@ -1,4 +1,5 @@
 """Argument checks shared by the RMSNorm kernels."""
+
 from __future__ import annotations
 
 import torch
@@ -6,28 +7,48 @@ import torch
 from kernels.validate import FLOAT_DTYPES, check_elementwise
 
 
-def check_rmsnorm_args(op: str, x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor | None, *,
-                       device_type: str, dtypes=FLOAT_DTYPES) -> None:
+def check_rmsnorm_args(
+    op: str,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    eps: float,
+    out: torch.Tensor | None,
+    *,
+    device_type: str,
+    dtypes=FLOAT_DTYPES,
+) -> None:
     """x: (..., width) with a contiguous last dimension; w: (width,) of x's dtype; eps > 0."""
     if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
         raise TypeError(f"{op}: x and w must be torch.Tensors")
     if x.dim() == 0:
         raise ValueError(f"{op}: x must have at least one dimension (the normalized one)")
     if not isinstance(eps, (int, float)) or not eps > 0:
-        raise ValueError(f"{op}: eps must be a positive number, got {eps!r} (eps > 0 keeps 1/sqrt finite on a zero row)")
+        raise ValueError(
+            f"{op}: eps must be a positive number, got {eps!r} (eps > 0 keeps 1/sqrt finite on a "
+            "zero row)"
+        )
     if w.dim() != 1 or w.shape[0] != x.shape[-1]:
-        raise ValueError(f"{op}: w must have shape ({x.shape[-1]},) to match x's last dimension, got {tuple(w.shape)}")
+        raise ValueError(
+            f"{op}: w must have shape ({x.shape[-1]},) to match x's last dimension, got "
+            f"{tuple(w.shape)}"
+        )
     check_elementwise(op, {"w": w}, dtypes=dtypes, device_type=device_type)
     if x.dtype not in dtypes:
-        raise TypeError(f"{op}: x has dtype {str(x.dtype).removeprefix('torch.')}; supported: "
-                        + ", ".join(str(d).removeprefix("torch.") for d in dtypes))
+        raise TypeError(
+            f"{op}: x has dtype {str(x.dtype).removeprefix('torch.')}; supported: "
+            + ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        )
     if w.dtype != x.dtype and x.dtype in FLOAT_DTYPES:  # an fp8 x comes with a higher-precision w
-        raise TypeError(f"{op}: w is {str(w.dtype).removeprefix('torch.')} but x is "
-                        f"{str(x.dtype).removeprefix('torch.')}; the kernel reads both as x's dtype")
+        raise TypeError(
+            f"{op}: w is {str(w.dtype).removeprefix('torch.')} but x is "
+            f"{str(x.dtype).removeprefix('torch.')}; the kernel reads both as x's dtype"
+        )
     if x.device != w.device:
         raise ValueError(f"{op}: x is on {x.device} but w is on {w.device}")
     if x.stride(-1) != 1 and x.shape[-1] > 1:
-        raise ValueError(f"{op}: x's last dimension must be contiguous (stride 1), got strides {x.stride()}")
+        raise ValueError(
+            f"{op}: x's last dimension must be contiguous (stride 1), got strides {x.stride()}"
+        )
     rows_view(x)  # raises if the leading dimensions cannot be flattened without a copy
     if out is not None:
         if out.shape != x.shape or out.dtype != x.dtype or out.device != x.device:
@@ -45,33 +66,52 @@ def rows_view(t: torch.Tensor) -> torch.Tensor:
     try:
         return t.view(-1, t.shape[-1])
     except RuntimeError as exc:
-        raise ValueError(f"the leading dimensions of a tensor with shape {tuple(t.shape)} and strides "
-                         f"{t.stride()} cannot be flattened without a copy: pass t.contiguous()") from exc
+        raise ValueError(
+            f"the leading dimensions of a tensor with shape {tuple(t.shape)} and strides "
+            f"{t.stride()} cannot be flattened without a copy: pass t.contiguous()"
+        ) from exc
 
 
 MATMUL_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def check_matmul_args(op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, *,
-                      device_type: str) -> None:
-    """a (M, K) and b (K, N): contiguous, one dtype (bf16 or fp16), one device; out (M, N) like them."""
+def check_matmul_args(
+    op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, *, device_type: str
+) -> None:
+    """a (M, K) and b (K, N): contiguous, one dtype (bf16 or fp16), one device; out (M, N) like
+    them."""
     for name, t in (("a", a), ("b", b)) + ((("out", out),) if out is not None else ()):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in MATMUL_DTYPES:
-            raise TypeError(f"{op}: {name} has dtype {str(t.dtype).removeprefix('torch.')}; supported: "
-                            + ", ".join(str(d).removeprefix("torch.") for d in MATMUL_DTYPES))
+            raise TypeError(
+                f"{op}: {name} has dtype {str(t.dtype).removeprefix('torch.')}; supported: "
+                + ", ".join(str(d).removeprefix("torch.") for d in MATMUL_DTYPES)
+            )
         if t.dim() != 2:
-            raise ValueError(f"{op}: {name} must be a matrix (2 dimensions), got shape {tuple(t.shape)}")
+            raise ValueError(
+                f"{op}: {name} must be a matrix (2 dimensions), got shape {tuple(t.shape)}"
+            )
         if t.device.type != device_type:
             raise ValueError(f"{op}: {name} is on {t.device}, expected a {device_type} tensor")
         if not t.is_contiguous():
-            raise ValueError(f"{op}: {name} is not contiguous (strides {t.stride()}): pass {name}.contiguous()")
+            raise ValueError(
+                f"{op}: {name} is not contiguous (strides {t.stride()}): pass {name}.contiguous()"
+            )
     if b.dtype != a.dtype or b.device != a.device:
-        raise TypeError(f"{op}: b is {str(b.dtype).removeprefix('torch.')} on {b.device} but a is "
-                        f"{str(a.dtype).removeprefix('torch.')} on {a.device}; they must match")
+        raise TypeError(
+            f"{op}: b is {str(b.dtype).removeprefix('torch.')} on {b.device} but a is "
+            f"{str(a.dtype).removeprefix('torch.')} on {a.device}; they must match"
+        )
     if a.shape[1] != b.shape[0]:
-        raise ValueError(f"{op}: a is {tuple(a.shape)} and b is {tuple(b.shape)}: a's columns must equal b's rows")
-    if out is not None and (out.shape != (a.shape[0], b.shape[1]) or out.dtype != a.dtype or out.device != a.device):
-        raise ValueError(f"{op}: out must be a {(a.shape[0], b.shape[1])} {str(a.dtype).removeprefix('torch.')} "
-                         f"tensor on {a.device}, got {tuple(out.shape)} {str(out.dtype).removeprefix('torch.')}")
+        raise ValueError(
+            f"{op}: a is {tuple(a.shape)} and b is {tuple(b.shape)}: a's columns must equal b's "
+            "rows"
+        )
+    if out is not None and (
+        out.shape != (a.shape[0], b.shape[1]) or out.dtype != a.dtype or out.device != a.device
+    ):
+        raise ValueError(
+            f"{op}: out must be a {(a.shape[0], b.shape[1])} {str(a.dtype).removeprefix('torch.')} "
+            f"tensor on {a.device}, got {tuple(out.shape)} {str(out.dtype).removeprefix('torch.')}"
+        )
