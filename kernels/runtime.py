@@ -68,6 +68,12 @@ if not ON_GPU:
         )
     os.environ["TRITON_INTERPRET"] = "1"
 
+# Triton's CPU interpreter computes tl.dot on bfloat16 tiles wrongly. So in CPU mode the Triton
+# kernels that call tl.dot take UPCAST=True and convert their tiles to float32 first (after the
+# same rounding to the input dtype the GPU path does); on the GPU the tiles stay in their dtype and
+# tl.dot runs on the tensor cores.
+UPCAST: bool = not ON_GPU
+
 
 def pick(gpu: T, cpu: T) -> T:
     """The problem size (or any setting) for the current mode.

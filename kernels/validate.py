@@ -70,3 +70,48 @@ def check_elementwise(
                 f"{op}: {name} is not contiguous (shape {tuple(t.shape)}, strides {t.stride()}); "
                 "this kernel walks flat memory: pass t.contiguous()"
             )
+
+
+MATMUL_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def check_matmul_args(
+    op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, *, device_type: str
+) -> None:
+    """a (M, K) and b (K, N): contiguous, one dtype (bf16 or fp16), one device; out (M, N) like
+    them."""
+    for name, t in (("a", a), ("b", b)) + ((("out", out),) if out is not None else ()):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in MATMUL_DTYPES:
+            raise TypeError(
+                f"{op}: {name} has dtype {str(t.dtype).removeprefix('torch.')}; supported: "
+                + ", ".join(str(d).removeprefix("torch.") for d in MATMUL_DTYPES)
+            )
+        if t.dim() != 2:
+            raise ValueError(
+                f"{op}: {name} must be a matrix (2 dimensions), got shape {tuple(t.shape)}"
+            )
+        if t.device.type != device_type:
+            raise ValueError(f"{op}: {name} is on {t.device}, expected a {device_type} tensor")
+        if not t.is_contiguous():
+            raise ValueError(
+                f"{op}: {name} is not contiguous (strides {t.stride()}): pass {name}.contiguous()"
+            )
+    if b.dtype != a.dtype or b.device != a.device:
+        raise TypeError(
+            f"{op}: b is {str(b.dtype).removeprefix('torch.')} on {b.device} but a is "
+            f"{str(a.dtype).removeprefix('torch.')} on {a.device}; they must match"
+        )
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(
+            f"{op}: a is {tuple(a.shape)} and b is {tuple(b.shape)}: a's columns must equal b's "
+            "rows"
+        )
+    if out is not None and (
+        out.shape != (a.shape[0], b.shape[1]) or out.dtype != a.dtype or out.device != a.device
+    ):
+        raise ValueError(
+            f"{op}: out must be a {(a.shape[0], b.shape[1])} {str(a.dtype).removeprefix('torch.')} "
+            f"tensor on {a.device}, got {tuple(out.shape)} {str(out.dtype).removeprefix('torch.')}"
+        )

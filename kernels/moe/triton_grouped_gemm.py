@@ -35,9 +35,7 @@ import triton.language as tl
 
 from kernels import runtime
 from kernels.moe.triton_permute import Permutation
-
-# bf16 tl.dot is wrong in the interpreter (DESIGN.md): float32 tiles there
-UPCAST = not runtime.ON_GPU
+from kernels.runtime import UPCAST
 
 # (BLOCK_N, BLOCK_K, num_warps, num_stages) for sm_90. Registers bound them: a configuration is
 # pruned when its float32 accumulators (two for SwiGLU) exceed ACC_REGS per thread -- compiled

@@ -63,12 +63,12 @@ from kernels import runtime
 from kernels.moe.triton_grouped_gemm import (
     ACC_REGS,
     SHARED_BYTES,
-    UPCAST,
     accumulator_registers,
     pipeline_bytes,
     token_bucket,
 )
 from kernels.moe.triton_permute import Permutation
+from kernels.runtime import UPCAST
 
 # The ways to run the kernel. Each is measured by `python -m kernels.moe.benchmark variants`, and
 # any of them can be the layer's grouped GEMM (moe_forward's `grouped_gemm`; by default

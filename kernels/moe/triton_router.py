@@ -21,13 +21,12 @@ import triton.language as tl
 from kernels import runtime
 from kernels.moe import reference
 from kernels.moe.validate import check_router_args
+from kernels.runtime import UPCAST
 
 BLOCK_T = runtime.pick(gpu=16, cpu=64)  # tokens per program; tl.dot needs at least 16
 BLOCK_H = runtime.pick(gpu=128, cpu=128)  # hidden columns per step of the logits loop
 NUM_WARPS = runtime.pick(gpu=4, cpu=1)
 MAX_EXPERTS = 256
-# The interpreter mis-computes tl.dot on bfloat16 tiles (DESIGN.md): upcast to float32 in CPU mode.
-UPCAST = not runtime.ON_GPU
 
 
 @triton.jit

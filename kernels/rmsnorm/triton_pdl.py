@@ -37,11 +37,11 @@ import triton.language as tl
 from kernels import runtime
 from kernels.rmsnorm import reference
 from kernels.rmsnorm.triton_rmsnorm import rms_norm
-from kernels.rmsnorm.validate import check_matmul_args, check_rmsnorm_args
+from kernels.rmsnorm.validate import check_rmsnorm_args
+from kernels.runtime import UPCAST
 from kernels.testing import TINY, ULP, Comparison, compare, generator, random_tensor
+from kernels.validate import check_matmul_args
 
-# bf16 tl.dot is wrong in the interpreter (DESIGN.md): float32 tiles there
-UPCAST = not runtime.ON_GPU
 # The trigger is PTX the interpreter cannot run; on the GPU the GEMM always carries it, so the GEMM
 # is the same binary in the pair with and without PDL (without a PDL-launched dependent it does
 # nothing).
