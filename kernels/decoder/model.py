@@ -305,7 +305,7 @@ class Decoder:
     # ----------------------------------------------------------------------------------------------
     # One forward pass over new tokens
 
-    def _workspace(self, batch: int, n_q: int) -> triton_attention.AttentionWorkspace:
+    def attention_workspace(self, batch: int, n_q: int) -> triton_attention.AttentionWorkspace:
         key = (batch, n_q)
         if key not in self._workspaces:
             self._workspaces[key] = triton_attention.AttentionWorkspace(
@@ -334,8 +334,9 @@ class Decoder:
                 q, k_cache[:, :, :n_keys], v_cache[:, :, :n_keys], scale=self.scale, out=out
             )
         else:
+            workspace = self.attention_workspace(batch, n_q)
             triton_attention.cache_attention(
-                q, k_cache, v_cache, positions, out, self._workspace(batch, n_q), self.scale
+                q, k_cache, v_cache, positions, out, workspace, self.scale
             )
         return out
 
