@@ -4,12 +4,14 @@ from __future__ import annotations
 import importlib
 
 LAB_MODULES = {
+    "00_profiling": "grading.labs.lab00_profiling",
     "01_elementwise_add": "grading.labs.lab01_elementwise_add",
     "02_rmsnorm": "grading.labs.lab02_rmsnorm",
     "03_flash_attention": "grading.labs.lab03_flash_attention",
     "04_mixed_precision": "grading.labs.lab04_mixed_precision",
     "05_memory_profiling": "grading.labs.lab05_memory_profiling",
     "06_moe": "grading.labs.lab06_moe",
+    "07_decoder": "grading.labs.lab07_decoder",
 }
 
 

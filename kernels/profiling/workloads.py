@@ -1,0 +1,231 @@
+"""The course's kernels as named workloads, for profilers that run a whole process (Nsight Compute).
+
+Each workload builds its inputs, warms up (compilation, autotuning, cuBLAS set-up), then makes
+exactly
+one call between `torch.cuda.profiler.start()` and `stop()`. `ncu --profile-from-start off` profiles
+only the kernels launched in between: the timed call, not the warm-up, the autotuner's trials or the
+allocations.
+
+    python -m kernels.profiling.workloads add      # what `python -m kernels.profiling.ncu add` runs
+
+`bytes` and `flops` are the compulsory counts (notebook 00, section 1): every input read once, every
+output written once, the arithmetic the result needs. Nsight Compute's counters say what the kernel
+really moved and did; the roofline compares the two.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from kernels import runtime
+
+ADD_N = runtime.pick(gpu=2**26, cpu=2**12)
+NORM_ROWS, NORM_WIDTH = runtime.pick(gpu=(16384, 4096), cpu=(8, 256))
+ATTN = runtime.pick(gpu=(16, 16, 2048, 64), cpu=(1, 2, 64, 16))  # batch, heads, sequence, head dim
+MOE = runtime.pick(
+    gpu=(2048, 32, 2, 4096, 11008), cpu=(16, 4, 2, 32, 64)
+)  # tokens, E, k, hidden, inter
+GEMM_N = runtime.pick(gpu=4096, cpu=64)
+COPY_BYTES = runtime.pick(gpu=2**30, cpu=2**16)
+TRANSPOSE = runtime.pick(gpu=(8192, 8192), cpu=(64, 96))  # the lab's slow kernel and its fix
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    what: str  # the call, its shape and dtype
+    kernel: str  # regular expression of the kernel names this call launches (for ncu's -k)
+    bytes: int  # compulsory bytes: inputs read once, outputs written once
+    flops: int  # the arithmetic the result needs (a multiply-add is 2)
+    tensor_cores: bool  # does the work belong on the tensor cores?
+    build: Callable[[], Callable[[], object]]  # allocates the inputs, returns the call
+
+
+def _add():
+    from kernels.elementwise_add import triton_add
+
+    a = torch.randn(ADD_N, device=runtime.DEVICE, dtype=torch.float16)
+    b, out = torch.randn_like(a), torch.empty_like(a)
+    return lambda: triton_add.add(a, b, out)
+
+
+def _rmsnorm():
+    from kernels.rmsnorm import triton_rmsnorm
+
+    x = torch.randn(NORM_ROWS, NORM_WIDTH, device=runtime.DEVICE, dtype=torch.bfloat16)
+    w = torch.randn(NORM_WIDTH, device=runtime.DEVICE, dtype=torch.bfloat16)
+    out = torch.empty_like(x)
+    return lambda: triton_rmsnorm.rms_norm(x, w, out=out)
+
+
+def _flash_forward():
+    from kernels.flash_attention import triton_flash
+
+    q, k, v = (torch.randn(ATTN, device=runtime.DEVICE, dtype=torch.float16) for _ in range(3))
+    return lambda: triton_flash.flash_attention_forward(q, k, v)
+
+
+def _grouped_gemm():
+    from kernels.moe import reference, triton_grouped_gemm, triton_permute, triton_router
+
+    tokens, experts, top_k, hidden, inter = MOE
+    g = torch.Generator(device=runtime.DEVICE).manual_seed(0)
+    w = reference.init_weights(experts, hidden, inter, torch.bfloat16, runtime.DEVICE, g)
+    x = torch.randn(tokens, hidden, device=runtime.DEVICE, generator=g).to(torch.bfloat16)
+    _, ids, _ = triton_router.route(x, w.router, top_k)
+    block_m = triton_grouped_gemm.block_m_for(tokens, experts, top_k)
+    perm = triton_permute.permute(ids, experts, block_m)
+    return lambda: triton_grouped_gemm.gate_up_swiglu(x, w.gate, w.up, perm)
+
+
+def _matmul():
+    a, b = (
+        torch.randn(GEMM_N, GEMM_N, device=runtime.DEVICE, dtype=torch.bfloat16) for _ in range(2)
+    )
+    return lambda: a @ b
+
+
+def _copy():
+    src = torch.randn(COPY_BYTES // 4, device=runtime.DEVICE)
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
+
+
+def _transpose(fixed: bool):
+    from kernels.profiling import transpose
+
+    x = torch.randn(TRANSPOSE, device=runtime.DEVICE, dtype=torch.bfloat16)
+    out = torch.empty(TRANSPOSE[::-1], device=runtime.DEVICE, dtype=torch.bfloat16)
+    fn = transpose.transpose_tiled if fixed else transpose.transpose_naive
+    return lambda: fn(x, out)
+
+
+def _attention_counts():
+    b, h, n, d = ATTN
+    # Q, K, V read, O written (fp16), the float32 log-sum-exp written; QK^T and PV
+    return 4 * 2 * b * h * n * d + 4 * b * h * n, 4 * b * h * n * n * d
+
+
+def _moe_counts():
+    tokens, experts, top_k, hidden, inter = MOE
+    rows = tokens * top_k
+    weights = 2 * experts * inter * hidden * 2  # gate and up of every expert (each is used), bf16
+    return weights + 2 * tokens * hidden + 2 * rows * inter, 2 * 2 * rows * hidden * inter
+
+
+WORKLOADS = {
+    w.name: w
+    for w in (
+        Workload(
+            "add", f"Triton add, {ADD_N} fp16", "add_kernel", 3 * 2 * ADD_N, ADD_N, False, _add
+        ),
+        Workload(
+            "rmsnorm",
+            f"Triton RMSNorm, {NORM_ROWS}x{NORM_WIDTH} bf16",
+            "rmsnorm_fwd_kernel",
+            2 * 2 * NORM_ROWS * NORM_WIDTH + 2 * NORM_WIDTH,
+            4 * NORM_ROWS * NORM_WIDTH,
+            False,
+            _rmsnorm,
+        ),
+        Workload(
+            "flash_attention",
+            f"Triton FlashAttention-2 forward, {ATTN} fp16",
+            "flash_fwd_kernel",
+            *_attention_counts(),
+            True,
+            _flash_forward,
+        ),
+        Workload(
+            "grouped_gemm",
+            "Triton MoE grouped GEMM (gate and up, SwiGLU), {} tokens, {} experts, "
+            "top-{}, {}->{} bf16".format(*MOE),
+            "grouped_gemm_kernel",
+            *_moe_counts(),
+            True,
+            _grouped_gemm,
+        ),
+        Workload(
+            "matmul",
+            f"cuBLAS {GEMM_N}^3 bf16 (the matmul ceiling)",
+            "gemm|sm90|nvjet|cutlass",
+            3 * 2 * GEMM_N**2,
+            2 * GEMM_N**3,
+            True,
+            _matmul,
+        ),
+        Workload(
+            "copy",
+            f"torch copy_, {COPY_BYTES >> 20} MiB fp32 (the copy ceiling)",
+            "copy|elementwise",
+            2 * COPY_BYTES,
+            0,
+            False,
+            _copy,
+        ),
+        Workload(
+            "transpose_naive",
+            f"the lab's slow transpose, {TRANSPOSE[0]}x{TRANSPOSE[1]} bf16",
+            "transpose_naive_kernel",
+            2 * 2 * TRANSPOSE[0] * TRANSPOSE[1],
+            0,
+            False,
+            lambda: _transpose(False),
+        ),
+        Workload(
+            "transpose_tiled",
+            f"the lab's fixed transpose, {TRANSPOSE[0]}x{TRANSPOSE[1]} bf16",
+            "transpose_tiled_kernel",
+            2 * 2 * TRANSPOSE[0] * TRANSPOSE[1],
+            0,
+            False,
+            lambda: _transpose(True),
+        ),
+    )
+}
+# The course's kernels (placed on the roofline) and cuBLAS's GEMM, which draws the compute roof.
+COURSE = ("add", "rmsnorm", "flash_attention", "grouped_gemm", "transpose_naive", "transpose_tiled")
+ANCHORS = ("matmul",)
+# What ncu profiles: everything but `copy`, a cudaMemcpyAsync (no kernel for ncu to see). The lab's
+# kernels first; the grouped GEMM, whose autotuning takes longest, last.
+PROFILED = (
+    "transpose_naive",
+    "transpose_tiled",
+    "add",
+    "rmsnorm",
+    "matmul",
+    "flash_attention",
+    "grouped_gemm",
+)
+
+
+def get(name: str) -> Workload:
+    if name not in WORKLOADS:
+        raise KeyError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+    return WORKLOADS[name]
+
+
+def run_once(name: str, warmup: int = 3) -> None:
+    """Build, warm up, then one call inside the profiler range (what ncu sees)."""
+    call = get(name).build()
+    for _ in range(warmup):
+        call()
+    if runtime.ON_GPU:
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+    call()
+    if runtime.ON_GPU:
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+
+
+if __name__ == "__main__":
+    for arg in sys.argv[1:] or ["--help"]:
+        if arg in ("-h", "--help"):
+            print(__doc__ + "\nworkloads: " + ", ".join(WORKLOADS))
+            continue
+        run_once(arg)
