@@ -432,7 +432,7 @@ def _course_permutation(sorted_ids, tile_expert, top_k) -> Permutation:
 # they leave the rows of unused tiles unwritten), so they need not be copied into `out`.
 def _course_gemm(x, w, sorted_ids, tile_expert, top_k, out=None):
     perm = _course_permutation(sorted_ids, tile_expert, top_k)
-    return triton_grouped_gemm._launch(x, w, w, perm, gather=True, swiglu=False)
+    return triton_grouped_gemm.grouped_gemm(x, w, w, perm, gather=True, swiglu=False)
 
 
 def _course_swiglu(x, w_gate, w_up, sorted_ids, tile_expert, top_k, out=None):

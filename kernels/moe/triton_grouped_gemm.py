@@ -205,7 +205,10 @@ def grouped_gemm_kernel(
         )
 
 
-def _launch(a, w1, w2, perm: Permutation, *, gather: bool, swiglu: bool) -> torch.Tensor:
+def grouped_gemm(a, w1, w2, perm: Permutation, *, gather: bool, swiglu: bool) -> torch.Tensor:
+    """c[rows] = A[rows] @ w1[expert].T, or silu(A @ w1[expert].T) * (A @ w2[expert].T) with
+    `swiglu`, for the permuted rows of `perm`; A is gathered from a's token rows (`gather`) or is
+    a itself, already in expert order. The products below are this launch with their arguments."""
     experts, n, k = w1.shape
     c = torch.empty(perm.sorted_ids.numel(), n, dtype=a.dtype, device=a.device)
     if perm.max_tiles == 0:
@@ -240,7 +243,7 @@ def gate_up_swiglu(
     """h (max_rows, inter) = silu(x_e @ w_gate[e].T) * (x_e @ w_up[e].T) for each row's expert; one
     launch. Rows are in the permutation's order; padding rows are 0; rows of unused tiles are not
     written."""
-    return _launch(x, w_gate, w_up, perm, gather=True, swiglu=True)
+    return grouped_gemm(x, w_gate, w_up, perm, gather=True, swiglu=True)
 
 
 def gate_up_unfused(
@@ -248,11 +251,11 @@ def gate_up_unfused(
 ) -> torch.Tensor:
     """The same h without the fusion: two grouped GEMMs and an element-wise SwiGLU (the lab's base
     task)."""
-    gate = _launch(x, w_gate, w_gate, perm, gather=True, swiglu=False)
-    up = _launch(x, w_up, w_up, perm, gather=True, swiglu=False)
+    gate = grouped_gemm(x, w_gate, w_gate, perm, gather=True, swiglu=False)
+    up = grouped_gemm(x, w_up, w_up, perm, gather=True, swiglu=False)
     return (torch.nn.functional.silu(gate.float()) * up.float()).to(x.dtype)
 
 
 def down(h: torch.Tensor, w_down: torch.Tensor, perm: Permutation) -> torch.Tensor:
     """y (max_rows, hidden) = h_e @ w_down[e].T, rows in the permutation's order (no gather)."""
-    return _launch(h, w_down, w_down, perm, gather=False, swiglu=False)
+    return grouped_gemm(h, w_down, w_down, perm, gather=False, swiglu=False)
