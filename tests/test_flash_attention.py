@@ -1,17 +1,20 @@
 """Attention kernels against the float64 reference: FlashAttention-2 forward (odd lengths, Nq != Nk,
-bottom-right causal, GQA, head dims, fp16/bf16, strided inputs, lse), backward (gradients against fp64
-autograd), flash-decoding, and the error messages.
+bottom-right causal, GQA, head dims, fp16/bf16, strided inputs, lse), backward (gradients against
+fp64 autograd), flash-decoding, and the error messages.
 
 Tolerances. The kernels compute q.k and the sums in float32 from exact products, so what is left is
-rounding to the input dtype: P is rounded before the P V product (as in FlashAttention), the output once
-more. Each is half an ulp relative to the *terms* it touches, not to the result, so the bound is stated
-against the magnitude of the terms, P |V| (a row of O can cancel to near 0 while its terms do not):
-    |O - O_ref| <= 2 ulp * (P |V|)          (one ulp each for P and O: the interpreter truncates bf16)
-The gradients go through more roundings (P and dS to the dtype, delta from the rounded O) and dS = P (dP -
-delta) cancels, so the same idea uses |dS| <= P (|dP| + |delta|) as the term magnitude, with 4 ulp.
-lse is float32 throughout: a few float32 ulps of its terms, bounded generously by 2^-16 absolute.
-Outputs are written into NaN-poisoned buffers, so an element the kernel forgot fails.
+rounding to the input dtype: P is rounded before the P V product (as in FlashAttention), the output
+once more. Each is half an ulp relative to the *terms* it touches, not to the result, so the bound
+is stated against the magnitude of the terms, P |V| (a row of O can cancel to near 0 while its terms
+do not):
+    |O - O_ref| <= 2 ulp * (P |V|)          (one ulp each for P and O: the interpreter truncates
+    bf16)
+The gradients go through more roundings (P and dS to the dtype, delta from the rounded O) and dS = P
+(dP - delta) cancels, so the same idea uses |dS| <= P (|dP| + |delta|) as the term magnitude, with 4
+ulp. lse is float32 throughout: a few float32 ulps of its terms, bounded generously by 2^-16
+absolute. Outputs are written into NaN-poisoned buffers, so an element the kernel forgot fails.
 """
+
 import math
 
 import pytest
@@ -27,21 +30,24 @@ DEVICE = runtime.DEVICE
 
 @pytest.fixture(autouse=True, scope="module")
 def one_config_per_case():
-    """On a GPU, autotuning every case would compile 4-5 kernels per (head dim, causal, dtype): pin the
-    first table entry (test_every_tuned_config covers the others). CPU mode has one config anyway."""
+    """On a GPU, autotuning every case would compile 4-5 kernels per (head dim, causal, dtype): pin
+    the first table entry (test_every_tuned_config covers the others). CPU mode has one config
+    anyway."""
     saved = triton_flash.TUNING_OVERRIDE
     triton_flash.TUNING_OVERRIDE = 0
     triton_flash.reset_autotuning()
     yield
     triton_flash.TUNING_OVERRIDE = saved
     triton_flash.reset_autotuning()
+
+
 DTYPES = [torch.float16, torch.bfloat16]
 LSE_ATOL = 2.0**-16
 
 
 def make(shape_q, shape_kv, dtype, seed, layout="bhnd"):
-    """Fresh standard-normal q, k, v. layout="bnhd" builds (B, N, H, D) tensors and transposes them to
-    (B, H, N, D): strided in seq and heads, last dimension contiguous."""
+    """Fresh standard-normal q, k, v. layout="bnhd" builds (B, N, H, D) tensors and transposes them
+    to (B, H, N, D): strided in seq and heads, last dimension contiguous."""
     g = generator(seed, DEVICE)
 
     def one(shape):
@@ -65,7 +71,9 @@ def probabilities(q, k, causal, scale=None):
 
 def check_forward(out, lse, q, k, v, causal, scale=None):
     want, want_lse = reference.attention_fp64(q, k, v, causal=causal, scale=scale)
-    magnitude = probabilities(q, k, causal, scale) @ reference._expand_kv(v.double().abs(), q.shape[1])
+    magnitude = probabilities(q, k, causal, scale) @ reference._expand_kv(
+        v.double().abs(), q.shape[1]
+    )
     cmp = compare(out, want, atol=TINY[q.dtype], rtol=2 * ULP[q.dtype], scale=magnitude)
     assert cmp.ok, "out: " + cmp.reason
     assert lse.dtype == torch.float32
@@ -91,9 +99,9 @@ def decode_forward(q, k, v, causal, *, out, lse, **kw):
     return triton_decode.flash_decode(q, k, v, causal, out=out, lse=lse, **kw)
 
 
-# (B, Hq, Hkv, Nq, Nk, D): lengths 1, 100, 197 (not multiples of any block), cross attention (Nq != Nk),
-# a few queries at the end of a long KV (decode-style causal), Nq > Nk (causal rows that see no key),
-# GQA 4:2, head dims 32, 64, 128.
+# (B, Hq, Hkv, Nq, Nk, D): lengths 1, 100, 197 (not multiples of any block), cross attention (Nq !=
+# Nk), a few queries at the end of a long KV (decode-style causal), Nq > Nk (causal rows that see no
+# key), GQA 4:2, head dims 32, 64, 128.
 FORWARD_SHAPES = [
     (1, 2, 2, 1, 1, 64),
     (1, 2, 2, 100, 100, 64),
@@ -103,17 +111,46 @@ FORWARD_SHAPES = [
     (1, 2, 2, 70, 150, 64),
     (1, 4, 2, 3, 200, 64),
     (1, 2, 1, 130, 70, 32),
-    (1, runtime.pick(gpu=16, cpu=4), 2, 150, 150, 128),  # Qwen2's 16:2 grouping (seed 002); 4:2 on the CPU
+    (
+        1,
+        runtime.pick(gpu=16, cpu=4),
+        2,
+        150,
+        150,
+        128,
+    ),  # Qwen2's 16:2 grouping; 4:2 on the CPU
 ]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("shape", FORWARD_SHAPES, ids=lambda s: "B{}_H{}:{}_Nq{}_Nk{}_D{}".format(*s))
+@pytest.mark.parametrize(
+    "shape", FORWARD_SHAPES, ids=lambda s: "B{}_H{}:{}_Nq{}_Nk{}_D{}".format(*s)
+)
 def test_forward_matches_fp64(shape, causal, dtype):
     b, hq, hkv, nq, nk, d = shape
     q, k, v = make((b, hq, nq, d), (b, hkv, nk, d), dtype, seed=nq * 7 + nk + d)
     check_forward(*run_forward(flash_forward, q, k, v, causal), q, k, v, causal)
+
+
+# Head sizes that are not powers of two (the kernels pad the tile to the next one and mask the
+# rest): 8 (below the smallest tl.dot), 24, 80 (Phi-2), 96 (Phi-3-mini), 192 (DeepSeek-V2's q/k),
+# 200.
+ODD_HEAD_DIMS = [8, 24, 80, 96, 192, 200]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", ODD_HEAD_DIMS)
+def test_forward_padded_head_dims(head_dim, causal, dtype):
+    """Odd lengths, GQA 4:2, a (B, N, H, D) layout (strided in seq and heads)."""
+    q, k, v = make((1, 4, 37, head_dim), (1, 2, 53, head_dim), dtype, seed=head_dim, layout="bnhd")
+    check_forward(*run_forward(flash_forward, q, k, v, causal), q, k, v, causal)
+
+
+def test_forward_padded_head_dim_through_tma_descriptors():
+    q, k, v = make((1, 2, 45, 80), (1, 1, 70, 80), torch.bfloat16, seed=80, layout="bnhd")
+    check_forward(*run_forward(flash_forward, q, k, v, True, tma=True), q, k, v, True)
 
 
 def test_forward_long_sequence_and_head_dim_256():
@@ -124,11 +161,14 @@ def test_forward_long_sequence_and_head_dim_256():
 
 
 def test_forward_through_tma_descriptors():
-    """The forward's other load path (tensor descriptors: TMA on Hopper), on the edges the copy engine clips:
-    Nq and Nk not multiples of the blocks, causal with Nq > Nk, GQA, a (B, N, H, D) layout."""
-    for (b, hq, hkv, nq, nk, d), causal, dtype in [((1, 2, 2, 197, 197, 64), True, torch.bfloat16),
-                                                   ((1, 4, 2, 130, 70, 32), True, torch.float16),
-                                                   ((2, 2, 1, 33, 150, 128), False, torch.float16)]:
+    """The forward's other load path (tensor descriptors: TMA on Hopper), on the edges the copy
+    engine clips: Nq and Nk not multiples of the blocks, causal with Nq > Nk, GQA, a (B, N, H, D)
+    layout."""
+    for (b, hq, hkv, nq, nk, d), causal, dtype in [
+        ((1, 2, 2, 197, 197, 64), True, torch.bfloat16),
+        ((1, 4, 2, 130, 70, 32), True, torch.float16),
+        ((2, 2, 1, 33, 150, 128), False, torch.float16),
+    ]:
         q, k, v = make((b, hq, nq, d), (b, hkv, nk, d), dtype, seed=nq + nk, layout="bnhd")
         check_forward(*run_forward(flash_forward, q, k, v, causal, tma=True), q, k, v, causal)
     buf = random_tensor((1, 2, 8, 72), torch.float16, DEVICE, generator(1, DEVICE))
@@ -139,7 +179,8 @@ def test_forward_through_tma_descriptors():
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_forward_strided_inputs_and_custom_scale(dtype):
-    # (B, N, H, D) memory seen as (B, H, N, D); k and v are halves of one packed (B, N, 2, H, D) tensor
+    # (B, N, H, D) memory seen as (B, H, N, D); k and v are halves of one packed (B, N, 2, H, D)
+    # tensor
     q, _, _ = make((2, 4, 97, 64), (2, 2, 97, 64), dtype, seed=3, layout="bnhd")
     kv = random_tensor((2, 131, 2, 2, 64), dtype, DEVICE, generator(4, DEVICE))
     k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
@@ -168,10 +209,12 @@ def test_naive_attention_matches_fp64():
     q, k, v = make((1, 4, 50, 32), (1, 2, 70, 32), torch.float32, seed=7)
     for causal in (False, True):
         want, _ = reference.attention_fp64(q, k, v, causal=causal)
-        assert compare(reference.naive_attention(q, k, v, causal=causal), want, atol=1e-6, rtol=1e-5).ok
+        assert compare(
+            reference.naive_attention(q, k, v, causal=causal), want, atol=1e-6, rtol=1e-5
+        ).ok
 
 
-# ---------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # Backward
 
 
@@ -189,8 +232,11 @@ def grad_magnitudes(q, k, v, do, causal):
     def per_kv_head(t):  # sum the group's query heads onto their KV head
         return t.unflatten(1, (k.shape[1], group)).sum(2)
 
-    return (scale * ds @ k64.abs(), per_kv_head(scale * ds.transpose(-1, -2) @ q.double().abs()),
-            per_kv_head(p.transpose(-1, -2) @ do.double().abs()))
+    return (
+        scale * ds @ k64.abs(),
+        per_kv_head(scale * ds.transpose(-1, -2) @ q.double().abs()),
+        per_kv_head(p.transpose(-1, -2) @ do.double().abs()),
+    )
 
 
 BACKWARD_CASES = [
@@ -203,12 +249,22 @@ BACKWARD_CASES = [
     ((1, 2, 2, 3, 200, 128), True, torch.bfloat16),
     ((1, 1, 1, 1, 1, 64), False, torch.float16),
     ((1, runtime.pick(gpu=16, cpu=4), 2, 100, 100, 64), True, torch.bfloat16),
+    # padded head dims: 80 (Phi-2), 96 (Phi-3-mini), 192 (DeepSeek-V2's q/k), 40
+    ((1, 2, 1, 45, 61, 80), True, torch.float16),
+    ((1, 2, 2, 33, 33, 96), False, torch.bfloat16),
+    ((1, 2, 1, 29, 47, 192), True, torch.bfloat16),
+    ((1, 2, 2, 50, 20, 40), False, torch.float16),
 ]
 
 
-@pytest.mark.parametrize("case", BACKWARD_CASES,
-                         ids=lambda c: "B{}_H{}:{}_Nq{}_Nk{}_D{}".format(*c[0]) + ("_causal" if c[1] else "")
-                         + "_" + str(c[2]).removeprefix("torch."))
+@pytest.mark.parametrize(
+    "case",
+    BACKWARD_CASES,
+    ids=lambda c: "B{}_H{}:{}_Nq{}_Nk{}_D{}".format(*c[0])
+    + ("_causal" if c[1] else "")
+    + "_"
+    + str(c[2]).removeprefix("torch."),
+)
 def test_backward_matches_fp64_autograd(case):
     (b, hq, hkv, nq, nk, d), causal, dtype = case
     q, k, v = make((b, hq, nq, d), (b, hkv, nk, d), dtype, seed=nq + 3 * nk)
@@ -219,14 +275,17 @@ def test_backward_matches_fp64_autograd(case):
     out = triton_flash.flash_attention(qt, kt, vt, causal=causal)
     out.backward(do)
     magnitudes = grad_magnitudes(q, k, v, do, causal)
-    for name, got, want, magnitude in zip("qkv", (qt.grad, kt.grad, vt.grad), (q64.grad, k64.grad, v64.grad),
-                                          magnitudes):
+    for name, got, want, magnitude in zip(
+        "qkv", (qt.grad, kt.grad, vt.grad), (q64.grad, k64.grad, v64.grad), magnitudes
+    ):
         assert got.dtype == dtype and got.shape == want.shape
         cmp = compare(got, want, atol=TINY[dtype], rtol=4 * ULP[dtype], scale=magnitude)
         assert cmp.ok, f"d{name}: {cmp.reason}"
     # the other way to dQ: float32 atomics from the dK/dV kernel
     out, lse = triton_flash.flash_attention_forward(q, k, v, causal)
-    dq, _, _ = triton_flash.flash_attention_backward(do, q, k, v, out, lse, causal, 1 / math.sqrt(d), atomic_dq=True)
+    dq, _, _ = triton_flash.flash_attention_backward(
+        do, q, k, v, out, lse, causal, 1 / math.sqrt(d), atomic_dq=True
+    )
     cmp = compare(dq, q64.grad, atol=TINY[dtype], rtol=4 * ULP[dtype], scale=magnitudes[0])
     assert cmp.ok, f"dq (atomic): {cmp.reason}"
 
@@ -241,23 +300,31 @@ def test_backward_strided_inputs_and_lse_output():
     out.backward(do)
     q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
     reference.attention_fp64(q64, k64, v64, causal=True)[0].backward(do.double())
-    for got, want, magnitude in zip((qt.grad, kt.grad, vt.grad), (q64.grad, k64.grad, v64.grad),
-                                    grad_magnitudes(q, k, v, do, True)):
-        cmp = compare(got, want, atol=TINY[torch.float16], rtol=4 * ULP[torch.float16], scale=magnitude)
+    for got, want, magnitude in zip(
+        (qt.grad, kt.grad, vt.grad),
+        (q64.grad, k64.grad, v64.grad),
+        grad_magnitudes(q, k, v, do, True),
+    ):
+        cmp = compare(
+            got, want, atol=TINY[torch.float16], rtol=4 * ULP[torch.float16], scale=magnitude
+        )
         assert cmp.ok, cmp.reason
 
 
-@pytest.mark.skipif(not runtime.ON_GPU, reason="CPU mode has a single configuration")
+@pytest.mark.gpu  # CPU mode has a single configuration
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_every_tuned_config(head_dim):
-    """Each entry of the forward, dK/dV and dQ tuning tables, forward and backward, odd lengths, causal."""
+    """Each entry of the forward, dK/dV and dQ tuning tables, forward and backward, odd lengths,
+    causal."""
     q, k, v = make((1, 4, 333, head_dim), (1, 2, 333, head_dim), torch.bfloat16, seed=head_dim)
     do = random_tensor(q.shape, torch.bfloat16, DEVICE, generator(98, DEVICE))
     q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
     reference.attention_fp64(q64, k64, v64, causal=True)[0].backward(do.double())
     magnitudes = grad_magnitudes(q, k, v, do, True)
-    entries = max(len(t[head_dim]) for t in (triton_flash.FWD_TUNING, triton_flash.DKDV_TUNING,
-                                              triton_flash.DQ_TUNING))
+    entries = max(
+        len(t[head_dim])
+        for t in (triton_flash.FWD_TUNING, triton_flash.DKDV_TUNING, triton_flash.DQ_TUNING)
+    )
     try:
         for i in range(entries):
             triton_flash.TUNING_OVERRIDE = i
@@ -266,18 +333,24 @@ def test_every_tuned_config(head_dim):
                 check_forward(*run_forward(flash_forward, q, k, v, True, tma=tma), q, k, v, True)
             out, lse = triton_flash.flash_attention_forward(q, k, v, True)
             for atomic_dq in (False, True):
-                grads = triton_flash.flash_attention_backward(do, q, k, v, out, lse, True, head_dim**-0.5,
-                                                              atomic_dq=atomic_dq)
+                grads = triton_flash.flash_attention_backward(
+                    do, q, k, v, out, lse, True, head_dim**-0.5, atomic_dq=atomic_dq
+                )
                 for got, want, magnitude in zip(grads, (q64.grad, k64.grad, v64.grad), magnitudes):
-                    cmp = compare(got, want, atol=TINY[torch.bfloat16], rtol=4 * ULP[torch.bfloat16],
-                                  scale=magnitude)
+                    cmp = compare(
+                        got,
+                        want,
+                        atol=TINY[torch.bfloat16],
+                        rtol=4 * ULP[torch.bfloat16],
+                        scale=magnitude,
+                    )
                     assert cmp.ok, f"table entry {i}, atomic_dq={atomic_dq}: {cmp.reason}"
     finally:
         triton_flash.TUNING_OVERRIDE = 0
         triton_flash.reset_autotuning()
 
 
-# ---------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # Decode
 
 
@@ -290,19 +363,31 @@ DECODE_CASES = [
     ((1, 4, 2, 4, 3, 64), True, None),  # Nq > Nk: the first query sees no key
     ((1, 16, 2, 3, 300, 64), True, None),  # 8 query heads x 3 queries: 24 rows per program
     ((1, 4, 2, 1, 4500, 64), False, 70),  # the combine walks 70 splits
+    ((1, 4, 1, 1, 300, 80), False, 3),  # padded head dims: 80, 96, 192
+    ((2, 6, 2, 2, 257, 96), True, None),
+    ((1, 2, 1, 1, 150, 192), True, 2),
 ]
 
 
 @pytest.mark.parametrize("fuse_combine", [True, False], ids=["fused-combine", "combine-launch"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("case", DECODE_CASES,
-                         ids=lambda c: "B{}_H{}:{}_Nq{}_Nk{}_D{}".format(*c[0]) + ("_causal" if c[1] else "")
-                         + f"_splits{c[2]}")
+@pytest.mark.parametrize(
+    "case",
+    DECODE_CASES,
+    ids=lambda c: "B{}_H{}:{}_Nq{}_Nk{}_D{}".format(*c[0])
+    + ("_causal" if c[1] else "")
+    + f"_splits{c[2]}",
+)
 def test_decode_matches_fp64(case, dtype, fuse_combine):
     (b, hq, hkv, nq, nk, d), causal, splits = case
     q, k, v = make((b, hq, nq, d), (b, hkv, nk, d), dtype, seed=nk + nq)
-    check_forward(*run_forward(decode_forward, q, k, v, causal, num_splits=splits, fuse_combine=fuse_combine),
-                  q, k, v, causal)
+    check_forward(
+        *run_forward(decode_forward, q, k, v, causal, num_splits=splits, fuse_combine=fuse_combine),
+        q,
+        k,
+        v,
+        causal,
+    )
 
 
 def test_fused_combine_leaves_its_counters_at_zero_and_repeats():
@@ -311,16 +396,21 @@ def test_fused_combine_leaves_its_counters_at_zero_and_repeats():
     wrong program combine (or none)."""
     for trial, splits in enumerate((5, 9, 9)):
         q, k, v = make((2, 8, 1, 64), (2, 2, 700, 64), torch.float16, seed=100 + trial)
-        check_forward(*run_forward(decode_forward, q, k, v, False, num_splits=splits), q, k, v, False)
+        check_forward(
+            *run_forward(decode_forward, q, k, v, False, num_splits=splits), q, k, v, False
+        )
         assert not triton_decode._ARRIVALS[q.device].any(), "arrival counters not reset"
 
 
-@pytest.mark.skipif(not runtime.ON_GPU, reason="races need concurrent programs, which the interpreter runs in turn")
+@pytest.mark.gpu  # races need concurrent programs, which the interpreter runs in turn
 def test_fused_combine_has_no_race_on_the_gpu():
-    """Many calls on fresh values at the benchmark's shape (50 splits per KV head arriving concurrently):
-    a combine that read a partial before it was written would differ from the two-launch path."""
+    """Many calls on fresh values at the benchmark's shape (50 splits per KV head arriving
+    concurrently): a combine that read a partial before it was written would differ from the
+    two-launch path."""
     for trial in range(30):
-        q, k, v = make((1, 32, 1, 128), (1, 8, 4096 + 37 * trial, 128), torch.float16, seed=200 + trial)
+        q, k, v = make(
+            (1, 32, 1, 128), (1, 8, 4096 + 37 * trial, 128), torch.float16, seed=200 + trial
+        )
         fused = triton_decode.flash_decode(q, k, v, return_lse=True)
         split = triton_decode.flash_decode(q, k, v, return_lse=True, fuse_combine=False)
         assert torch.equal(fused[0], split[0]) and torch.equal(fused[1], split[1]), f"trial {trial}"
@@ -335,6 +425,61 @@ def test_decode_strided_kv_cache():
     check_forward(out, lse, q, k, v, True)
 
 
+def test_repeated_calls_take_the_cached_launch_and_stay_right():
+    """The second call with the same signature launches the cached compiled kernel (on a GPU): new
+    values, the same shapes, then the same shapes at an address that is not 16-byte aligned (which
+    Triton compiles differently: a new key), each against fp64."""
+    flat = random_tensor((2 * 2 * 80 * 64 + 1,), torch.float16, DEVICE, generator(14, DEVICE))
+    for trial in range(3):
+        q, k, v = make((2, 8, 1, 64), (2, 2, 80, 64), torch.float16, seed=300 + trial)
+        if trial == 2:
+            k = flat[1:].view(2, 2, 80, 64)  # 2 bytes past an aligned address
+            assert k.data_ptr() % 16 != 0
+        check_forward(*run_forward(decode_forward, q, k, v, True), q, k, v, True)
+        check_forward(*run_forward(flash_forward, k, k, v, True), k, k, v, True)
+    if runtime.ON_GPU:
+        assert triton_decode.SPLIT_LAUNCHES.entries and triton_flash.FWD_LAUNCHES.entries
+        assert len({key[-1] for key in triton_decode.SPLIT_LAUNCHES.entries}) >= 2, "alignment"
+
+
+def test_no_grad_path_equals_the_autograd_path():
+    q, k, v = make((1, 4, 50, 64), (1, 2, 50, 64), torch.bfloat16, seed=15)
+    plain = triton_flash.flash_attention(q, k, v, causal=True)
+    tracked = triton_flash.flash_attention(q.requires_grad_(), k, v, causal=True)
+    assert tracked.requires_grad and not plain.requires_grad
+    assert torch.equal(plain, tracked.detach())
+
+
+def test_checks_still_run_after_a_good_call():
+    """The checks are cached per input signature: a bad call after good ones is still refused."""
+    q, k, v = make((1, 2, 8, 64), (1, 2, 8, 64), torch.float16, seed=16)
+    triton_decode.flash_decode(q, k, v)
+    with pytest.raises(TypeError, match="share a dtype"):
+        triton_decode.flash_decode(q, k.bfloat16(), v)
+    with pytest.raises(ValueError, match="must be contiguous"):
+        triton_decode.flash_decode(q, k, v.transpose(2, 3).contiguous().transpose(2, 3))
+
+
+@pytest.mark.gpu  # the interpreter does not go through JITFunction.run
+def test_instrumented_launches_see_every_call(monkeypatch):
+    """With Triton's launch path wrapped (a profiler, a launch counter), no launch bypasses it."""
+    from triton.runtime.jit import JITFunction
+
+    plain, seen = JITFunction.run, []
+
+    def counting_run(self, *args, **kwargs):
+        seen.append(self.fn.__name__)
+        return plain(self, *args, **kwargs)
+
+    q, k, v = make((1, 8, 1, 64), (1, 2, 300, 64), torch.float16, seed=17)
+    triton_decode.flash_decode(q, k, v)  # compiled and cached before the wrapper exists
+    monkeypatch.setattr(JITFunction, "run", counting_run)
+    for _ in range(3):
+        triton_decode.flash_decode(q, k, v)
+        triton_flash.flash_attention(q, k, v)
+    assert seen.count("flash_decode_split_kernel") == 3 and seen.count("flash_fwd_kernel") == 3
+
+
 def test_default_splits_fill_the_gpu():
     if runtime.ON_GPU:
         sms = runtime.gpu_info().sm_count
@@ -343,7 +488,7 @@ def test_default_splits_fill_the_gpu():
     assert triton_decode.default_num_splits(1, 8, 10) == 1  # never more splits than key blocks
 
 
-# ---------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # Errors
 
 
@@ -352,28 +497,75 @@ def _t(shape, dtype=torch.float16):
 
 
 BAD = [
-    ("head dims differ", lambda: (_t((1, 2, 8, 64)), _t((1, 2, 8, 32)), _t((1, 2, 8, 32))), ValueError,
-     "head_dim 64 but k and v have head_dim 32"),
-    ("float32", lambda: (_t((1, 2, 8, 64), torch.float32),) * 3, TypeError, "supported: float16, bfloat16"),
-    ("mixed dtypes", lambda: (_t((1, 2, 8, 64)), _t((1, 2, 8, 64), torch.bfloat16), _t((1, 2, 8, 64))), TypeError,
-     "share a dtype"),
-    ("GQA heads do not divide", lambda: (_t((1, 6, 8, 64)), _t((1, 4, 8, 64)), _t((1, 4, 8, 64))), ValueError,
-     "not a multiple of k and v's 4 heads"),
+    (
+        "head dims differ",
+        lambda: (_t((1, 2, 8, 64)), _t((1, 2, 8, 32)), _t((1, 2, 8, 32))),
+        ValueError,
+        "head_dim 64 but k and v have head_dim 32",
+    ),
+    (
+        "float32",
+        lambda: (_t((1, 2, 8, 64), torch.float32),) * 3,
+        TypeError,
+        "supported: float16, bfloat16",
+    ),
+    (
+        "mixed dtypes",
+        lambda: (_t((1, 2, 8, 64)), _t((1, 2, 8, 64), torch.bfloat16), _t((1, 2, 8, 64))),
+        TypeError,
+        "share a dtype",
+    ),
+    (
+        "GQA heads do not divide",
+        lambda: (_t((1, 6, 8, 64)), _t((1, 4, 8, 64)), _t((1, 4, 8, 64))),
+        ValueError,
+        "not a multiple of k and v's 4 heads",
+    ),
     ("rank 3", lambda: (_t((2, 8, 64)),) * 3, ValueError, "must have 4 dimensions"),
-    ("batch differs", lambda: (_t((2, 2, 8, 64)), _t((1, 2, 8, 64)), _t((1, 2, 8, 64))), ValueError,
-     "batch 2 but k and v have batch 1"),
-    ("k and v differ", lambda: (_t((1, 2, 8, 64)), _t((1, 2, 8, 64)), _t((1, 2, 9, 64))), ValueError,
-     "k and v must have the same shape"),
-    ("head_dim not contiguous", lambda: (_t((1, 2, 8, 64)), _t((1, 2, 64, 8)).transpose(2, 3), _t((1, 2, 8, 64))),
-     ValueError, "last dimension .* must be contiguous"),
-    ("unsupported head_dim", lambda: (_t((1, 2, 8, 48)),) * 3, ValueError, "head_dim 48 is not supported"),
-    ("not a tensor", lambda: (_t((1, 2, 8, 64)).tolist(), _t((1, 2, 8, 64)), _t((1, 2, 8, 64))), TypeError,
-     "q must be a torch.Tensor"),
+    (
+        "batch differs",
+        lambda: (_t((2, 2, 8, 64)), _t((1, 2, 8, 64)), _t((1, 2, 8, 64))),
+        ValueError,
+        "batch 2 but k and v have batch 1",
+    ),
+    (
+        "k and v differ",
+        lambda: (_t((1, 2, 8, 64)), _t((1, 2, 8, 64)), _t((1, 2, 9, 64))),
+        ValueError,
+        "k and v must have the same shape",
+    ),
+    (
+        "head_dim not contiguous",
+        lambda: (_t((1, 2, 8, 64)), _t((1, 2, 64, 8)).transpose(2, 3), _t((1, 2, 8, 64))),
+        ValueError,
+        "last dimension .* must be contiguous",
+    ),
+    (
+        "head_dim not a multiple of 8",
+        lambda: (_t((1, 2, 8, 36)),) * 3,
+        ValueError,
+        "head_dim 36 is not supported",
+    ),
+    (
+        "head_dim above 256",
+        lambda: (_t((1, 2, 8, 264)),) * 3,
+        ValueError,
+        "head_dim 264 is not supported; supported: multiples of 8 up to 256",
+    ),
+    (
+        "not a tensor",
+        lambda: (_t((1, 2, 8, 64)).tolist(), _t((1, 2, 8, 64)), _t((1, 2, 8, 64))),
+        TypeError,
+        "q must be a torch.Tensor",
+    ),
 ]
 
 
-@pytest.mark.parametrize("fn", [triton_flash.flash_attention, triton_decode.flash_decode],
-                         ids=["flash_attention", "flash_decode"])
+@pytest.mark.parametrize(
+    "fn",
+    [triton_flash.flash_attention, triton_decode.flash_decode],
+    ids=["flash_attention", "flash_decode"],
+)
 @pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
 def test_bad_input_is_rejected_clearly(case, fn):
     _, args, error, message = case

@@ -1,21 +1,27 @@
 """Benchmarks of the attention kernels: the measurements behind notebook 03 and data/results/<gpu>/.
 
-Run on a GPU: `python -m kernels.flash_attention.benchmark` writes data/results/<gpu>/03_flash_attention.json
-with the environment fingerprint and prints the issue's performance targets. A first run compiles about
-110 Triton kernels while autotuning (a second or two each, cached on disk afterwards): budget 4-6 minutes,
-or split it: `python -m kernels.flash_attention.benchmark targets`, then `... sweep memory decode decode_splits`
-(a run of some sections updates them in the existing JSON).
+Run on a GPU: `python -m kernels.flash_attention.benchmark` writes
+data/results/<gpu>/03_flash_attention.json with the environment fingerprint and prints the course's
+performance targets. A first run compiles about 110 Triton kernels while autotuning (a second or two
+each, cached on disk afterwards): budget 4-6 minutes, or split it: `python -m
+kernels.flash_attention.benchmark targets`, then `... sweep memory decode decode_splits` (a run of
+some sections updates them in the existing JSON). Two sections have files of their own,
+03_flash_attention_host.json and 03_flash_attention_gluon.json: `... host` (the host time of an
+eager call beside SDPA's, and where it goes) and `... gluon` (the warp-specialized Gluon forward
+beside the Triton kernel and cuDNN).
 
-Counting (as FlashAttention's papers do): forward 4 * B * H * Nq * Nk * D flops (two matrix products),
-backward 2.5 times that (five products: the recomputed S, dV, dP, dQ, dK), both halved when causal.
-Our backward recomputes S and dP twice (once in the dK/dV kernel, once in the dQ kernel), so it does 7/5
-of the counted work; the counted number is the one comparable across implementations. Decode is memory
-traffic: the bytes of K and V read, against the measured copy bandwidth.
+Counting (as FlashAttention's papers do): forward 4 * B * H * Nq * Nk * D flops (two matrix
+products), backward 2.5 times that (five products: the recomputed S, dV, dP, dQ, dK), both halved
+when causal. Our backward recomputes S and dP twice (once in the dK/dV kernel, once in the dQ
+kernel), so it does 7/5 of the counted work; the counted number is the one comparable across
+implementations. Decode is memory traffic: the bytes of K and V read, against the measured copy
+bandwidth.
 
 Every comparison is timed interleaved in one process (`kernels.bench.benchmark`: L2 flushed, device
 events), against PyTorch's SDPA with the backend forced: FLASH_ATTENTION (FlashAttention-2) and
 CUDNN_ATTENTION (cuDNN's fused attention), and the naive version where it fits in memory.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,14 +34,24 @@ import torch.nn.functional as F
 
 from kernels import bench, runtime
 from kernels.bench import RESULTS_DIR
-from kernels.flash_attention import reference, triton_decode, triton_flash
+from kernels.flash_attention import fast_launch, reference, triton_decode, triton_flash
 from kernels.testing import generator, random_tensor
 
-TARGET_SHAPES = [(16, 16, 2048, 64), (32, 32, 4096, 128)]  # (B, H, N, D): seed 003's configurations
+TARGET_SHAPES = [(16, 16, 2048, 64), (32, 32, 4096, 128)]  # (B, H, N, D): the course's two targets
 DTYPES = (torch.float16, torch.bfloat16)
-ANCHORS_H200 = {  # SDPA on an H200, fp16, 2026-11-21 (DESIGN.md, shared/anchors): TFLOP/s
-    ((16, 16, 2048, 64), False): {"flash fwd": 297, "cudnn fwd": 437, "flash bwd": 246, "cudnn bwd": 398},
-    ((32, 32, 4096, 128), False): {"flash fwd": 344, "cudnn fwd": 578, "flash bwd": 292, "cudnn bwd": 513},
+ANCHORS_H200 = {  # SDPA on an H200, fp16, measured 2026-11-21: TFLOP/s
+    ((16, 16, 2048, 64), False): {
+        "flash fwd": 297,
+        "cudnn fwd": 437,
+        "flash bwd": 246,
+        "cudnn bwd": 398,
+    },
+    ((32, 32, 4096, 128), False): {
+        "flash fwd": 344,
+        "cudnn fwd": 578,
+        "flash bwd": 292,
+        "cudnn bwd": 513,
+    },
 }
 SWEEP_TOKENS = 16384
 SWEEP_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -54,19 +70,24 @@ def _sdpa(backend):
     def run(q, k, v, causal):
         with sdpa_kernel(backend):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
     return run
 
 
 def implementations() -> dict:
     from torch.nn.attention import SDPBackend
 
-    return {"ours": lambda q, k, v, causal: triton_flash.flash_attention(q, k, v, causal=causal),
-            # the same kernel loading tiles through TMA descriptors instead of pointers (forward only:
-            # its backward is the same as ours)
-            "ours (TMA)": lambda q, k, v, causal: triton_flash.flash_attention_forward(q, k, v, causal, tma=True)[0],
-            "sdpa flash": _sdpa(SDPBackend.FLASH_ATTENTION),
-            "sdpa cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION),
-            "naive": lambda q, k, v, causal: reference.naive_attention(q, k, v, causal=causal)}
+    return {
+        "ours": lambda q, k, v, causal: triton_flash.flash_attention(q, k, v, causal=causal),
+        # the same kernel loading tiles through TMA descriptors instead of pointers (forward only:
+        # its backward is the same as ours)
+        "ours (TMA)": lambda q, k, v, causal: triton_flash.flash_attention_forward(
+            q, k, v, causal, tma=True
+        )[0],
+        "sdpa flash": _sdpa(SDPBackend.FLASH_ATTENTION),
+        "sdpa cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION),
+        "naive": lambda q, k, v, causal: reference.naive_attention(q, k, v, causal=causal),
+    }
 
 
 def naive_fits(b, h, n_q, n_k, dtype, score_copies: float = 4.0) -> bool:
@@ -76,7 +97,7 @@ def naive_fits(b, h, n_q, n_k, dtype, score_copies: float = 4.0) -> bool:
     return score_copies * b * h * n_q * n_k * torch.finfo(dtype).bits // 8 < 0.8 * free
 
 
-def _inputs(b, h, n, d, dtype, seed=0, requires_grad=False, h_kv=None, n_q=None):
+def make_inputs(b, h, n, d, dtype, seed=0, requires_grad=False, h_kv=None, n_q=None):
     g = generator(seed, "cuda")
     q = random_tensor((b, h, n_q or n, d), dtype, "cuda", g)
     k = random_tensor((b, h_kv or h, n, d), dtype, "cuda", g)
@@ -96,55 +117,82 @@ def _usable(impls: dict, q, k, v, causal) -> tuple[dict, dict]:
         try:
             fn(q, k, v, causal)
             ok[name] = fn
-        except Exception as exc:  # noqa: BLE001 - record why a backend is missing, do not stop the run
+        # noqa: BLE001 - record why a backend is missing, do not stop the run
+        except Exception as exc:
             skipped[name] = f"{type(exc).__name__}: {str(exc)[:160]}"
     torch.cuda.synchronize()
     return ok, skipped
 
 
 def forward_backward(shape, dtype, causal, *, target_ms=200.0) -> dict:
-    """Forward and backward of every implementation at one shape, interleaved: ms, TFLOP/s, ratios."""
+    """Forward and backward of every implementation at one shape, interleaved: ms, TFLOP/s,
+    ratios."""
     b, h, n, d = shape
     impls = implementations()
     if not naive_fits(b, h, n, n, dtype):
         impls.pop("naive")
-    if dtype != torch.float16:  # the TMA comparison once per shape: its kernels take a minute to tune
+    if (
+        dtype != torch.float16
+    ):  # the TMA comparison once per shape: its kernels take a minute to tune
         impls.pop("ours (TMA)")
-    q, k, v = _inputs(b, h, n, d, dtype, requires_grad=True)
+    q, k, v = make_inputs(b, h, n, d, dtype, requires_grad=True)
     do = random_tensor(q.shape, dtype, "cuda", generator(1, "cuda"))
     with torch.no_grad():
         impls, skipped = _usable(impls, q, k, v, causal)  # also compiles and autotunes ours
         fwd = bench.benchmark(_bind(impls, q, k, v, causal), target_ms=target_ms)
     # Backward alone: one forward graph per implementation, differentiated again and again.
     outs = {name: fn(q, k, v, causal) for name, fn in impls.items() if name != "ours (TMA)"}
-    bwd_fns = {name: (lambda o=o: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
-               for name, o in outs.items()}
-    if "ours" in impls:  # the backward with dQ by atomics (FlashAttention-2's scheme), called directly
+    bwd_fns = {
+        name: (lambda o=o: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
+        for name, o in outs.items()
+    }
+    if (
+        "ours" in impls
+    ):  # the backward with dQ by atomics (FlashAttention-2's scheme), called directly
         with torch.no_grad():
             o, lse = triton_flash.flash_attention_forward(q, k, v, causal)
         bwd_fns["ours (atomic dQ)"] = lambda: triton_flash.flash_attention_backward(
-            do, q, k, v, o, lse, causal, 1.0 / math.sqrt(d), atomic_dq=True)
+            do, q, k, v, o, lse, causal, 1.0 / math.sqrt(d), atomic_dq=True
+        )
         bwd_fns["ours (atomic dQ)"]()
     bwd = bench.benchmark(bwd_fns, target_ms=target_ms)
     del outs, bwd_fns
-    fwd_flops, bwd_flops = attention_flops(b, h, n, n, d, causal), attention_flops(b, h, n, n, d, causal, True)
+    fwd_flops, bwd_flops = (
+        attention_flops(b, h, n, n, d, causal),
+        attention_flops(b, h, n, n, d, causal, True),
+    )
     rows = {}
     for name in {**fwd, **bwd}:
         rows[name] = {}
         if name in fwd:
-            rows[name].update({"fwd_ms": fwd[name].median_us / 1e3, "fwd_tflops": fwd[name].tflops(fwd_flops),
-                               "fwd_p10_p90_us": fwd[name].spread_us})
+            rows[name].update(
+                {
+                    "fwd_ms": fwd[name].median_us / 1e3,
+                    "fwd_tflops": fwd[name].tflops(fwd_flops),
+                    "fwd_p10_p90_us": fwd[name].spread_us,
+                }
+            )
         if name in bwd:
-            rows[name].update({"bwd_ms": bwd[name].median_us / 1e3, "bwd_tflops": bwd[name].tflops(bwd_flops),
-                               "bwd_p10_p90_us": bwd[name].spread_us})
+            rows[name].update(
+                {
+                    "bwd_ms": bwd[name].median_us / 1e3,
+                    "bwd_tflops": bwd[name].tflops(bwd_flops),
+                    "bwd_p10_p90_us": bwd[name].spread_us,
+                }
+            )
         for base in ("sdpa flash", "sdpa cudnn"):
             if base in impls:
                 if name in fwd:
                     rows[name][f"fwd_speedup_vs_{base}"] = bench.ratio(fwd[base], fwd[name])
                 if name in bwd:
                     rows[name][f"bwd_speedup_vs_{base}"] = bench.ratio(bwd[base], bwd[name])
-    return {"shape": list(shape), "dtype": str(dtype).removeprefix("torch."), "causal": causal,
-            "impls": rows, "skipped": skipped}
+    return {
+        "shape": list(shape),
+        "dtype": str(dtype).removeprefix("torch."),
+        "causal": causal,
+        "impls": rows,
+        "skipped": skipped,
+    }
 
 
 def target_shapes() -> list[dict]:
@@ -154,12 +202,18 @@ def target_shapes() -> list[dict]:
             for causal in (False, True):
                 t0 = time.perf_counter()
                 rows.append(forward_backward(shape, dtype, causal))
-                print(f"  {shape} {dtype} causal={causal}: {time.perf_counter() - t0:.0f} s", flush=True)
+                print(
+                    f"  {shape} {dtype} causal={causal}: {time.perf_counter() - t0:.0f} s",
+                    flush=True,
+                )
     return rows
 
 
-def seq_sweep(lengths=SWEEP_LENGTHS, head_dims=(64, 128), heads=16, dtype=torch.float16) -> list[dict]:
-    """Forward TFLOP/s against sequence length at a fixed number of tokens (batch = 16k / N), for the plots."""
+def seq_sweep(
+    lengths=SWEEP_LENGTHS, head_dims=(64, 128), heads=16, dtype=torch.float16
+) -> list[dict]:
+    """Forward TFLOP/s against sequence length at a fixed number of tokens (batch = 16k / N), for
+    the plots."""
     rows = []
     for d in head_dims:
         for causal in (False, True):
@@ -168,22 +222,42 @@ def seq_sweep(lengths=SWEEP_LENGTHS, head_dims=(64, 128), heads=16, dtype=torch.
                 impls = implementations()
                 if not naive_fits(b, heads, n, n, dtype):
                     impls.pop("naive")
-                q, k, v = _inputs(b, heads, n, d, dtype)
+                q, k, v = make_inputs(b, heads, n, d, dtype)
                 with torch.no_grad():
                     impls, skipped = _usable(impls, q, k, v, causal)
                     t = bench.benchmark(_bind(impls, q, k, v, causal), target_ms=80.0)
                 flops = attention_flops(b, heads, n, n, d, causal)
                 for name, timing in t.items():
-                    rows.append({"n": n, "batch": b, "heads": heads, "head_dim": d, "causal": causal, "impl": name,
-                                 "ms": timing.median_us / 1e3, "tflops": timing.tflops(flops)})
+                    rows.append(
+                        {
+                            "n": n,
+                            "batch": b,
+                            "heads": heads,
+                            "head_dim": d,
+                            "causal": causal,
+                            "impl": name,
+                            "ms": timing.median_us / 1e3,
+                            "tflops": timing.tflops(flops),
+                        }
+                    )
                 for name, why in skipped.items():
-                    rows.append({"n": n, "batch": b, "heads": heads, "head_dim": d, "causal": causal, "impl": name,
-                                 "skipped": why})
+                    rows.append(
+                        {
+                            "n": n,
+                            "batch": b,
+                            "heads": heads,
+                            "head_dim": d,
+                            "causal": causal,
+                            "impl": name,
+                            "skipped": why,
+                        }
+                    )
     return rows
 
 
 def peak_extra_bytes(fn) -> int:
-    """Peak memory allocated while `fn` runs, above what was allocated before (its output included)."""
+    """Peak memory allocated while `fn` runs, above what was allocated before (its output
+    included)."""
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -195,10 +269,12 @@ def peak_extra_bytes(fn) -> int:
     return peak
 
 
-def memory(shapes=((1, 16, 16384, 64), (16, 16, 2048, 64), (16, 16, 4096, 64), (16, 16, 8192, 64)),
-           dtype=torch.float16) -> list[dict]:
-    """Peak extra memory of one forward (inference: no autograd), ours vs SDPA vs naive. (16, 16, N, 64)
-    is seed 003's table (it quotes the fp16 score matrix alone: 2.1 GB at N = 2048)."""
+def memory(
+    shapes=((1, 16, 16384, 64), (16, 16, 2048, 64), (16, 16, 4096, 64), (16, 16, 8192, 64)),
+    dtype=torch.float16,
+) -> list[dict]:
+    """Peak extra memory of one forward (inference: no autograd), ours vs SDPA vs naive. (16, 16, N,
+    64) is the classic comparison (the fp16 score matrix alone is 2.1 GB at N = 2048)."""
     rows = []
     for shape in shapes:
         b, h, n, d = shape
@@ -206,31 +282,48 @@ def memory(shapes=((1, 16, 16384, 64), (16, 16, 2048, 64), (16, 16, 4096, 64), (
         too_big = not naive_fits(b, h, n, n, dtype, score_copies=2.2)
         if too_big:
             impls.pop("naive")
-        q, k, v = _inputs(b, h, n, d, dtype)
+        q, k, v = make_inputs(b, h, n, d, dtype)
         with torch.no_grad():
-            impls, skipped = _usable(impls, q, k, v, False)  # warm-up: autotuning allocates its own buffers
+            impls, skipped = _usable(
+                impls, q, k, v, False
+            )  # warm-up: autotuning allocates its own buffers
             if too_big:
                 skipped["naive"] = "two score matrices would not fit in this GPU's free memory"
-            row = {"shape": list(shape), "inputs_gib": 3 * q.numel() * q.element_size() / 2**30,
-                   "scores_gib": b * h * n * n * q.element_size() / 2**30, "skipped": skipped}
+            row = {
+                "shape": list(shape),
+                "inputs_gib": 3 * q.numel() * q.element_size() / 2**30,
+                "scores_gib": b * h * n * n * q.element_size() / 2**30,
+                "skipped": skipped,
+            }
             for name, call in _bind(impls, q, k, v, False).items():
                 row[f"{name}_gib"] = peak_extra_bytes(call) / 2**30
         rows.append(row)
     return rows
 
 
-def decode(lengths=DECODE_LENGTHS, shape=DECODE_SHAPE, dtype=torch.float16, copy_gbps=None) -> list[dict]:
-    """One query per head against a KV cache: ours (flash-decoding) vs SDPA (default dispatch, GQA), each
-    called eagerly and replayed from a CUDA graph (how a serving engine runs a decode step), beside a
-    device copy of the same K and V (what HBM gives a transfer this small: at 4k keys, 16 MiB)."""
+def decode(
+    lengths=DECODE_LENGTHS, shape=DECODE_SHAPE, dtype=torch.float16, copy_gbps=None
+) -> list[dict]:
+    """One query per head against a KV cache: ours (flash-decoding) vs SDPA (default dispatch, GQA),
+    each called eagerly and replayed from a CUDA graph (how a serving engine runs a decode step),
+    beside a device copy of the same K and V (what HBM gives a transfer this small: at 4k keys, 16
+    MiB)."""
     b, hq, hkv, d = shape
     rows = []
     for n in lengths:
-        q, k, v = _inputs(b, hq, n, d, dtype, h_kv=hkv, n_q=1)
-        fns = _bind({"ours": triton_decode.flash_decode,
-                     "ours (flash_attention, no split)": triton_flash.flash_attention,
-                     "sdpa (enable_gqa)": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)},
-                    q, k, v)
+        q, k, v = make_inputs(b, hq, n, d, dtype, h_kv=hkv, n_q=1)
+        fns = _bind(
+            {
+                "ours": triton_decode.flash_decode,
+                "ours (flash_attention, no split)": triton_flash.flash_attention,
+                "sdpa (enable_gqa)": lambda q, k, v: F.scaled_dot_product_attention(
+                    q, k, v, enable_gqa=True
+                ),
+            },
+            q,
+            k,
+            v,
+        )
         usable = {}
         for name, fn in fns.items():
             try:
@@ -239,55 +332,253 @@ def decode(lengths=DECODE_LENGTHS, shape=DECODE_SHAPE, dtype=torch.float16, copy
                 if name != "ours (flash_attention, no split)":
                     usable[f"{name} graph"] = bench.capture_graph(fn).replay
             except Exception as exc:  # noqa: BLE001
-                rows.append({"kv_len": n, "impl": name, "skipped": f"{type(exc).__name__}: {str(exc)[:160]}"})
+                rows.append(
+                    {
+                        "kv_len": n,
+                        "impl": name,
+                        "skipped": f"{type(exc).__name__}: {str(exc)[:160]}",
+                    }
+                )
         k_copy, v_copy = torch.empty_like(k), torch.empty_like(v)
         usable["copy of K and V"] = lambda: (k_copy.copy_(k), v_copy.copy_(v))
         t = bench.benchmark(usable, target_ms=100.0)
         nbytes = triton_decode.kv_bytes(k, v)
         for name, timing in t.items():
-            moved = 2 * nbytes if name == "copy of K and V" else nbytes  # a copy reads and writes them
-            row = {"kv_len": n, "impl": name, "us": timing.median_us, "gbps": timing.gbps(moved),
-                   "splits": triton_decode.default_num_splits(b, hkv, n) if name in ("ours", "ours graph") else None}
+            moved = (
+                2 * nbytes if name == "copy of K and V" else nbytes
+            )  # a copy reads and writes them
+            row = {
+                "kv_len": n,
+                "impl": name,
+                "us": timing.median_us,
+                "gbps": timing.gbps(moved),
+                "splits": triton_decode.default_num_splits(b, hkv, n)
+                if name in ("ours", "ours graph")
+                else None,
+            }
             if copy_gbps:
                 row["fraction_of_copy"] = row["gbps"] / copy_gbps
             rows.append(row)
     return rows
 
 
-def decode_split_sweep(lengths=(4096, 16384, 32768), shape=DECODE_SHAPE, dtype=torch.float16,
-                       splits=(8, 17, 33), block_ns=(64, 128), stages=(2, 3, 4), warps=(4, 8)) -> list[dict]:
-    """GB/s of flash_decode against the number of splits, the key block, the pipeline depth and the warps
-    (fused combine), and the default configuration with the combine as a second launch, to choose the
-    defaults. Configurations whose pipeline does not fit in shared memory are reported as skipped."""
+def decode_split_sweep(
+    lengths=(4096, 16384, 32768),
+    shape=DECODE_SHAPE,
+    dtype=torch.float16,
+    splits=(8, 17, 33),
+    block_ns=(64, 128),
+    stages=(2, 3, 4),
+    warps=(4, 8),
+) -> list[dict]:
+    """GB/s of flash_decode against the number of splits, the key block, the pipeline depth and the
+    warps (fused combine), and the default configuration with the combine as a second launch, to
+    choose the defaults. Configurations whose pipeline does not fit in shared memory are reported as
+    skipped."""
     b, hq, hkv, d = shape
     rows = []
     for n in lengths:
-        q, k, v = _inputs(b, hq, n, d, dtype, h_kv=hkv, n_q=1)
-        fns = {f"splits={s} block_n={bn} stages={st} warps={w}":
-               (lambda s=s, bn=bn, st=st, w=w: triton_decode.flash_decode(q, k, v, num_splits=s, block_n=bn,
-                                                                          num_stages=st, num_warps=w))
-               for s in splits for bn in block_ns for st in stages for w in warps}
-        fns["default, combine-launch"] = lambda: triton_decode.flash_decode(q, k, v, fuse_combine=False)
+        q, k, v = make_inputs(b, hq, n, d, dtype, h_kv=hkv, n_q=1)
+        fns = {
+            f"splits={s} block_n={bn} stages={st} warps={w}": (
+                lambda s=s, bn=bn, st=st, w=w: triton_decode.flash_decode(
+                    q, k, v, num_splits=s, block_n=bn, num_stages=st, num_warps=w
+                )
+            )
+            for s in splits
+            for bn in block_ns
+            for st in stages
+            for w in warps
+        }
+        fns["default, combine-launch"] = lambda: triton_decode.flash_decode(
+            q, k, v, fuse_combine=False
+        )
         usable = {}
         for name, fn in fns.items():
             try:
                 fn()
                 usable[name] = fn
-            except Exception as exc:  # noqa: BLE001  (out of shared memory: that configuration does not exist)
-                rows.append({"kv_len": n, "config": name, "skipped": f"{type(exc).__name__}: {str(exc)[:120]}"})
+            # noqa: BLE001  (out of shared memory: that configuration does not exist)
+            except Exception as exc:
+                rows.append(
+                    {
+                        "kv_len": n,
+                        "config": name,
+                        "skipped": f"{type(exc).__name__}: {str(exc)[:120]}",
+                    }
+                )
         t = bench.benchmark(usable, target_ms=150.0)
         nbytes = triton_decode.kv_bytes(k, v)
-        rows += [{"kv_len": n, "config": name, "us": tm.median_us, "gbps": tm.gbps(nbytes)} for name, tm in t.items()]
+        rows += [
+            {"kv_len": n, "config": name, "us": tm.median_us, "gbps": tm.gbps(nbytes)}
+            for name, tm in t.items()
+        ]
+    return rows
+
+
+HOST_CALLS = 200  # calls issued back to back without a sync, for the host time per call
+
+
+def _issue_us(fn, calls: int = HOST_CALLS) -> float:
+    """Host time per call: `calls` calls issued back to back (few enough that the launch queue never
+    fills, so the host never waits for the GPU), then one sync outside the clock."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def _ordinary_launch(fn):
+    """`fn` with every Triton launch taking Triton's ordinary path (no cached launches)."""
+
+    def run():
+        fast_launch.ENABLED = False
+        try:
+            return fn()
+        finally:
+            fast_launch.ENABLED = True
+
+    return run
+
+
+def host_profile(fn, calls: int = 500, top: int = 12) -> list[dict]:
+    """Where the host time of `fn` goes: cProfile over `calls` eager calls, the `top` functions by
+    their own time (microseconds per call)."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    profiler.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(profiler).stats
+    rows = [
+        {"function": f"{path.split('/')[-1]}:{line} {name}", "own_us": tt / calls * 1e6,
+         "cumulative_us": ct / calls * 1e6, "calls_per_call": nc / calls}
+        for (path, line, name), (_, nc, tt, ct, _) in stats.items()
+    ]  # fmt: skip
+    return sorted(rows, key=lambda r: -r["own_us"])[:top]
+
+
+def host_time(iters: int = 2000) -> dict:
+    """Eager host cost per call of the attention wrappers beside SDPA's, for the same call: the host
+    time (calls issued back to back, no sync), the wall time of `iters` back-to-back calls
+    (`bench.host_loop_us`: what an eager loop pays, max(host, GPU) once the queue is full), and the
+    GPU time (device events). "ordinary launch" is the same wrapper with Triton's own launch
+    path."""
+    from torch.nn.attention import SDPBackend
+
+    b, hq, hkv, d = DECODE_SHAPE
+    q, k, v = make_inputs(b, hq, 4096, d, torch.float16, h_kv=hkv, n_q=1)
+    pq, pk, pv = make_inputs(1, 16, 512, 64, torch.float16)
+    gq, gk, gv = make_inputs(1, 16, 512, 64, torch.float16, seed=1, requires_grad=True)
+    flash, cudnn = _sdpa(SDPBackend.FLASH_ATTENTION), _sdpa(SDPBackend.CUDNN_ATTENTION)
+    cases = {
+        "decode (1, 32:8, 1, 4096, 128)": {
+            "ours": lambda: triton_decode.flash_decode(q, k, v),
+            "sdpa (enable_gqa)": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+        },
+        "prefill (1, 16, 512, 64) causal, no grad": {
+            "ours": lambda: triton_flash.flash_attention(pq, pk, pv, causal=True),
+            "sdpa": lambda: F.scaled_dot_product_attention(pq, pk, pv, is_causal=True),
+            "sdpa flash (backend forced)": lambda: flash(pq, pk, pv, True),
+            "sdpa cudnn (backend forced)": lambda: cudnn(pq, pk, pv, True),
+        },
+        "prefill (1, 16, 512, 64) causal, requires_grad (forward)": {
+            "ours": lambda: triton_flash.flash_attention(gq, gk, gv, causal=True),
+            "sdpa": lambda: F.scaled_dot_product_attention(gq, gk, gv, is_causal=True),
+        },
+    }
+    rows, profiles = [], {}
+    for case, fns in cases.items():
+        fns = {**fns, "ours (ordinary launch)": _ordinary_launch(fns["ours"])}
+        fns = {n: f for n, f in fns.items() if _runs(f)}
+        gpu = bench.benchmark(fns, target_ms=50.0)
+        for name, fn in fns.items():
+            rows.append({"case": case, "impl": name, "host_us": _issue_us(fn),
+                         "wall_us": bench.host_loop_us(fn, iters=iters),
+                         "gpu_us": gpu[name].median_us})  # fmt: skip
+        profiles[case] = host_profile(fns["ours"])
+        profiles[case + ", ordinary launch"] = host_profile(fns["ours (ordinary launch)"])
+    return {"rows": rows, "profiles": profiles}
+
+
+def _runs(fn) -> bool:
+    try:
+        fn()
+        torch.cuda.synchronize()
+        return True
+    except Exception as exc:  # noqa: BLE001 - a backend may refuse a shape: report it, go on
+        print(f"  skipped: {type(exc).__name__}: {str(exc)[:160]}")
+        return False
+
+
+def gluon_forward(dtypes=DTYPES, target_ms: float = 150.0) -> list[dict]:
+    """Forward only, at the target shapes: the warp-specialized Gluon kernel beside the Triton
+    kernel, FlashAttention-2 and cuDNN (SDPA), interleaved; and the largest difference between the
+    Gluon and cuDNN outputs (both fp16/bf16 roundings of the same attention)."""
+    from torch.nn.attention import SDPBackend
+
+    from kernels.flash_attention import gluon_flash
+
+    flash, cudnn = _sdpa(SDPBackend.FLASH_ATTENTION), _sdpa(SDPBackend.CUDNN_ATTENTION)
+    rows = []
+    for shape in TARGET_SHAPES:
+        for dtype in dtypes:
+            for causal in (False, True):
+                b, h, n, d = shape
+                q, k, v = make_inputs(b, h, n, d, dtype)
+                fns = {
+                    "ours (Triton)": lambda: triton_flash.flash_attention_forward(q, k, v, causal),
+                    "ours (Gluon)": lambda: gluon_flash.gluon_attention_forward(q, k, v, causal),
+                    "sdpa flash": lambda: flash(q, k, v, causal),
+                    "sdpa cudnn": lambda: cudnn(q, k, v, causal),
+                }
+                with torch.no_grad():
+                    fns = {name: fn for name, fn in fns.items() if _runs(fn)}
+                    timings = bench.benchmark(fns, target_ms=target_ms)
+                    if "ours (Gluon)" in fns and "sdpa cudnn" in fns:
+                        diff = (
+                            fns["ours (Gluon)"]()[0].float() - fns["sdpa cudnn"]().float()
+                        ).abs()
+                        max_diff = diff.max().item()
+                    else:
+                        max_diff = None
+                flops = attention_flops(b, h, n, n, d, causal)
+                impls = {}
+                for name, t in timings.items():
+                    impls[name] = {"fwd_ms": t.median_us / 1e3, "fwd_tflops": t.tflops(flops)}
+                    if "sdpa cudnn" in timings:
+                        impls[name]["fwd_vs_cudnn"] = bench.ratio(timings["sdpa cudnn"], t)
+                rows.append({"shape": list(shape), "dtype": str(dtype).removeprefix("torch."),
+                             "causal": causal, "impls": impls,
+                             "max_abs_diff_gluon_vs_cudnn": max_diff})  # fmt: skip
+                print(f"  {shape} {dtype} causal={causal}: "
+                      + ", ".join(f"{k} {v['fwd_tflops']:.0f}" for k, v in impls.items()),
+                      flush=True)  # fmt: skip
     return rows
 
 
 def autotune_choices() -> dict:
-    """The configuration the autotuner picked for each key it saw (BLOCK_M, BLOCK_N, warps, stages)."""
+    """The configuration the autotuner picked for each key it saw (BLOCK_M, BLOCK_N, warps,
+    stages)."""
     out = {}
-    for name, kernel in (("forward", triton_flash.flash_fwd_kernel), ("dkdv", triton_flash.flash_bwd_dkdv_kernel),
-                         ("dq", triton_flash.flash_bwd_dq_kernel)):
-        out[name] = {str(key): f"M{c.kwargs['BLOCK_M']} N{c.kwargs['BLOCK_N']} w{c.num_warps} s{c.num_stages}"
-                     for key, c in getattr(kernel, "cache", {}).items()}
+    for name, kernel in (
+        ("forward", triton_flash.flash_fwd_kernel),
+        ("dkdv", triton_flash.flash_bwd_dkdv_kernel),
+        ("dq", triton_flash.flash_bwd_dq_kernel),
+    ):
+        out[name] = {
+            str(
+                key
+            ): f"M{c.kwargs['BLOCK_M']} N{c.kwargs['BLOCK_N']} w{c.num_warps} s{c.num_stages}"
+            for key, c in getattr(kernel, "cache", {}).items()
+        }
     return out
 
 
@@ -297,39 +588,100 @@ def performance_targets(results: dict, copy_gbps: float) -> list[dict]:
         impls = row["impls"]
         label = f"{tuple(row['shape'])} {row['dtype']}{' causal' if row['causal'] else ''}"
         ours = impls.get("ours", {})
-        # targets for the default paths; the TMA forward and the atomic-dQ backward are reported beside them
+        # targets for the default paths; the TMA forward and the atomic-dQ backward are reported
+        # beside them
         for direction in ("fwd", "bwd"):
             if "sdpa flash" in impls and f"{direction}_speedup_vs_sdpa flash" in ours:
-                checks.append({"target": f"{direction} {label}: ours >= SDPA flash (FA2)",
-                               "value": ours[f"{direction}_speedup_vs_sdpa flash"], "threshold": 1.0})
-        if "sdpa flash" in impls and "bwd_speedup_vs_sdpa flash" in impls.get("ours (atomic dQ)", {}):
-            checks.append({"target": f"bwd {label}: ours (atomic dQ) >= SDPA flash (FA2)",
-                           "value": impls["ours (atomic dQ)"]["bwd_speedup_vs_sdpa flash"], "threshold": 1.0})
+                checks.append(
+                    {
+                        "target": f"{direction} {label}: ours >= SDPA flash (FA2)",
+                        "value": ours[f"{direction}_speedup_vs_sdpa flash"],
+                        "threshold": 1.0,
+                    }
+                )
+        if "sdpa flash" in impls and "bwd_speedup_vs_sdpa flash" in impls.get(
+            "ours (atomic dQ)", {}
+        ):
+            checks.append(
+                {
+                    "target": f"bwd {label}: ours (atomic dQ) >= SDPA flash (FA2)",
+                    "value": impls["ours (atomic dQ)"]["bwd_speedup_vs_sdpa flash"],
+                    "threshold": 1.0,
+                }
+            )
         for name in ("ours", "ours (TMA)"):
             if "sdpa cudnn" in impls and name in impls:
-                checks.append({"target": f"fwd {label}: {name} >= 80% of cuDNN (aim)",
-                               "value": impls[name]["fwd_speedup_vs_sdpa cudnn"], "threshold": 0.8})
+                checks.append(
+                    {
+                        "target": f"fwd {label}: {name} >= 80% of cuDNN (aim)",
+                        "value": impls[name]["fwd_speedup_vs_sdpa cudnn"],
+                        "threshold": 0.8,
+                    }
+                )
     for row in results.get("memory", []):
         if row["shape"] == [1, 16, 16384, 64] and "ours_gib" in row and "sdpa flash_gib" in row:
-            checks.append({"target": "peak extra memory (1,16,16384,64): ours <= 1.1x SDPA flash",
-                           "value": row["sdpa flash_gib"] * 1.1 / row["ours_gib"], "threshold": 1.0})
+            checks.append(
+                {
+                    "target": "peak extra memory (1,16,16384,64): ours <= 1.1x SDPA flash",
+                    "value": row["sdpa flash_gib"] * 1.1 / row["ours_gib"],
+                    "threshold": 1.0,
+                }
+            )
     for row in results.get("decode", []):
         if row["impl"] in ("ours", "ours graph") and "fraction_of_copy" in row:
-            checks.append({"target": f"decode KV {row['kv_len']} ({row['impl']}): >= 70% of copy bandwidth "
-                                     "reading K, V",
-                           "value": row["fraction_of_copy"], "threshold": 0.7})
+            checks.append(
+                {
+                    "target": f"decode KV {row['kv_len']} ({row['impl']}): >= 70% of copy "
+                    "bandwidth "
+                    "reading K, V",
+                    "value": row["fraction_of_copy"],
+                    "threshold": 0.7,
+                }
+            )
+    for row in results.get("gluon", []):
+        gluon = row["impls"].get("ours (Gluon)", {})
+        if "fwd_vs_cudnn" in gluon:
+            threshold = 1.0 if row["shape"] == [16, 16, 2048, 64] else 0.95
+            label = f"{tuple(row['shape'])} {row['dtype']}{' causal' if row['causal'] else ''}"
+            target = f"fwd {label}: Gluon >= {threshold} x cuDNN"
+            value = gluon["fwd_vs_cudnn"] / threshold
+            checks.append({"target": target, "value": value, "threshold": 1.0})
+    host = results.get("host", {}).get("rows", [])
+    for case in sorted({r["case"] for r in host}):
+        impls = {r["impl"]: r for r in host if r["case"] == case}
+        sdpa = impls.get("sdpa (enable_gqa)") or impls.get("sdpa")
+        if sdpa and "ours" in impls:
+            value = sdpa["host_us"] / impls["ours"]["host_us"]
+            target = f"host time per call, {case}: ours <= SDPA"
+            checks.append({"target": target, "value": value, "threshold": 1.0})
     for c in checks:
         c["pass"] = bool(c["value"] >= c["threshold"])
     return checks
 
 
 SECTIONS = ("targets", "sweep", "memory", "decode", "decode_splits")
+# Sections stored in files of their own: data/results/<gpu>/03_flash_attention_<section>.json
+OWN_FILE_SECTIONS = {"host": host_time, "gluon": gluon_forward}
+
+
+def run_own_file_section(section: str) -> int:
+    t0 = time.perf_counter()
+    print(f"{section} ...", flush=True)
+    results = {"fingerprint": runtime.fingerprint(), section: OWN_FILE_SECTIONS[section]()}
+    results["seconds"] = time.perf_counter() - t0
+    results["checks"] = performance_targets(results, copy_gbps=0.0)
+    path = bench.save_results(f"03_flash_attention_{section}", results)
+    report(results)
+    print(f"wrote {path}")
+    return 0 if all(c["pass"] for c in results["checks"]) else 2
 
 
 def main(argv: list[str]) -> int:
     if not runtime.ON_GPU:
         print(bench.NOT_MEASURED)
         return 1
+    if argv and all(s in OWN_FILE_SECTIONS for s in argv):
+        return max(run_own_file_section(s) for s in argv)
     sections = [s for s in argv if s in SECTIONS] or list(SECTIONS)
     unknown = [s for s in argv if s not in SECTIONS]
     if unknown:
@@ -337,22 +689,35 @@ def main(argv: list[str]) -> int:
         return 1
     ceilings = bench.ceilings()
     path = RESULTS_DIR / runtime.gpu_info().slug / "03_flash_attention.json"
-    # A run of some sections updates them in the existing record (one file, whether the run was split
-    # over several calls or not); each section carries its own fingerprint.
-    results = json.loads(path.read_text()) if len(sections) < len(SECTIONS) and path.exists() else {}
-    results.update({"fingerprint": runtime.fingerprint(),
-                    "ceilings": {k: v for k, v in ceilings.items() if k != "fingerprint"},
-                    "anchors_h200_fp16": {f"{s} causal={c}": v for (s, c), v in ANCHORS_H200.items()}})
-    runners = {"targets": target_shapes, "sweep": seq_sweep, "memory": memory,
-               "decode": lambda: decode(copy_gbps=ceilings["copy_gbps"]), "decode_splits": decode_split_sweep}
+    # A run of some sections updates them in the existing record (one file, whether the run was
+    # split over several calls or not); each section carries its own fingerprint.
+    results = (
+        json.loads(path.read_text()) if len(sections) < len(SECTIONS) and path.exists() else {}
+    )
+    results.update(
+        {
+            "fingerprint": runtime.fingerprint(),
+            "ceilings": {k: v for k, v in ceilings.items() if k != "fingerprint"},
+            "anchors_h200_fp16": {f"{s} causal={c}": v for (s, c), v in ANCHORS_H200.items()},
+        }
+    )
+    runners = {
+        "targets": target_shapes,
+        "sweep": seq_sweep,
+        "memory": memory,
+        "decode": lambda: decode(copy_gbps=ceilings["copy_gbps"]),
+        "decode_splits": decode_split_sweep,
+        "host": host_time,
+    }
     for section in sections:
         t0 = time.perf_counter()
         print(f"{section} ...", flush=True)
         results[section] = runners[section]()
         results.setdefault("seconds", {})[section] = time.perf_counter() - t0
         results.setdefault("section_fingerprints", {})[section] = runtime.fingerprint()
-    results.setdefault("autotune", {}).update({f"{k} ({'+'.join(sections)})": v
-                                               for k, v in autotune_choices().items()})
+    results.setdefault("autotune", {}).update(
+        {f"{k} ({'+'.join(sections)})": v for k, v in autotune_choices().items()}
+    )
     results["checks"] = performance_targets(results, ceilings["copy_gbps"])
     path = bench.save_results("03_flash_attention", results)
     report(results)
@@ -362,23 +727,65 @@ def main(argv: list[str]) -> int:
 
 def report(results: dict) -> None:
     if results.get("checks"):
-        print(bench.table([{k: c[k] for k in ("target", "value", "threshold", "pass")} for c in results["checks"]],
-                          floatfmt=".3f"))
+        print(
+            bench.table(
+                [
+                    {k: c[k] for k in ("target", "value", "threshold", "pass")}
+                    for c in results["checks"]
+                ],
+                floatfmt=".3f",
+            )
+        )
     for row in results.get("targets", []):
-        print(f"\n{tuple(row['shape'])} {row['dtype']} causal={row['causal']}  (skipped: {row['skipped'] or '-'})")
-        print(bench.table([{"impl": name, **{k: v for k, v in r.items() if not isinstance(v, (list, tuple))}}
-                           for name, r in row["impls"].items()], floatfmt=".2f"))
+        print(
+            f"\n{tuple(row['shape'])} {row['dtype']} causal={row['causal']}  "
+            f"(skipped: {row['skipped'] or '-'})"
+        )
+        print(
+            bench.table(
+                [
+                    {
+                        "impl": name,
+                        **{k: v for k, v in r.items() if not isinstance(v, (list, tuple))},
+                    }
+                    for name, r in row["impls"].items()
+                ],
+                floatfmt=".2f",
+            )
+        )
     if results.get("memory"):
         print("\npeak extra memory, one forward (GiB)")
-        print(bench.table([{k: v for k, v in r.items() if k != "skipped"} for r in results["memory"]], floatfmt=".3f"))
+        print(
+            bench.table(
+                [{k: v for k, v in r.items() if k != "skipped"} for r in results["memory"]],
+                floatfmt=".3f",
+            )
+        )
     if results.get("decode"):
         print("\ndecode")
         print(bench.table([r for r in results["decode"] if "skipped" not in r], floatfmt=".2f"))
     for n in sorted({r["kv_len"] for r in results.get("decode_splits", [])}):
-        rows = sorted((r for r in results["decode_splits"] if r["kv_len"] == n and "gbps" in r),
-                      key=lambda r: -r["gbps"])
-        print(f"\ndecode split sweep at KV {n}: " + ", ".join(f"{r['config']} {r['gbps']:.0f}" for r in rows[:4])
-              + f" GB/s ... worst {rows[-1]['config']} {rows[-1]['gbps']:.0f}")
+        rows = sorted(
+            (r for r in results["decode_splits"] if r["kv_len"] == n and "gbps" in r),
+            key=lambda r: -r["gbps"],
+        )
+        print(
+            f"\ndecode split sweep at KV {n}: "
+            + ", ".join(f"{r['config']} {r['gbps']:.0f}" for r in rows[:4])
+            + f" GB/s ... worst {rows[-1]['config']} {rows[-1]['gbps']:.0f}"
+        )
+    for row in results.get("gluon", []):
+        print(
+            f"\n{tuple(row['shape'])} {row['dtype']} causal={row['causal']} (forward; max |Gluon "
+            f"- cuDNN| = {row['max_abs_diff_gluon_vs_cudnn']})"
+        )
+        print(bench.table([{"impl": k, **v} for k, v in row["impls"].items()], floatfmt=".3f"))
+    if results.get("host"):
+        print("\nhost cost per eager call (us)")
+        print(bench.table(results["host"]["rows"], floatfmt=".1f"))
+        for case, rows in results["host"]["profiles"].items():
+            print(f"\nwhere the host time goes, {case} (us per call)")
+            print(bench.table(rows, floatfmt=".2f"))
     if results.get("autotune"):
         print("\nautotuner choices:", json.dumps(results["autotune"], indent=1))
     if results.get("seconds"):
@@ -387,4 +794,3 @@ def report(results: dict) -> None:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
-

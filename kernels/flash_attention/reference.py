@@ -8,15 +8,16 @@
 Layout (batch, heads, seq, head_dim), as `F.scaled_dot_product_attention`. Grouped-query attention:
 k and v have Hkv heads, Hq % Hkv == 0, and query head h reads KV head h // (Hq // Hkv).
 
-Causal masking is aligned to the bottom right: query i sees keys j <= i + (Nk - Nq). With Nq == Nk that
-is the usual lower triangle; with one query against a KV cache of Nk keys the query sees them all (decode);
-FlashAttention-2 uses the same convention. If Nq > Nk, the first Nq - Nk queries see no key: their output
-is 0 and their lse is -inf.
+Causal masking is aligned to the bottom right: query i sees keys j <= i + (Nk - Nq). With Nq == Nk
+that is the usual lower triangle; with one query against a KV cache of Nk keys the query sees them
+all (decode); FlashAttention-2 uses the same convention. If Nq > Nk, the first Nq - Nk queries see
+no key: their output is 0 and their lse is -inf.
 
 `attention_fp64` is the exact answer from the same (low-precision) inputs, to compare kernels with.
 `naive_attention` is the textbook version in the input dtype: it materializes the Nq x Nk scores and
 probabilities, which is what the flash kernels avoid (memory and time comparisons).
 """
+
 from __future__ import annotations
 
 import math
@@ -37,8 +38,14 @@ def causal_mask(n_q: int, n_k: int, device=None) -> torch.Tensor:
     return j <= i + (n_k - n_q)
 
 
-def attention_fp64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                   scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_fp64(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) in float64 from inputs upcast to float64. Differentiable (for gradient checks)."""
     q64, k64, v64 = q.double(), k.double(), v.double()
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -46,9 +53,9 @@ def attention_fp64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     s = torch.matmul(q64, k64.transpose(-1, -2)) * scale
     if causal:
         s = s.masked_fill(~causal_mask(q.shape[2], k.shape[2], q.device), float("-inf"))
-    # Softmax with the row maximum subtracted (the shift cancels, so it is detached: exact gradients).
-    # A row that sees no key has max -inf and sum 0: shift by 0 and divide by 1 so it gives 0, not NaN,
-    # in the output and in the gradients.
+    # Softmax with the row maximum subtracted (the shift cancels, so it is detached: exact
+    # gradients). A row that sees no key has max -inf and sum 0: shift by 0 and divide by 1 so it
+    # gives 0, not NaN, in the output and in the gradients.
     m = s.amax(dim=-1, keepdim=True).detach()
     m = m.masked_fill(torch.isinf(m), 0.0)
     e = torch.exp(s - m)
@@ -58,9 +65,16 @@ def attention_fp64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     return out, lse
 
 
-def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                    scale: float | None = None) -> torch.Tensor:
-    """The textbook version in the input dtype: scores and probabilities as full (Nq, Nk) tensors."""
+def naive_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """The textbook version in the input dtype: scores and probabilities as full (Nq, Nk)
+    tensors."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     k, v = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
     s = torch.matmul(q, k.transpose(-1, -2)) * scale

@@ -1,29 +1,39 @@
 """FlashAttention-2 in Triton: forward, backward and a `torch.autograd.Function`.
 
-Forward. One program owns BLOCK_M queries of one (batch, head) and walks the keys in blocks of BLOCK_N,
-keeping the softmax *online*: per query row a running maximum m, a running sum l of exp(s - m) and an
-unnormalized output acc; a new block with a larger maximum rescales l and acc by exp(m_old - m_new).
-The (Nq x Nk) score matrix never exists in memory: Q is read once, K and V once per query block, O and
-the log-sum-exp written once. Scores are kept in base 2: scale * log2(e) is folded into one multiply-add
-per score, and exp2 is the hardware's native exponential (exp is exp2 plus a multiply).
+Forward. One program owns BLOCK_M queries of one (batch, head) and walks the keys in blocks of
+BLOCK_N, keeping the softmax *online*: per query row a running maximum m, a running sum l of exp(s -
+m) and an unnormalized output acc; a new block with a larger maximum rescales l and acc by exp(m_old
+- m_new). The (Nq x Nk) score matrix never exists in memory: Q is read once, K and V once per query
+block, O and the log-sum-exp written once. Scores are kept in base 2: scale * log2(e) is folded into
+one multiply-add per score, and exp2 is the hardware's native exponential (exp is exp2 plus a
+multiply).
 
-The key loop is split in two so the common case pays for no masks: the blocks every query of the program
-sees completely (no causal mask, inside Nk) run unmasked; then the few blocks on the causal diagonal or
-past the end of the keys run with masks. Blocks above the diagonal are never visited (causal skipping).
+The key loop is split in two so the common case pays for no masks: the blocks every query of the
+program sees completely (no causal mask, inside Nk) run unmasked; then the few blocks on the causal
+diagonal or past the end of the keys run with masks. Blocks above the diagonal are never visited
+(causal skipping).
 
 Causal masking is bottom-right aligned, as in `reference.py`: query i sees keys j <= i + Nk - Nq.
 
 Backward (recomputation). The forward saved only O and the log-sum-exp (lse); P = exp(S - lse) is
 recomputed block by block. With D_i = rowsum(dO_i * O_i):
-    dV = P^T dO        dP = dO V^T        dS = P * (dP - D)        dQ = scale dS K        dK = scale dS^T Q
-Three kernels: a pre-pass computing D (and lse in base 2), one program per KV block accumulating dK and dV
-over all query blocks (and, with grouped-query attention, over every query head of the group: no atomics),
-and one program per query block accumulating dQ over the key blocks (or, with `atomic_dq`, dQ added
-by float32 atomics from the dK/dV program, as FlashAttention-2 does).
+    dV = P^T dO        dP = dO V^T        dS = P * (dP - D)        dQ = scale dS K        dK = scale
+    dS^T Q
+Three kernels: a pre-pass computing D (and lse in base 2), one program per KV block accumulating dK
+and dV over all query blocks (and, with grouped-query attention, over every query head of the group:
+no atomics), and one program per query block accumulating dQ over the key blocks (or, with
+`atomic_dq`, dQ added by float32 atomics from the dK/dV program, as FlashAttention-2 does).
 
 Tiles reach shared memory through pointer arithmetic (cp.async) or, with `tma`, through tensor
 descriptors (the Hopper TMA engine); which is faster is measured by `benchmark.py` (PERFORMANCE.md).
+
+Head sizes. `tl.arange` and `tl.dot` want power-of-two tile sides (at least 16), while models use
+head_dim 80 (Phi-2), 96 (Phi-3-mini) or 192 (DeepSeek-V2's q/k). Every kernel therefore works on a
+tile of HEAD_PAD = next_power_of_2(head_dim) columns: the columns past head_dim are loaded as zeros
+(they add nothing to q.k, and give zero columns of P V) and never stored. Any multiple of 8 up to
+256 works; the power-of-two sizes pay for no masks at all.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,63 +43,80 @@ import triton
 import triton.language as tl
 
 from kernels import runtime
+from kernels.flash_attention.fast_launch import LaunchCache, aligned
 from kernels.flash_attention.validate import check_attention_inputs
+from kernels.runtime import UPCAST
 
-LOG2E = 1.4426950408889634  # 1 / ln(2): exp(x) = exp2(x * LOG2E); inside kernels ln(2) = 0.693... is a literal
-HEAD_DIMS = (16, 32, 64, 128, 256)
+# 1 / ln(2): exp(x) = exp2(x * LOG2E); inside kernels ln(2) = 0.693... is a literal
+LOG2E = 1.4426950408889634
+MAX_HEAD_DIM = 256
 # The forward's default way of loading tiles: pointers (cp.async) or tensor descriptors (TMA); see
-# PERFORMANCE.md for which measured faster, and `flash_attention_forward(tma=...)` to choose per call.
+# PERFORMANCE.md for which measured faster, and `flash_attention_forward(tma=...)` to choose per
+# call.
 USE_TMA = False
-# The backward's default for dQ: a separate kernel (False) or float32 atomics from the dK/dV kernel (True);
-# `flash_attention_backward(atomic_dq=...)` chooses per call.
+# The backward's default for dQ: a separate kernel (False) or float32 atomics from the dK/dV kernel
+# (True); `flash_attention_backward(atomic_dq=...)` chooses per call.
 ATOMIC_DQ = False
-# The interpreter mis-computes tl.dot on bfloat16 tiles (DESIGN.md): in CPU mode every tile is upcast to
-# float32 before tl.dot, after the same rounding to the input dtype that the GPU path does.
-UPCAST = not runtime.ON_GPU
 
 
-# ----------------------------------------------------------------------------------------------------
-# Autotuning. A handful of configurations (BLOCK_M, BLOCK_N, num_warps, num_stages) that suit sm_90 for
-# each head dim; the autotuner picks one per (Nq bucket, Nk bucket, head dim, causal, dtype). Few, because
-# each is compiled for every (head dim, causal, dtype) the first time it is seen. Shared memory bounds
-# them: Q stays resident (BLOCK_M x D) and each pipeline stage holds a K and a V tile (2 x BLOCK_N x D),
-# so D = 256 gets small tiles and two stages. CPU mode gets one configuration with
-# few, large blocks (the interpreter's cost grows with the number of programs and loop trips); its
-# BLOCK_M != BLOCK_N so the tests exercise a diagonal that crosses block boundaries unevenly.
+# ------------------------------------------------------------------------------------------------
+# Autotuning. A handful of configurations (BLOCK_M, BLOCK_N, num_warps, num_stages) that suit sm_90
+# for each head dim; the autotuner picks one per (Nq bucket, Nk bucket, head dim, causal, dtype).
+# Few, because each is compiled for every (head dim, causal, dtype) the first time it is seen.
+# Shared memory bounds them: Q stays resident (BLOCK_M x D) and each pipeline stage holds a K and a
+# V tile (2 x BLOCK_N x D), so D = 256 gets small tiles and two stages. CPU mode gets one
+# configuration with few, large blocks (the interpreter's cost grows with the number of programs and
+# loop trips); its BLOCK_M != BLOCK_N so the tests exercise a diagonal that crosses block boundaries
+# unevenly.
 
-def _configs(table: dict[int, list[tuple[int, int, int, int]]], cpu: tuple[int, int]) -> list[triton.Config]:
+
+def _configs(
+    table: dict[int, list[tuple[int, int, int, int]]], cpu: tuple[int, int]
+) -> list[triton.Config]:
     if not runtime.ON_GPU:
         return [triton.Config({"BLOCK_M": cpu[0], "BLOCK_N": cpu[1]}, num_warps=1, num_stages=1)]
     unique = sorted({c for rows in table.values() for c in rows})
-    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in unique]
+    return [
+        triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+        for m, n, w, s in unique
+    ]
 
 
-# None: autotune over the table's entries for the head dim. An integer i: use entry i alone (the last one
-# if the table is shorter), so the tests compile one kernel per case on a GPU, or step through every entry.
-# After changing it, call `reset_autotuning()`: the autotuner remembers its choice per key.
+# None: autotune over the table's entries for the head dim. An integer i: use entry i alone (the
+# last one if the table is shorter), so the tests compile one kernel per case on a GPU, or step
+# through every entry. After changing it, call `reset_autotuning()`: the autotuner remembers its
+# choice per key.
 TUNING_OVERRIDE: int | None = None
 
 
 def _pruner(table):
-    """Keep only the configurations listed for this head dim (the autotuner's early_config_prune)."""
+    """Keep only the configurations listed for this tile width (the autotuner's
+    early_config_prune)."""
+
     def prune(configs, named_args, **kwargs):
         if len(configs) == 1:
             return configs
-        wanted = table[{**named_args, **kwargs}["HEAD_DIM"]]
+        wanted = table[{**named_args, **kwargs}["HEAD_PAD"]]
         if TUNING_OVERRIDE is not None:
             wanted = [wanted[min(TUNING_OVERRIDE, len(wanted) - 1)]]
-        return [c for c in configs
-                if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted]
+        return [
+            c
+            for c in configs
+            if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted
+        ]
+
     return prune
 
 
 def reset_autotuning() -> None:
     for kernel in (flash_fwd_kernel, flash_bwd_dkdv_kernel, flash_bwd_dq_kernel):
         kernel.cache.clear()
+    FWD_LAUNCHES.clear()
 
 
-# Every entry below compiles for sm_90 with Triton 3.6 without register spills (ptxas, checked offline with
-# triton.compile for GPUTarget("cuda", 90, 32); PERFORMANCE.md lists what was dropped and why).
+# Every entry below compiles for sm_90 with Triton 3.6 without register spills (ptxas, checked
+# offline with triton.compile for GPUTarget("cuda", 90, 32); PERFORMANCE.md lists what was dropped
+# and why).
 FWD_TUNING = {
     16: [(128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3)],
     32: [(128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3)],
@@ -98,7 +125,8 @@ FWD_TUNING = {
     256: [(64, 64, 8, 2), (128, 64, 8, 2), (64, 32, 4, 2), (128, 32, 8, 2)],
 }
 # Backward kernels: (BLOCK_M queries, BLOCK_N keys). dK/dV keeps K and V tiles and two float32
-# accumulators (2 x BLOCK_N x D) resident for the whole loop, so few tiles fit: 8 warps, small query blocks.
+# accumulators (2 x BLOCK_N x D) resident for the whole loop, so few tiles fit: 8 warps, small query
+# blocks.
 DKDV_TUNING = {
     16: [(64, 128, 8, 2), (32, 128, 8, 3)],
     32: [(64, 128, 8, 2), (32, 128, 8, 3)],
@@ -125,15 +153,48 @@ def _bucket(n: int) -> int:
     return triton.next_power_of_2(max(n, 1))
 
 
-# ----------------------------------------------------------------------------------------------------
+def head_tile(head_dim: int) -> int:
+    """The tile width for a head size: the next power of two, at least 16 (the smallest tl.dot)."""
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+@triton.jit
+def load_tile(
+    ptrs, row_ok, dims, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, MASK_ROWS: tl.constexpr
+):
+    """A (rows, HEAD_PAD) tile at `ptrs`: rows where `row_ok` is False (with MASK_ROWS) and the
+    padding columns past HEAD_DIM read as 0. With neither, a plain load (no predicates at all)."""
+    if HEAD_PAD == HEAD_DIM:
+        if MASK_ROWS:
+            tile = tl.load(ptrs, mask=row_ok[:, None], other=0.0)
+        else:
+            tile = tl.load(ptrs)
+    else:
+        if MASK_ROWS:
+            tile = tl.load(ptrs, mask=row_ok[:, None] & (dims[None, :] < HEAD_DIM), other=0.0)
+        else:
+            tile = tl.load(ptrs, mask=dims[None, :] < HEAD_DIM, other=0.0)
+    return tile
+
+
+@triton.jit
+def tile_mask(row_ok, dims, HEAD_DIM: tl.constexpr):
+    """Where a (rows, HEAD_PAD) tile may be stored: real rows, real columns."""
+    return row_ok[:, None] & (dims[None, :] < HEAD_DIM)
+
+
+# ------------------------------------------------------------------------------------------------
 # Forward
 
 
 @triton.jit
-def _key_range(m0, n_k, causal_offset, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(unmasked_end, hi) for the query rows [m0, m0 + BLOCK_M): keys [0, unmasked_end) are whole blocks
-    every row sees (no mask needed), keys [unmasked_end, hi) need masks, keys from hi on are never visited.
-    Causal: every row sees keys j <= m0 + offset; the last row sees j < m0 + BLOCK_M + offset."""
+def _key_range(
+    m0, n_k, causal_offset, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    """(unmasked_end, hi) for the query rows [m0, m0 + BLOCK_M): keys [0, unmasked_end) are whole
+    blocks every row sees (no mask needed), keys [unmasked_end, hi) need masks, keys from hi on are
+    never visited. Causal: every row sees keys j <= m0 + offset; the last row sees j < m0 + BLOCK_M
+    + offset."""
     if CAUSAL:
         hi = tl.minimum(n_k, tl.maximum(0, m0 + BLOCK_M + causal_offset))
         unmasked_end = tl.maximum(0, tl.minimum(n_k, m0 + causal_offset + 1)) // BLOCK_N * BLOCK_N
@@ -144,29 +205,45 @@ def _key_range(m0, n_k, causal_offset, CAUSAL: tl.constexpr, BLOCK_M: tl.constex
 
 
 @triton.jit
-def _fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, rows, lo, hi, n_k, causal_offset,
-                 qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-                 CAUSAL: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr):
+def _fwd_kv_loop(
+    acc,
+    l_i,
+    m_i,
+    q,
+    k_base,
+    v_base,
+    stride_kn,
+    stride_vn,
+    rows,
+    lo,
+    hi,
+    n_k,
+    causal_offset,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    UPCAST: tl.constexpr,
+    TMA: tl.constexpr,
+):
     """Fold keys [lo, hi) into the running (acc, l, m) of the query rows `rows`.
 
-    MASKED=False is the steady state: whole blocks every row sees, no masks at all. MASKED=True handles
-    the diagonal (causal) and the last, partial block (j >= Nk)."""
+    MASKED=False is the steady state: whole blocks every row sees, no masks at all. MASKED=True
+    handles the diagonal (causal) and the last, partial block (j >= Nk)."""
     cols0 = tl.arange(0, BLOCK_N)
-    dims = tl.arange(0, HEAD_DIM)
+    dims = tl.arange(0, HEAD_PAD)
     for start in range(lo, hi, BLOCK_N):
         cols = start + cols0
-        if TMA:  # k_base, v_base are tensor descriptors: the copy engine zero-fills rows past Nk
+        if TMA:  # tensor descriptors: the copy engine zero-fills rows past Nk and columns past D
             k = k_base.load([start, 0])
             v = v_base.load([start, 0])
         else:
             k_ptrs = k_base + cols[:, None] * stride_kn + dims[None, :]
             v_ptrs = v_base + cols[:, None] * stride_vn + dims[None, :]
-            if MASKED:
-                k = tl.load(k_ptrs, mask=cols[:, None] < n_k, other=0.0)
-                v = tl.load(v_ptrs, mask=cols[:, None] < n_k, other=0.0)
-            else:
-                k = tl.load(k_ptrs)
-                v = tl.load(v_ptrs)
+            k = load_tile(k_ptrs, cols < n_k, dims, HEAD_DIM, HEAD_PAD, MASKED)
+            v = load_tile(v_ptrs, cols < n_k, dims, HEAD_DIM, HEAD_PAD, MASKED)
         if UPCAST:
             k = k.to(tl.float32)
         s = tl.dot(q, tl.trans(k))  # raw scores q.k in float32; the scale is applied below, fused
@@ -177,7 +254,8 @@ def _fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, rows, l
             s = tl.where(keep, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)  # base-2 units: log2(e) * scale * max(q.k)
         if MASKED:
-            # A row that has seen no key yet has m = -inf; shift it by 0 instead (-inf - -inf is NaN).
+            # A row that has seen no key yet has m = -inf; shift it by 0 instead (-inf - -inf is
+            # NaN).
             m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             m_shift = m_new
@@ -185,7 +263,9 @@ def _fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, rows, l
         alpha = tl.math.exp2(m_i - m_shift)  # rescales what was accumulated under the old maximum
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        p = p.to(v.dtype)  # P goes through the tensor cores in the input precision, as in FlashAttention
+        p = p.to(
+            v.dtype
+        )  # P goes through the tensor cores in the input precision, as in FlashAttention
         if UPCAST:
             p = p.to(tl.float32)
             v = v.to(tl.float32)
@@ -194,17 +274,49 @@ def _fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, rows, l
     return acc, l_i, m_i
 
 
-@triton.autotune(configs=FWD_CONFIGS, key=TUNE_KEY + ["TMA"],
-                 prune_configs_by={"early_config_prune": _pruner(FWD_TUNING)})
+@triton.autotune(
+    configs=FWD_CONFIGS,
+    key=TUNE_KEY + ["TMA"],
+    prune_configs_by={"early_config_prune": _pruner(FWD_TUNING)},
+)
 @triton.jit
-def flash_fwd_kernel(Q, K, V, O, LSE,
-                     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
-                     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
-                     n_q_heads, group, n_q, n_k, qk_scale, N_Q_BUCKET, N_K_BUCKET,
-                     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def flash_fwd_kernel(
+    Q,
+    K,
+    V,
+    OUT,
+    LSE,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    n_q_heads,
+    group,
+    n_q,
+    n_k,
+    qk_scale,
+    N_Q_BUCKET,
+    N_K_BUCKET,
+    HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    UPCAST: tl.constexpr,
+    TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     pid_m = tl.program_id(0)
-    if CAUSAL:  # the last query blocks see the most keys: start them first so the tail of the grid is short
+    if (
+        CAUSAL
+    ):  # the last query blocks see the most keys: start them first so the tail of the grid is short
         pid_m = tl.num_programs(0) - 1 - pid_m
     bh = tl.program_id(1)
     b = bh // n_q_heads
@@ -216,47 +328,115 @@ def flash_fwd_kernel(Q, K, V, O, LSE,
 
     m0 = pid_m * BLOCK_M
     rows = m0 + tl.arange(0, BLOCK_M)
-    dims = tl.arange(0, HEAD_DIM)
-    o_base = O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+    dims = tl.arange(0, HEAD_PAD)
+    o_base = OUT + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
     if TMA:
-        # Tensor descriptors of this (batch, head)'s 2-D slices: the TMA engine copies whole tiles into
-        # shared memory without address arithmetic in the threads, and clips at the slice's edges.
-        q_desc = tl.make_tensor_descriptor(q_base, [n_q, HEAD_DIM], [stride_qm, 1], [BLOCK_M, HEAD_DIM])
-        k_src = tl.make_tensor_descriptor(k_base, [n_k, HEAD_DIM], [stride_kn, 1], [BLOCK_N, HEAD_DIM])
-        v_src = tl.make_tensor_descriptor(v_base, [n_k, HEAD_DIM], [stride_vn, 1], [BLOCK_N, HEAD_DIM])
+        # Tensor descriptors of this (batch, head)'s 2-D slices: the TMA engine copies whole tiles
+        # into shared memory without address arithmetic in the threads, and clips at the slice's
+        # edges.
+        q_desc = tl.make_tensor_descriptor(
+            q_base, [n_q, HEAD_DIM], [stride_qm, 1], [BLOCK_M, HEAD_PAD]
+        )
+        k_src = tl.make_tensor_descriptor(
+            k_base, [n_k, HEAD_DIM], [stride_kn, 1], [BLOCK_N, HEAD_PAD]
+        )
+        v_src = tl.make_tensor_descriptor(
+            v_base, [n_k, HEAD_DIM], [stride_vn, 1], [BLOCK_N, HEAD_PAD]
+        )
         q = q_desc.load([m0, 0])
     else:
         k_src = k_base
         v_src = v_base
-        q = tl.load(q_base + rows[:, None] * stride_qm + dims[None, :], mask=rows[:, None] < n_q, other=0.0)
+        q = load_tile(
+            q_base + rows[:, None] * stride_qm + dims[None, :],
+            rows < n_q,
+            dims,
+            HEAD_DIM,
+            HEAD_PAD,
+            True,
+        )
     if UPCAST:
         q = q.to(tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
 
     causal_offset = n_k - n_q
     unmasked_end, hi = _key_range(m0, n_k, causal_offset, CAUSAL, BLOCK_M, BLOCK_N)
-    acc, l_i, m_i = _fwd_kv_loop(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, rows, 0, unmasked_end,
-                                 n_k, causal_offset, qk_scale, HEAD_DIM, BLOCK_N, False, CAUSAL, UPCAST, TMA)
-    acc, l_i, m_i = _fwd_kv_loop(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, rows, unmasked_end, hi,
-                                 n_k, causal_offset, qk_scale, HEAD_DIM, BLOCK_N, True, CAUSAL, UPCAST, TMA)
+    acc, l_i, m_i = _fwd_kv_loop(
+        acc,
+        l_i,
+        m_i,
+        q,
+        k_src,
+        v_src,
+        stride_kn,
+        stride_vn,
+        rows,
+        0,
+        unmasked_end,
+        n_k,
+        causal_offset,
+        qk_scale,
+        HEAD_DIM,
+        HEAD_PAD,
+        BLOCK_N,
+        False,
+        CAUSAL,
+        UPCAST,
+        TMA,
+    )
+    acc, l_i, m_i = _fwd_kv_loop(
+        acc,
+        l_i,
+        m_i,
+        q,
+        k_src,
+        v_src,
+        stride_kn,
+        stride_vn,
+        rows,
+        unmasked_end,
+        hi,
+        n_k,
+        causal_offset,
+        qk_scale,
+        HEAD_DIM,
+        HEAD_PAD,
+        BLOCK_N,
+        True,
+        CAUSAL,
+        UPCAST,
+        TMA,
+    )
 
     # A row that saw no key (causal with Nq > Nk) has l = 0: its output is 0 and its lse -inf.
     seen = l_i > 0.0
     l_safe = tl.where(seen, l_i, 1.0)
     out = acc / l_safe[:, None]
-    lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))  # natural log
+    lse = tl.where(
+        seen, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf")
+    )  # natural log
     if TMA:
-        o_desc = tl.make_tensor_descriptor(o_base, [n_q, HEAD_DIM], [stride_om, 1], [BLOCK_M, HEAD_DIM])
-        o_desc.store([m0, 0], out.to(O.dtype.element_ty))
+        o_desc = tl.make_tensor_descriptor(
+            o_base, [n_q, HEAD_DIM], [stride_om, 1], [BLOCK_M, HEAD_PAD]
+        )
+        o_desc.store([m0, 0], out.to(OUT.dtype.element_ty))
     else:
-        tl.store(o_base + rows[:, None] * stride_om + dims[None, :], out.to(O.dtype.element_ty),
-                 mask=rows[:, None] < n_q)
+        tl.store(
+            o_base + rows[:, None] * stride_om + dims[None, :],
+            out.to(OUT.dtype.element_ty),
+            mask=tile_mask(rows < n_q, dims, HEAD_DIM),
+        )
     tl.store(LSE + bh.to(tl.int64) * n_q + rows, lse, mask=rows < n_q)
 
 
-def _scale(scale, head_dim: int) -> float:
+# The forward's compiled kernels per call signature, launched without Triton's per-call binding.
+FWD_LAUNCHES = LaunchCache(flash_fwd_kernel)
+
+
+def softmax_scale(scale, head_dim: int) -> float:
+    """The scale of q.k: 1/sqrt(head_dim) by default, else a checked positive finite number."""
     if scale is None:
         return 1.0 / math.sqrt(head_dim)
     if not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
@@ -264,58 +444,112 @@ def _scale(scale, head_dim: int) -> float:
     return float(scale)
 
 
-def _check(op: str, q, k, v) -> None:
+def input_signature(q, k, v) -> tuple | None:
+    """Every fact `check_inputs` judges (shapes, strides, dtypes, devices); None if q, k or v is not
+    a tensor. Inputs with a signature that passed once pass again: the checks run once per
+    signature, not once per call (they cost microseconds a decode step does not have)."""
+    try:
+        return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(),
+                q.dtype, k.dtype, v.dtype, q.device, k.device, v.device)  # fmt: skip
+    except (AttributeError, TypeError):
+        return None
+
+
+_CHECKED: set = set()
+_MAX_CHECKED = 4096  # signatures remembered; a KV cache growing token by token adds one per step
+
+
+def check_inputs(op: str, q, k, v) -> tuple | None:
+    """The checks of `check_attention_inputs`, and a head size these kernels can tile. Returns the
+    inputs' signature (see `input_signature`)."""
+    signature = input_signature(q, k, v)
+    if signature is not None and signature in _CHECKED:
+        return signature
     check_attention_inputs(q, k, v, op=op)
-    if q.shape[-1] not in HEAD_DIMS:
-        raise ValueError(f"{op}: head_dim {q.shape[-1]} is not supported; supported: "
-                         + ", ".join(map(str, HEAD_DIMS)))
+    head_dim = q.shape[-1]
+    if head_dim % 8 or not 8 <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(
+            f"{op}: head_dim {head_dim} is not supported; supported: multiples of 8 "
+            f"up to {MAX_HEAD_DIM}"
+        )
+    if len(_CHECKED) >= _MAX_CHECKED:
+        _CHECKED.clear()
+    _CHECKED.add(signature)
+    return signature
 
 
 def output_buffers(op: str, q: torch.Tensor, out: torch.Tensor | None, lse: torch.Tensor | None):
-    """(out, lse) to write into: the caller's (checked), or new ones. out may have any strides with a
-    contiguous last dimension; lse must be a contiguous float32 (B, Hq, Nq)."""
+    """(out, lse) to write into: the caller's (checked), or new ones. out may have any strides with
+    a contiguous last dimension; lse must be a contiguous float32 (B, Hq, Nq)."""
     batch, n_heads, n_q, head_dim = q.shape
     if out is None:
         out = torch.empty((batch, n_heads, n_q, head_dim), dtype=q.dtype, device=q.device)
-    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or out.stride(-1) != 1:
-        raise ValueError(f"{op}: out must have q's shape {tuple(q.shape)}, dtype and device, with a contiguous "
-                         f"last dimension; got {tuple(out.shape)} {out.dtype} on {out.device}")
+    elif (
+        out.shape != q.shape
+        or out.dtype != q.dtype
+        or out.device != q.device
+        or out.stride(-1) != 1
+    ):
+        raise ValueError(
+            f"{op}: out must have q's shape {tuple(q.shape)}, dtype and device, with a contiguous "
+            f"last dimension; got {tuple(out.shape)} {out.dtype} on {out.device}"
+        )
     if lse is None:
         lse = torch.empty((batch, n_heads, n_q), dtype=torch.float32, device=q.device)
-    elif lse.shape != q.shape[:3] or lse.dtype != torch.float32 or lse.device != q.device or not lse.is_contiguous():
-        raise ValueError(f"{op}: lse must be a contiguous float32 tensor of shape {tuple(q.shape[:3])} on "
-                         f"{q.device}; got {tuple(lse.shape)} {lse.dtype}")
+    elif (
+        lse.shape != q.shape[:3]
+        or lse.dtype != torch.float32
+        or lse.device != q.device
+        or not lse.is_contiguous()
+    ):
+        raise ValueError(
+            f"{op}: lse must be a contiguous float32 tensor of shape {tuple(q.shape[:3])} on "
+            f"{q.device}; got {tuple(lse.shape)} {lse.dtype}"
+        )
     return out, lse
 
 
 def tma_compatible(*tensors: torch.Tensor) -> bool:
-    """A TMA descriptor needs a 16-byte aligned base and 16-byte multiples as strides (last one 1)."""
-    return all(t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:3])
-               for t in tensors)
+    """A TMA descriptor needs a 16-byte aligned base and 16-byte multiples as strides (last
+    one 1)."""
+    return all(
+        t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:3])
+        for t in tensors
+    )
 
 
 def _set_tma_allocator() -> None:
-    """Descriptors made inside a kernel live in a global scratch buffer that Triton asks the host for."""
+    """Descriptors made inside a kernel live in a global scratch buffer that Triton asks the host
+    for."""
     global _TMA_ALLOCATOR_SET
     if not _TMA_ALLOCATOR_SET and runtime.ON_GPU:
-        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+        triton.set_allocator(
+            lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda")
+        )
         _TMA_ALLOCATOR_SET = True
 
 
 _TMA_ALLOCATOR_SET = False
 
 
-def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                            scale: float | None = None, *, out: torch.Tensor | None = None,
-                            lse: torch.Tensor | None = None, tma: bool | None = None
-                            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse): out (B, Hq, Nq, D) in q's dtype, lse (B, Hq, Nq) float32 (natural log), written into
-    `out` and `lse` when given (not differentiable: `flash_attention` is).
+def flash_attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    tma: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse): out (B, Hq, Nq, D) in q's dtype, lse (B, Hq, Nq) float32 (natural log), written
+    into `out` and `lse` when given (not differentiable: `flash_attention` is).
 
     `tma` picks how tiles reach shared memory: tensor descriptors (the Hopper TMA engine) or pointer
     arithmetic (cp.async); None follows USE_TMA, falling back to pointers for unaligned strides."""
-    _check("flash_attention", q, k, v)
-    scale = _scale(scale, q.shape[-1])
+    signature = check_inputs("flash_attention", q, k, v)
+    scale = softmax_scale(scale, q.shape[-1])
     batch, n_heads, n_q, head_dim = q.shape
     n_kv_heads, n_k = k.shape[1], k.shape[2]
     out, lse = output_buffers("flash_attention", q, out, lse)
@@ -323,65 +557,138 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
         return out, lse
 
     def grid(meta):
-        return triton.cdiv(n_q, meta["BLOCK_M"]), batch * n_heads
+        return triton.cdiv(n_q, meta["BLOCK_M"]), batch * n_heads, 1
 
     use_tma = USE_TMA if tma is None else bool(tma)
     if use_tma and not tma_compatible(q, k, v, out):
         if tma:
-            raise ValueError("flash_attention: tma=True needs 16-byte aligned data and strides (in bytes) for "
-                             "q, k, v and out")
+            raise ValueError(
+                "flash_attention: tma=True needs 16-byte aligned data and strides (in bytes) for "
+                "q, k, v and out"
+            )
         use_tma = False
     if use_tma:
         _set_tma_allocator()
-    flash_fwd_kernel[grid](q, k, v, out, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
-                           n_heads, n_heads // n_kv_heads, n_q, n_k, scale * LOG2E, _bucket(n_q), _bucket(n_k),
-                           HEAD_DIM=head_dim, CAUSAL=bool(causal), UPCAST=UPCAST, TMA=use_tma)
+    # Everything Triton specializes on, or the autotuner keys on, follows from these (fast_launch).
+    key = (signature, out.stride(), aligned(q, k, v, out, lse), bool(causal), use_tma)
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3])
+    sizes = (n_heads, n_heads // n_kv_heads, n_q, n_k, scale * LOG2E, _bucket(n_q), _bucket(n_k))
+    args = (q, k, v, out, lse, *strides, *sizes)
+    constants = {"HEAD_DIM": head_dim, "HEAD_PAD": head_tile(head_dim), "CAUSAL": bool(causal),
+                 "UPCAST": UPCAST, "TMA": use_tma}  # fmt: skip
+    FWD_LAUNCHES.launch(key, grid, args, constants)
     return out, lse
 
 
-# ----------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # Backward
 
 
 @triton.jit
-def flash_bwd_preprocess_kernel(O, DO, LSE, DELTA, LSE2, stride_ob, stride_oh, stride_om,
-                                stride_dob, stride_doh, stride_dom, n_q_heads, n_q,
-                                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
-    """D = rowsum(dO * O), and lse in base 2 with -inf (a row that saw no key) turned into +inf, so the
-    recomputed P = exp2(s * scale * log2e - lse2) is 0 there instead of NaN."""
+def flash_bwd_preprocess_kernel(
+    OUT,
+    DO,
+    LSE,
+    DELTA,
+    LSE2,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    stride_dob,
+    stride_doh,
+    stride_dom,
+    n_q_heads,
+    n_q,
+    HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """D = rowsum(dO * O), and lse in base 2 with -inf (a row that saw no key) turned into +inf, so
+    the recomputed P = exp2(s * scale * log2e - lse2) is 0 there instead of NaN."""
     bh = tl.program_id(1)
     b = bh // n_q_heads
     h = bh % n_q_heads
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    dims = tl.arange(0, HEAD_DIM)
-    mask = rows[:, None] < n_q
-    o = tl.load(O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + rows[:, None] * stride_om
-                + dims[None, :], mask=mask, other=0.0).to(tl.float32)
-    do = tl.load(DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh + rows[:, None] * stride_dom
-                 + dims[None, :], mask=mask, other=0.0).to(tl.float32)
+    dims = tl.arange(0, HEAD_PAD)
+    o_ptrs = (
+        OUT
+        + b.to(tl.int64) * stride_ob
+        + h.to(tl.int64) * stride_oh
+        + rows[:, None] * stride_om
+        + dims[None, :]
+    )
+    do_ptrs = (
+        DO
+        + b.to(tl.int64) * stride_dob
+        + h.to(tl.int64) * stride_doh
+        + rows[:, None] * stride_dom
+        + dims[None, :]
+    )
+    o = load_tile(o_ptrs, rows < n_q, dims, HEAD_DIM, HEAD_PAD, True).to(tl.float32)
+    do = load_tile(do_ptrs, rows < n_q, dims, HEAD_DIM, HEAD_PAD, True).to(tl.float32)
     offs = bh.to(tl.int64) * n_q + rows
     tl.store(DELTA + offs, tl.sum(o * do, 1), mask=rows < n_q)
     lse = tl.load(LSE + offs, mask=rows < n_q, other=0.0)
-    tl.store(LSE2 + offs, tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634), mask=rows < n_q)
+    tl.store(
+        LSE2 + offs,
+        tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634),
+        mask=rows < n_q,
+    )
 
 
 @triton.jit
-def _dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, dq_acc_base, stride_qm, stride_dom, cols,
-                 lo, hi, n_q, causal_offset, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                 CAUSAL_MASK: tl.constexpr, UPCAST: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+def _dkdv_q_loop(
+    dk,
+    dv,
+    k,
+    v,
+    q_base,
+    do_base,
+    lse2_base,
+    delta_base,
+    dq_acc_base,
+    stride_qm,
+    stride_dom,
+    cols,
+    lo,
+    hi,
+    n_q,
+    causal_offset,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    CAUSAL_MASK: tl.constexpr,
+    UPCAST: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
+):
     """Add the contributions of query rows [lo, hi) of one head to dK and dV of the key block `cols`
     (and with ATOMIC_DQ, this key block's share of dQ to a float32 buffer, by atomic adds).
 
-    Rows past Nq are loaded as zeros with lse2 = +inf, so their P is exactly 0 without a mask on P (the
-    row masks on the loads are predicates on the copies, nearly free). CAUSAL_MASK applies the causal
-    mask, for the query blocks on the diagonal."""
+    Rows past Nq are loaded as zeros with lse2 = +inf, so their P is exactly 0 without a mask on P
+    (the row masks on the loads are predicates on the copies, nearly free). CAUSAL_MASK applies the
+    causal mask, for the query blocks on the diagonal."""
     rows0 = tl.arange(0, BLOCK_M)
-    dims = tl.arange(0, HEAD_DIM)
+    dims = tl.arange(0, HEAD_PAD)
     for start in range(lo, hi, BLOCK_M):
         rows = start + rows0
         row_ok = rows < n_q
-        q = tl.load(q_base + rows[:, None] * stride_qm + dims[None, :], mask=row_ok[:, None], other=0.0)
-        do = tl.load(do_base + rows[:, None] * stride_dom + dims[None, :], mask=row_ok[:, None], other=0.0)
+        q = load_tile(
+            q_base + rows[:, None] * stride_qm + dims[None, :],
+            row_ok,
+            dims,
+            HEAD_DIM,
+            HEAD_PAD,
+            True,
+        )
+        do = load_tile(
+            do_base + rows[:, None] * stride_dom + dims[None, :],
+            row_ok,
+            dims,
+            HEAD_DIM,
+            HEAD_PAD,
+            True,
+        )
         lse2 = tl.load(lse2_base + rows, mask=row_ok, other=float("inf"))
         delta = tl.load(delta_base + rows, mask=row_ok, other=0.0)
         dtype = q.dtype  # the input precision, also in CPU mode where tiles are float32
@@ -404,51 +711,110 @@ def _dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, dq_acc_ba
         dk = tl.dot(ds_lo, q, dk)
         if ATOMIC_DQ:
             dq = tl.dot(tl.trans(ds_lo), k)  # (queries, D), unscaled
-            tl.atomic_add(dq_acc_base + rows[:, None] * HEAD_DIM + dims[None, :], dq, mask=row_ok[:, None],
-                          sem="relaxed")
+            tl.atomic_add(
+                dq_acc_base + rows[:, None] * HEAD_DIM + dims[None, :],
+                dq,
+                mask=tile_mask(row_ok, dims, HEAD_DIM),
+                sem="relaxed",
+            )
     return dk, dv
 
 
-@triton.autotune(configs=DKDV_CONFIGS, key=TUNE_KEY + ["ATOMIC_DQ"], reset_to_zero=["DQ_ACC"],
-                 prune_configs_by={"early_config_prune": _pruner(DKDV_TUNING)})
+@triton.autotune(
+    configs=DKDV_CONFIGS,
+    key=TUNE_KEY + ["ATOMIC_DQ"],
+    reset_to_zero=["DQ_ACC"],
+    prune_configs_by={"early_config_prune": _pruner(DKDV_TUNING)},
+)
 @triton.jit
-def flash_bwd_dkdv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, DQ_ACC,
-                          stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
-                          stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
-                          stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                          n_q_heads, group, n_q, n_k, scale, qk_scale, N_Q_BUCKET, N_K_BUCKET,
-                          HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
-                          ATOMIC_DQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program per (key block, batch, KV head): dK and dV of BLOCK_N keys, summed over every query
-    block and over the `group` query heads that share this KV head, in registers (no atomics).
+def flash_bwd_dkdv_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    LSE2,
+    DELTA,
+    DK,
+    DV,
+    DQ_ACC,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_dob,
+    stride_doh,
+    stride_dom,
+    stride_dkb,
+    stride_dkh,
+    stride_dkn,
+    stride_dvb,
+    stride_dvh,
+    stride_dvn,
+    n_q_heads,
+    group,
+    n_q,
+    n_k,
+    scale,
+    qk_scale,
+    N_Q_BUCKET,
+    N_K_BUCKET,
+    HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    UPCAST: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """One program per (key block, batch, KV head): dK and dV of BLOCK_N keys, summed over every
+    query block and over the `group` query heads that share this KV head, in registers (no atomics).
 
-    ATOMIC_DQ (FlashAttention-2's own scheme): also add dS^T K of this key block to a float32 dQ buffer
-    (B, Hq, Nq, D) by atomics, instead of recomputing S and dP in a separate dQ kernel: 5 matrix
-    products instead of 7, for B * Hq * Nq * D atomic adds per key block (and a summation order that
-    varies from run to run)."""
+    ATOMIC_DQ (FlashAttention-2's own scheme): also add dS^T K of this key block to a float32 dQ
+    buffer (B, Hq, Nq, D) by atomics, instead of recomputing S and dP in a separate dQ kernel: 5
+    matrix products instead of 7, for B * Hq * Nq * D atomic adds per key block (and a summation
+    order that varies from run to run)."""
     n0 = tl.program_id(0) * BLOCK_N
     n_kv_heads = n_q_heads // group
     b = tl.program_id(1) // n_kv_heads
     kv_h = tl.program_id(1) % n_kv_heads
     cols = n0 + tl.arange(0, BLOCK_N)
-    dims = tl.arange(0, HEAD_DIM)
-    kv_mask = cols[:, None] < n_k
-    k = tl.load(K + b.to(tl.int64) * stride_kb + kv_h.to(tl.int64) * stride_kh + cols[:, None] * stride_kn
-                + dims[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(V + b.to(tl.int64) * stride_vb + kv_h.to(tl.int64) * stride_vh + cols[:, None] * stride_vn
-                + dims[None, :], mask=kv_mask, other=0.0)
+    dims = tl.arange(0, HEAD_PAD)
+    k_ptrs = (
+        K
+        + b.to(tl.int64) * stride_kb
+        + kv_h.to(tl.int64) * stride_kh
+        + cols[:, None] * stride_kn
+        + dims[None, :]
+    )
+    v_ptrs = (
+        V
+        + b.to(tl.int64) * stride_vb
+        + kv_h.to(tl.int64) * stride_vh
+        + cols[:, None] * stride_vn
+        + dims[None, :]
+    )
+    k = load_tile(k_ptrs, cols < n_k, dims, HEAD_DIM, HEAD_PAD, True)
+    v = load_tile(v_ptrs, cols < n_k, dims, HEAD_DIM, HEAD_PAD, True)
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
-    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dk = tl.zeros([BLOCK_N, HEAD_PAD], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_PAD], dtype=tl.float32)
 
     causal_offset = n_k - n_q
     if CAUSAL:
-        # Query i sees key j iff i >= j - offset: start at the first query that sees this block's first
-        # key; the causal mask is needed up to the first query block whose every row sees all the keys.
+        # Query i sees key j iff i >= j - offset: start at the first query that sees this block's
+        # first key; the causal mask is needed up to the first query block whose every row sees all
+        # the keys.
         lo = tl.minimum(tl.maximum(0, n0 - causal_offset) // BLOCK_M * BLOCK_M, n_q)
-        diag_end = tl.minimum(tl.cdiv(tl.maximum(0, n0 + BLOCK_N - 1 - causal_offset), BLOCK_M) * BLOCK_M, n_q)
+        diag_end = tl.minimum(
+            tl.cdiv(tl.maximum(0, n0 + BLOCK_N - 1 - causal_offset), BLOCK_M) * BLOCK_M, n_q
+        )
         diag_end = tl.maximum(diag_end, lo)
     else:
         lo = 0
@@ -463,36 +829,111 @@ def flash_bwd_dkdv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, DQ_ACC,
         dq_acc_base = DQ_ACC + bh.to(tl.int64) * n_q * HEAD_DIM
         # Two loops, not three (diagonal, interior, last partial block): a third pipelined loop made
         # ptxas spill at every tile size on sm_90, which costs more than the row predicates.
-        dk, dv = _dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, dq_acc_base, stride_qm,
-                              stride_dom, cols, lo, diag_end, n_q, causal_offset, qk_scale, HEAD_DIM, BLOCK_M,
-                              CAUSAL, UPCAST, ATOMIC_DQ)
-        dk, dv = _dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, dq_acc_base, stride_qm,
-                              stride_dom, cols, diag_end, n_q, n_q, causal_offset, qk_scale, HEAD_DIM, BLOCK_M,
-                              False, UPCAST, ATOMIC_DQ)
+        dk, dv = _dkdv_q_loop(
+            dk,
+            dv,
+            k,
+            v,
+            q_base,
+            do_base,
+            lse2_base,
+            delta_base,
+            dq_acc_base,
+            stride_qm,
+            stride_dom,
+            cols,
+            lo,
+            diag_end,
+            n_q,
+            causal_offset,
+            qk_scale,
+            HEAD_DIM,
+            HEAD_PAD,
+            BLOCK_M,
+            CAUSAL,
+            UPCAST,
+            ATOMIC_DQ,
+        )
+        dk, dv = _dkdv_q_loop(
+            dk,
+            dv,
+            k,
+            v,
+            q_base,
+            do_base,
+            lse2_base,
+            delta_base,
+            dq_acc_base,
+            stride_qm,
+            stride_dom,
+            cols,
+            diag_end,
+            n_q,
+            n_q,
+            causal_offset,
+            qk_scale,
+            HEAD_DIM,
+            HEAD_PAD,
+            BLOCK_M,
+            False,
+            UPCAST,
+            ATOMIC_DQ,
+        )
     dk = dk * scale
-    tl.store(DK + b.to(tl.int64) * stride_dkb + kv_h.to(tl.int64) * stride_dkh + cols[:, None] * stride_dkn
-             + dims[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
-    tl.store(DV + b.to(tl.int64) * stride_dvb + kv_h.to(tl.int64) * stride_dvh + cols[:, None] * stride_dvn
-             + dims[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
+    kv_mask = tile_mask(cols < n_k, dims, HEAD_DIM)
+    tl.store(
+        DK
+        + b.to(tl.int64) * stride_dkb
+        + kv_h.to(tl.int64) * stride_dkh
+        + cols[:, None] * stride_dkn
+        + dims[None, :],
+        dk.to(DK.dtype.element_ty),
+        mask=kv_mask,
+    )
+    tl.store(
+        DV
+        + b.to(tl.int64) * stride_dvb
+        + kv_h.to(tl.int64) * stride_dvh
+        + cols[:, None] * stride_dvn
+        + dims[None, :],
+        dv.to(DV.dtype.element_ty),
+        mask=kv_mask,
+    )
 
 
 @triton.jit
-def _dq_kv_loop(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, rows, lo, hi, n_k, causal_offset,
-                qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-                CAUSAL: tl.constexpr, UPCAST: tl.constexpr):
+def _dq_kv_loop(
+    dq,
+    q,
+    do,
+    lse2,
+    delta,
+    k_base,
+    v_base,
+    stride_kn,
+    stride_vn,
+    rows,
+    lo,
+    hi,
+    n_k,
+    causal_offset,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     """Add the contributions of keys [lo, hi) to dQ of the query rows `rows`."""
     cols0 = tl.arange(0, BLOCK_N)
-    dims = tl.arange(0, HEAD_DIM)
+    dims = tl.arange(0, HEAD_PAD)
     for start in range(lo, hi, BLOCK_N):
         cols = start + cols0
         k_ptrs = k_base + cols[:, None] * stride_kn + dims[None, :]
         v_ptrs = v_base + cols[:, None] * stride_vn + dims[None, :]
-        if MASKED:
-            k = tl.load(k_ptrs, mask=cols[:, None] < n_k, other=0.0)
-            v = tl.load(v_ptrs, mask=cols[:, None] < n_k, other=0.0)
-        else:
-            k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
+        k = load_tile(k_ptrs, cols < n_k, dims, HEAD_DIM, HEAD_PAD, MASKED)
+        v = load_tile(v_ptrs, cols < n_k, dims, HEAD_DIM, HEAD_PAD, MASKED)
         dtype = k.dtype
         if UPCAST:
             k = k.to(tl.float32)
@@ -512,15 +953,48 @@ def _dq_kv_loop(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, ro
     return dq
 
 
-@triton.autotune(configs=DQ_CONFIGS, key=TUNE_KEY, prune_configs_by={"early_config_prune": _pruner(DQ_TUNING)})
+@triton.autotune(
+    configs=DQ_CONFIGS, key=TUNE_KEY, prune_configs_by={"early_config_prune": _pruner(DQ_TUNING)}
+)
 @triton.jit
-def flash_bwd_dq_kernel(Q, K, V, DO, LSE2, DELTA, DQ,
-                        stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
-                        stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
-                        stride_dqb, stride_dqh, stride_dqm,
-                        n_q_heads, group, n_q, n_k, scale, qk_scale, N_Q_BUCKET, N_K_BUCKET,
-                        HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def flash_bwd_dq_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    LSE2,
+    DELTA,
+    DQ,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_dob,
+    stride_doh,
+    stride_dom,
+    stride_dqb,
+    stride_dqh,
+    stride_dqm,
+    n_q_heads,
+    group,
+    n_q,
+    n_k,
+    scale,
+    qk_scale,
+    N_Q_BUCKET,
+    N_K_BUCKET,
+    HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """One program per (query block, batch, head): dQ over the key blocks the queries see."""
     pid_m = tl.program_id(0)
     if CAUSAL:
@@ -531,12 +1005,24 @@ def flash_bwd_dq_kernel(Q, K, V, DO, LSE2, DELTA, DQ,
     kv_h = h // group
     m0 = pid_m * BLOCK_M
     rows = m0 + tl.arange(0, BLOCK_M)
-    dims = tl.arange(0, HEAD_DIM)
+    dims = tl.arange(0, HEAD_PAD)
     row_mask = rows < n_q
-    q = tl.load(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + rows[:, None] * stride_qm
-                + dims[None, :], mask=row_mask[:, None], other=0.0)
-    do = tl.load(DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh + rows[:, None] * stride_dom
-                 + dims[None, :], mask=row_mask[:, None], other=0.0)
+    q_ptrs = (
+        Q
+        + b.to(tl.int64) * stride_qb
+        + h.to(tl.int64) * stride_qh
+        + rows[:, None] * stride_qm
+        + dims[None, :]
+    )
+    do_ptrs = (
+        DO
+        + b.to(tl.int64) * stride_dob
+        + h.to(tl.int64) * stride_doh
+        + rows[:, None] * stride_dom
+        + dims[None, :]
+    )
+    q = load_tile(q_ptrs, row_mask, dims, HEAD_DIM, HEAD_PAD, True)
+    do = load_tile(do_ptrs, row_mask, dims, HEAD_DIM, HEAD_PAD, True)
     lse2 = tl.load(LSE2 + bh.to(tl.int64) * n_q + rows, mask=row_mask, other=float("inf"))
     delta = tl.load(DELTA + bh.to(tl.int64) * n_q + rows, mask=row_mask, other=0.0)
     if UPCAST:
@@ -544,61 +1030,148 @@ def flash_bwd_dq_kernel(Q, K, V, DO, LSE2, DELTA, DQ,
         do = do.to(tl.float32)
     k_base = K + b.to(tl.int64) * stride_kb + kv_h.to(tl.int64) * stride_kh
     v_base = V + b.to(tl.int64) * stride_vb + kv_h.to(tl.int64) * stride_vh
-    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    dq = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
     causal_offset = n_k - n_q
     unmasked_end, hi = _key_range(m0, n_k, causal_offset, CAUSAL, BLOCK_M, BLOCK_N)
-    dq = _dq_kv_loop(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, rows, 0, unmasked_end, n_k,
-                     causal_offset, qk_scale, HEAD_DIM, BLOCK_N, False, CAUSAL, UPCAST)
-    dq = _dq_kv_loop(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, rows, unmasked_end, hi, n_k,
-                     causal_offset, qk_scale, HEAD_DIM, BLOCK_N, True, CAUSAL, UPCAST)
+    dq = _dq_kv_loop(
+        dq,
+        q,
+        do,
+        lse2,
+        delta,
+        k_base,
+        v_base,
+        stride_kn,
+        stride_vn,
+        rows,
+        0,
+        unmasked_end,
+        n_k,
+        causal_offset,
+        qk_scale,
+        HEAD_DIM,
+        HEAD_PAD,
+        BLOCK_N,
+        False,
+        CAUSAL,
+        UPCAST,
+    )
+    dq = _dq_kv_loop(
+        dq,
+        q,
+        do,
+        lse2,
+        delta,
+        k_base,
+        v_base,
+        stride_kn,
+        stride_vn,
+        rows,
+        unmasked_end,
+        hi,
+        n_k,
+        causal_offset,
+        qk_scale,
+        HEAD_DIM,
+        HEAD_PAD,
+        BLOCK_N,
+        True,
+        CAUSAL,
+        UPCAST,
+    )
     dq = dq * scale
-    tl.store(DQ + b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh + rows[:, None] * stride_dqm
-             + dims[None, :], dq.to(DQ.dtype.element_ty), mask=row_mask[:, None])
+    tl.store(
+        DQ
+        + b.to(tl.int64) * stride_dqb
+        + h.to(tl.int64) * stride_dqh
+        + rows[:, None] * stride_dqm
+        + dims[None, :],
+        dq.to(DQ.dtype.element_ty),
+        mask=tile_mask(row_mask, dims, HEAD_DIM),
+    )
 
 
-def flash_attention_backward(do, q, k, v, out, lse, causal: bool, scale: float, atomic_dq: bool | None = None):
+def flash_attention_backward(
+    do, q, k, v, out, lse, causal: bool, scale: float, atomic_dq: bool | None = None
+):
     """(dq, dk, dv) from the forward's out and lse; every gradient in its input's dtype.
 
-    `atomic_dq` (None: ATOMIC_DQ) accumulates dQ inside the dK/dV kernel by float32 atomics instead of
-    running the dQ kernel: less work, run-to-run variation in dQ's last bits."""
+    `atomic_dq` (None: ATOMIC_DQ) accumulates dQ inside the dK/dV kernel by float32 atomics instead
+    of running the dQ kernel: less work, run-to-run variation in dQ's last bits."""
     atomic_dq = ATOMIC_DQ if atomic_dq is None else bool(atomic_dq)
     batch, n_heads, n_q, head_dim = q.shape
     n_kv_heads, n_k = k.shape[1], k.shape[2]
     group = n_heads // n_kv_heads
     if do.stride(-1) != 1:
         do = do.contiguous()
-    dq, dk, dv = torch.empty_like(q, memory_format=torch.contiguous_format), \
-        torch.empty_like(k, memory_format=torch.contiguous_format), \
-        torch.empty_like(v, memory_format=torch.contiguous_format)
+    dq, dk, dv = (
+        torch.empty_like(q, memory_format=torch.contiguous_format),
+        torch.empty_like(k, memory_format=torch.contiguous_format),
+        torch.empty_like(v, memory_format=torch.contiguous_format),
+    )
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     delta = torch.empty_like(lse)
     lse2 = torch.empty_like(lse)
     pre_block = runtime.pick(gpu=64, cpu=128)
     flash_bwd_preprocess_kernel[(triton.cdiv(n_q, pre_block), batch * n_heads)](
-        out, do, lse, delta, lse2, *out.stride()[:3], *do.stride()[:3], n_heads, n_q,
-        HEAD_DIM=head_dim, BLOCK_M=pre_block)
-    common = {"HEAD_DIM": head_dim, "CAUSAL": bool(causal), "UPCAST": UPCAST}
+        out,
+        do,
+        lse,
+        delta,
+        lse2,
+        *out.stride()[:3],
+        *do.stride()[:3],
+        n_heads,
+        n_q,
+        HEAD_DIM=head_dim,
+        HEAD_PAD=head_tile(head_dim),
+        BLOCK_M=pre_block,
+    )
+    common = {
+        "HEAD_DIM": head_dim,
+        "HEAD_PAD": head_tile(head_dim),
+        "CAUSAL": bool(causal),
+        "UPCAST": UPCAST,
+    }
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
     sizes = (n_heads, group, n_q, n_k, scale, scale * LOG2E, _bucket(n_q), _bucket(n_k))
-    dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic_dq else dk  # dk: unused
+    dq_acc = (
+        torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic_dq else dk
+    )  # dk: unused
     flash_bwd_dkdv_kernel[lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), batch * n_kv_heads)](
-        q, k, v, do, lse2, delta, dk, dv, dq_acc, *strides, *dk.stride()[:3], *dv.stride()[:3], *sizes,
-        ATOMIC_DQ=atomic_dq, **common)
+        q,
+        k,
+        v,
+        do,
+        lse2,
+        delta,
+        dk,
+        dv,
+        dq_acc,
+        *strides,
+        *dk.stride()[:3],
+        *dv.stride()[:3],
+        *sizes,
+        ATOMIC_DQ=atomic_dq,
+        **common,
+    )
     if atomic_dq:
         return dq.copy_(dq_acc.mul_(scale)), dk, dv
     flash_bwd_dq_kernel[lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), batch * n_heads)](
-        q, k, v, do, lse2, delta, dq, *strides, *dq.stride()[:3], *sizes, **common)
+        q, k, v, do, lse2, delta, dq, *strides, *dq.stride()[:3], *sizes, **common
+    )
     return dq, dk, dv
 
 
 class FlashAttentionFunction(torch.autograd.Function):
-    """Attention with the Triton forward and backward: out = softmax(scale Q K^T [causal]) V, and lse."""
+    """Attention with the Triton forward and backward: out = softmax(scale Q K^T [causal]) V, and
+    lse."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale):
-        _check("FlashAttentionFunction", q, k, v)
-        scale = _scale(scale, q.shape[-1])
+        check_inputs("FlashAttentionFunction", q, k, v)
+        scale = softmax_scale(scale, q.shape[-1])
         out, lse = flash_attention_forward(q, k, v, causal, scale)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.scale = causal, scale
@@ -607,21 +1180,33 @@ class FlashAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        # lse is marked non-differentiable: dlse is ignored (a loss built on it gets no gradient through it)
+        # lse is marked non-differentiable: dlse is ignored (a loss built on it gets no gradient
+        # through it)
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = flash_attention_backward(dout, q, k, v, out, lse, ctx.causal, ctx.scale)
         return dq, dk, dv, None, None
 
 
-def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                    scale: float | None = None, return_lse: bool = False):
+def flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+    return_lse: bool = False,
+):
     """softmax(scale * q k^T) v with FlashAttention-2, differentiable.
 
-    q: (B, Hq, Nq, D), k and v: (B, Hkv, Nk, D), Hq % Hkv == 0 (grouped-query attention), fp16 or bf16,
-    D in 16, 32, 64, 128, 256; any strides with a contiguous last dimension. `causal` is bottom-right
-    aligned (query i sees keys j <= i + Nk - Nq). Returns out (B, Hq, Nq, D), and with `return_lse` also
-    the natural-log log-sum-exp of the scaled scores, float32 (B, Hq, Nq).
+    q: (B, Hq, Nq, D), k and v: (B, Hkv, Nk, D), Hq % Hkv == 0 (grouped-query attention), fp16 or
+    bf16, D any multiple of 8 up to 256; any strides with a contiguous last dimension. `causal` is
+    bottom-right aligned (query i sees keys j <= i + Nk - Nq). Returns out (B, Hq, Nq, D), and with
+    `return_lse` also the natural-log log-sum-exp of the scaled scores, float32 (B, Hq, Nq).
     """
-    _check("flash_attention", q, k, v)
-    out, lse = FlashAttentionFunction.apply(q, k, v, bool(causal), _scale(scale, q.shape[-1]))
+    # Without gradients to record, skip the autograd.Function (its bookkeeping costs microseconds).
+    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v)):
+        check_inputs("flash_attention", q, k, v)
+        scale = softmax_scale(scale, q.shape[-1])
+        out, lse = FlashAttentionFunction.apply(q, k, v, bool(causal), scale)
+    else:
+        out, lse = flash_attention_forward(q, k, v, causal, scale)
     return (out, lse) if return_lse else out

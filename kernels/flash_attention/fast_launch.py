@@ -1,0 +1,82 @@
+"""Eager launches at the cost of the launch itself: Triton's per-call host work, done once per call
+signature.
+
+Every `kernel[grid](*args)` call does the same work on the host before the driver sees it: bind the
+arguments to the kernel's signature, work out each one's *specialization* (its dtype, whether a
+pointer is 16-byte aligned, whether an integer is 1 or a multiple of 16), look the compiled kernel
+up by that key and, for an autotuned kernel, look its configuration up by the autotuning key. A
+wrapper adds its own: argument checks, output allocation, the grid. With thirty arguments that is
+tens of microseconds of Python, more than the GPU time of a decode step (PERFORMANCE.md in this
+folder has the measurements).
+
+A call site knows which facts about its arguments can change any of that, and can key on them
+itself: `LaunchCache` keeps, per key the caller builds, the compiled kernel Triton chose the first
+time, the configuration's constants and the constexpr values, and launches the compiled kernel
+through its own launcher afterwards (`CompiledKernel[grid](*all_args)`, what `JITFunction.run`
+ends with). The key must determine everything Triton specializes on; `int_facts` gives those facts
+for integers that vary between calls (a KV cache's length) without keying on their exact values.
+
+When something instruments Triton's launches (a profiler, or the course's grader, which counts
+launches and checks whose kernels run), `JITFunction.run` is wrapped and every call takes the
+ordinary path, so the instrument sees every launch. The Triton interpreter (CPU mode) always takes
+the ordinary path.
+"""
+
+from __future__ import annotations
+
+from triton.runtime.autotuner import Autotuner
+from triton.runtime.jit import JITFunction
+
+from kernels import runtime
+
+_PLAIN_RUN = "triton.runtime.jit.JITFunction.run"
+# False: every launch takes Triton's ordinary path (the benchmark's before-and-after comparison).
+ENABLED = True
+
+
+def int_facts(*values: int) -> tuple:
+    """What Triton specializes an integer argument on: equal to 1 (then a compile-time constant),
+    divisible by 16, and whether it fits in 32 bits (else it is passed as a 64-bit integer)."""
+    return tuple((v == 1, v % 16 == 0, -(2**31) <= v < 2**31) for v in values)
+
+
+def aligned(*tensors) -> tuple:
+    """What Triton specializes a pointer argument on: 16-byte alignment of the data."""
+    return tuple(t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def launches_are_plain() -> bool:
+    """True unless someone wrapped Triton's launch path (profilers, launch counters)."""
+    run = JITFunction.run
+    return f"{run.__module__}.{run.__qualname__}" == _PLAIN_RUN
+
+
+class LaunchCache:
+    """The compiled kernel of one `@triton.jit` kernel (autotuned or not), per caller-built key."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.fn = kernel.fn if isinstance(kernel, Autotuner) else kernel
+        self.entries: dict = {}
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+    def launch(self, key, grid, args: tuple, constants: dict) -> None:
+        """`kernel[grid](*args, **constants)`; after the first call per key, without Triton's
+        binding.
+
+        grid(meta) -> (x, y, z), where meta holds `constants` and the autotuned configuration's
+        values; `args` are the leading (run-time) arguments, `constants` the constexpr keywords (and
+        launch options such as num_warps)."""
+        entry = self.entries.get(key)
+        if entry is not None and ENABLED and launches_are_plain():
+            compiled, tail, meta = entry
+            compiled[grid(meta)](*args, *tail)
+            return
+        compiled = self.kernel[grid](*args, **constants)
+        if runtime.ON_GPU and key is not None and launches_are_plain():
+            config = getattr(self.kernel, "best_config", None)
+            meta = {**constants, **(config.kwargs if config is not None else {})}
+            tail = tuple(meta[name] for name in self.fn.arg_names[len(args) :])
+            self.entries[key] = (compiled, tail, meta)
