@@ -24,7 +24,9 @@ import collections
 import hashlib
 import json
 import math
+import os
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -50,6 +52,15 @@ def parse_shard(text: str) -> tuple[int, int]:
     return index, count
 
 
+def parse_gpus(text: str) -> list[str]:
+    """'0,1,3' -> ['0', '1', '3']: CUDA device indices, each used once."""
+    gpus = [part.strip() for part in text.split(",") if part.strip()]
+    if not gpus or not all(g.isdigit() for g in gpus) or len(set(gpus)) != len(gpus):
+        raise argparse.ArgumentTypeError(
+            f"--gpus takes distinct device indices like 0,1,2, got {text!r}")
+    return gpus
+
+
 def hash_order(student: str) -> str:
     return hashlib.sha256(student.encode()).hexdigest()
 
@@ -71,6 +82,40 @@ def assign_shards(lab_counts: dict[str, int], count: int) -> dict[str, int]:
 
 def shard_status_path(out: Path, index: int, count: int) -> Path:
     return out / "shards" / f"{index}-of-{count}.json"
+
+
+def write_shard_status(out: Path, shard: tuple[int, int], final: dict, *, partial: bool) -> None:
+    """OUT/shards/K-of-N.json: which students this shard graded and whether it finished."""
+    index, count = shard
+    status = {"shard": f"{index}/{count}", "date": _now(), "partial": partial,
+              "students": sorted(final),
+              "labs": sum(lab is not None for labs in final.values() for lab in labs.values())}
+    _write(shard_status_path(out, index, count), json.dumps(status, indent=1))
+
+
+def grade_on_gpus(args) -> int:
+    """`python -m grading --submissions DIR --gpus 0,1,...`: one shard per GPU, each a separate
+    `python -m grading --shard K/N` seeing only its GPU (CUDA_VISIBLE_DEVICES), so every lab is
+    timed alone on its GPU as on a single-GPU machine; then the merged summary."""
+    argv, skip = [], False
+    for word in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif word == "--gpus":
+            skip = True
+        elif not word.startswith("--gpus="):
+            argv.append(word)
+    shards = []
+    for index, gpu in enumerate(args.gpus):
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
+        command = [sys.executable, "-m", "grading", *argv, "--shard", f"{index}/{len(args.gpus)}"]
+        shards.append(subprocess.Popen(command, env=env))
+    codes = [shard.wait() for shard in shards]
+    summary = merge(args.submissions, args.out)
+    progress = summary["progress"]
+    print(f"{len(args.gpus)} GPUs: {len(progress['done'])}/{progress['students']} students done; "
+          f"summary: {args.out / 'summary.md'}")
+    return max(codes)
 
 
 def read_reports(out: Path) -> dict[str, dict]:

@@ -28,6 +28,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+from grading import classroom
 from grading import report as report_mod
 from grading.integrity import content_hash, grader_version
 from grading.labs import LAB_MODULES
@@ -233,6 +234,12 @@ def grade_submissions(args, opts: Options, jobs: int) -> int:
         return 1
     students = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
     found = {d.name: student_notebooks(d, args.lab) for d in students}
+    if args.gpus:
+        return classroom.grade_on_gpus(args)
+    if args.shard:
+        index, count = args.shard
+        shard_of = classroom.assign_shards({s: len(nbs) for s, nbs in found.items()}, count)
+        found = {s: nbs for s, nbs in found.items() if shard_of[s] == index}
     lab_ids = sorted({lab_id for nbs in found.values() for lab_id in nbs} | ({args.lab} if args.lab else set()))
     reports_dir = args.out / "students"
     hash_options = opts.result_options()  # not the seed: a result under any seed is a valid grade
@@ -284,6 +291,11 @@ def grade_submissions(args, opts: Options, jobs: int) -> int:
             write_student(student)
     results, interrupted = run_tasks(tasks, opts, jobs, skipped=skipped, on_result=on_result)
     partial = any(lab is not None and lab.get("interrupted") for labs in final.values() for lab in labs.values())
+    if args.shard:  # the shards share --out: each writes its own status, `merge` the summary
+        classroom.write_shard_status(args.out, args.shard, final, partial=partial or interrupted)
+        print(f"shard {args.shard[0]}/{args.shard[1]}: {len(found)} students, {len(tasks)} labs graded, "
+              f"{skipped} unchanged since the last run (skipped)")
+        return EXIT_INTERRUPTED if interrupted else 0
     summary = report_mod.summary(final, lab_ids, date=_now(), partial=partial, grader_version=grader_version())
     write_atomically(args.out / "summary.json", json.dumps(report_mod.json_safe(summary), indent=1, default=str))
     write_atomically(args.out / "summary.csv", report_mod.summary_csv(summary))
@@ -305,6 +317,11 @@ def main(argv=None) -> int:
     parser.add_argument("paths", nargs="*", type=Path, default=[Path("labs")])
     parser.add_argument("--submissions", type=Path, metavar="DIR",
                         help="grade DIR/<student>/ for every student (instructors)")
+    parser.add_argument("--shard", type=classroom.parse_shard, metavar="K/N",
+                        help="with --submissions: grade only shard K of N (python -m grading.classroom)")
+    parser.add_argument("--gpus", type=classroom.parse_gpus, metavar="0,1,...",
+                        help="with --submissions: one shard per GPU of this node, each lab alone on its "
+                             "GPU, then the merged summary")
     parser.add_argument("--out", type=Path, default=Path("grading-reports"), help="report folder")
     parser.add_argument("--lab", help="grade only this lab id, e.g. 01_elementwise_add")
     parser.add_argument("--cpu", action="store_true", help="force CPU mode (Triton interpreter) even on a GPU")
