@@ -63,9 +63,10 @@ def correctness_lines(spec, result) -> list[str]:
     if not result.cases:
         return []
     by_label = {c.case: c for c in result.cases}
-    columns = list(dict.fromkeys(_column(case) for case in spec.cases))
-    dtypes = list(dict.fromkeys(case.dtype for case in spec.cases))
-    grid = {(_dtype(case.dtype), _column(case)): by_label.get(case.label) for case in spec.cases}
+    cases = spec.cases if result.seed is None else spec.cases_for(result.seed)
+    columns = list(dict.fromkeys(_column(case) for case in cases))
+    dtypes = list(dict.fromkeys(case.dtype for case in cases))
+    grid = {(_dtype(case.dtype), _column(case)): by_label.get(case.label) for case in cases}
     rows = []
     for dtype in map(_dtype, dtypes):
         row = [dtype]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import secrets
 import signal
 import sys
@@ -311,6 +312,17 @@ def grade_submissions(args, opts: Options, jobs: int) -> int:
     return EXIT_INTERRUPTED if interrupted else 0
 
 
+def _say_where_code_runs(opts: Options) -> None:
+    """One line on stderr where the student's code runs without a sandbox (and stop where one is
+    required but not available)."""
+    from grading.runner import use_sandbox
+
+    sandboxed, how = use_sandbox(opts)
+    if not sandboxed and opts.sandbox == "auto":
+        print(f"grading: the student's code runs without a sandbox ({how.removeprefix('none: ')});"
+              f" the verdicts are still made outside it (grading/README.md)", file=sys.stderr)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grading", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -343,15 +355,28 @@ def main(argv=None) -> int:
                         help="output (stdout + stderr) a lab may print, MiB (default 16)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="labs graded at once (on a GPU only with --no-perf: concurrent labs distort timings)")
+    parser.add_argument("--sandbox", choices=("auto", "require", "off"),
+                        help="run the student's code in bubblewrap: auto (where it works; the "
+                             "default), require (refuse to grade without it; the default with "
+                             "--submissions) or off")
     parser.add_argument("--write-expected", action="store_true",
                         help="(instructors, on a GPU, grading solutions/) record the timings in data/expected/")
     args = parser.parse_args(argv)
     if args.submissions and args.write_expected:
         parser.error("--write-expected grades solutions/, not --submissions")
-    opts = Options(cpu=args.cpu, perf=not args.no_perf, timeout=args.timeout, call_timeout=args.call_timeout,
-                   perf_timeout=args.perf_timeout, memory_gib=args.memory_gib,
-                   gpu_memory_fraction=args.gpu_memory_fraction, output_limit_mib=args.output_limit_mib)
     from kernels import runtime
+    if args.cpu and runtime.ON_GPU:
+        # This process makes the inputs and references: it must be in the worker's mode, which
+        # `import kernels` decided already. Start again in CPU mode.
+        env = {**os.environ, "KERNELS_MODE": "cpu"}
+        argv = sys.argv[1:] if argv is None else list(argv)
+        os.execve(sys.executable, [sys.executable, "-m", "grading", *argv], env)
+    sandbox = args.sandbox or ("require" if args.submissions else "auto")
+    opts = Options(cpu=args.cpu, perf=not args.no_perf, timeout=args.timeout,
+                   call_timeout=args.call_timeout, perf_timeout=args.perf_timeout,
+                   memory_gib=args.memory_gib, gpu_memory_fraction=args.gpu_memory_fraction,
+                   output_limit_mib=args.output_limit_mib, sandbox=sandbox)
+    _say_where_code_runs(opts)
     jobs = args.jobs if (args.cpu or not runtime.ON_GPU or args.no_perf) else 1
     if args.submissions:
         return grade_submissions(args, opts, jobs)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import sys
 from pathlib import Path
 
 from grading.integrity import add_checksums, checksum_status
@@ -123,8 +124,48 @@ def lab_id_of(path: Path, known=None) -> str:
 
 
 def _code_lines(source: str) -> str:
-    # IPython magics and shell escapes are not Python; the grader's module has no use for them.
-    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
+    """A cell as Python. IPython's own transformer finds the magics and shell escapes where IPython
+    would (a line that continues an expression, such as `% 2` inside parentheses, is Python) and
+    turns them into calls of `get_ipython()`, which in a graded module runs none of them
+    (`no_magics`). Without IPython, a line starting with % or ! is left out."""
+    lines = source.splitlines()
+    if not any(line.lstrip().startswith(("%", "!")) for line in lines):
+        return "\n".join(lines)  # nothing IPython would change: every line keeps its number
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager
+    except ImportError:
+        return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in lines)
+    try:
+        code = TransformerManager().transform_cell(source)
+    except SyntaxError:  # left for Python to report, with its line
+        return source
+    # IPython drops the leading blank lines: put them back, so later lines keep their numbers
+    blank = len(lines) - len("\n".join(lines).lstrip("\n").splitlines())
+    return "\n" * blank + code.rstrip("\n")
+
+
+class _NoMagics:
+    """What `get_ipython()` is in a graded module: magics, shell escapes and cell magics do not
+    run; the body of a cell magic that runs Python (%%time, %%capture, ...) does, as it does in
+    the notebook."""
+
+    def run_line_magic(self, name, line, *args, **kwargs):
+        return None
+
+    def run_cell_magic(self, name, line, cell):
+        if name in ("time", "timeit", "capture", "prun"):
+            caller = sys._getframe(1).f_globals
+            exec(compile(cell, caller.get("__file__", "<cell>"), "exec"), caller)
+
+    def system(self, command):
+        return None
+
+    getoutput = system
+
+
+def no_magics() -> _NoMagics:
+    """`get_ipython` of a graded module: put in its namespace before it runs."""
+    return _NoMagics()
 
 
 def locked_cell_status(student_nb, source_nb) -> list[dict]:

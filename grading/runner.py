@@ -1,38 +1,52 @@
-"""One lab, graded in worker processes that are watched from outside.
+"""One lab, graded by this (trusted) process, with the student's code in a watched, sandboxed
+worker.
 
-`grade_lab` runs `python -m grading.worker` for a lab and reads its progress file (grading/worker.py) as
-it goes. The worker is stopped (its whole process group killed) when:
+`grade_lab` builds the graded module from the notebook, starts `python -m grading.worker` in a
+temporary directory (inside bubblewrap where it can: grading/sandbox.py), and grades each function
+with `grading.harness.grade_function` through a `WorkerCaller`: the inputs are made here from the
+lab's secret seed and sent to the worker for one call at a time; the worker sends back what the
+call did, and the verdict is made here. Nothing the worker writes becomes a verdict unless this
+process checked it: its replies are facts about a call (read with `torch.load(weights_only=True)`),
+and the values are compared with the references here.
 
-* a step that runs the student's code (one correctness case, one performance configuration, importing
-  the solution cells) runs past its limit: an infinite loop in Python, or a kernel that never ends;
-* the lab as a whole runs past `--timeout`;
-* it has printed more than `--output-limit-mib` (its output goes through a pipe that the parent
-  drains, keeping only a short tail: a flood cannot fill the parent's memory or a disk);
+The worker is stopped (killed with everything it started) when:
+
+* a step that runs the student's code (one correctness call, one performance configuration,
+  importing the solution cells) uses more than its limit of CPU time (an infinite loop in Python,
+  or a kernel that never ends, whose host thread spins in a synchronize), or more than
+  `WALL_FACTOR` times the limit in wall-clock time (a process that sleeps). CPU time, not wall
+  time, so that a busy machine does not turn a slow step into a "hang";
+* the lab as a whole runs past `--timeout` (wall clock);
+* it has printed more than `--output-limit-mib` (its output goes through a pipe that this process
+  drains, keeping only a short tail);
 * its resident memory exceeds the host-memory cap (on a GPU, where RLIMIT_AS cannot be used);
 * the run is interrupted (Ctrl-C, SIGTERM): `STOP` is set.
 
 When a worker dies or is stopped while checking a function, that function gets an error with the
 reason, and the functions after it are graded in a new worker. A worker that loses its CUDA context
-records the function itself and exits with EXIT_CONTEXT_LOST, with the same effect.
+says so and exits, with the same effect.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from grading.worker import EXIT_CONTEXT_LOST
 
 REPO = Path(__file__).resolve().parents[1]
 POLL_S = 0.1
-STOP = threading.Event()  # set on Ctrl-C / SIGTERM: running workers are killed, their labs marked interrupted
+WALL_FACTOR = 10.0  # a step may take this many times its CPU-time limit in wall-clock time
+STOP = threading.Event()  # set on Ctrl-C / SIGTERM: workers are killed, their labs interrupted
 
 
 @dataclass
@@ -41,21 +55,25 @@ class Options:
 
     cpu: bool = False
     perf: bool = True
-    timeout: float = 900.0  # seconds per lab, all worker processes together
-    call_timeout: float = 60.0  # seconds per step that runs student code (one correctness case)
-    perf_timeout: float = 300.0  # seconds per performance configuration
+    timeout: float = 900.0  # seconds per lab, all worker processes together (wall clock)
+    call_timeout: float = 60.0  # CPU seconds per step that runs student code (one correctness call)
+    perf_timeout: float = 300.0  # CPU seconds per performance configuration
     memory_gib: float = 16.0  # host memory a lab may use, on top of what the grader itself needs
     gpu_memory_fraction: float = 0.9  # of the GPU's memory
     output_limit_mib: float = 16.0  # stdout + stderr
+    sandbox: str = "auto"  # "auto": bubblewrap where it works; "require"; "off"
 
     def worker_args(self) -> list[str]:
-        args = ["--call-timeout", str(self.call_timeout), "--perf-timeout", str(self.perf_timeout),
-                "--memory-gib", str(self.memory_gib), "--gpu-memory-fraction", str(self.gpu_memory_fraction)]
-        return args + (["--cpu"] if self.cpu else []) + ([] if self.perf else ["--no-perf"])
+        args = ["--memory-gib", str(self.memory_gib),
+                "--gpu-memory-fraction", str(self.gpu_memory_fraction)]
+        return args + (["--cpu"] if self.cpu else [])
 
     def result_options(self) -> dict:
         """The options that can change a lab's result (part of its content hash)."""
         return {"cpu": self.cpu, "perf": self.perf}
+
+    def limit(self, kind: str) -> float:
+        return self.perf_timeout if kind == "perf" else self.call_timeout
 
 
 # --------------------------------------------------------------------------------------------------
@@ -87,31 +105,6 @@ class _OutputTail(threading.Thread):
         return "\n".join(self.tail.decode("utf-8", "replace").strip().splitlines()[-lines:])
 
 
-class _Events:
-    """Reads the JSON lines a worker appends to its progress file (a torn last line waits for the next read)."""
-
-    def __init__(self, path: Path):
-        self.path, self.offset, self.partial = path, 0, b""
-
-    def poll(self) -> list[dict]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except OSError:
-            return []
-        self.offset += len(data)
-        lines = (self.partial + data).split(b"\n")
-        self.partial = lines.pop()
-        events = []
-        for line in lines:
-            try:
-                events.append(json.loads(line))
-            except ValueError:
-                continue
-        return events
-
-
 def rss_bytes(pid: int) -> int | None:
     """Resident memory of a process (Linux /proc), or None where it cannot be read."""
     try:
@@ -123,9 +116,21 @@ def rss_bytes(pid: int) -> int | None:
     return None
 
 
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system, all threads) a process has used (Linux /proc), or None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / _TICKS
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _memory_cap(limits: dict | None, opts: Options) -> int:
-    """Resident bytes above which the parent stops a worker. With RLIMIT_AS in force (CPU mode) the cap
-    sits above anything the limit allows, so the worker's own MemoryError comes first."""
+    """Resident bytes above which the parent stops a worker. With RLIMIT_AS in force (CPU mode)
+    the cap sits above anything the limit allows, so the worker's own MemoryError comes first."""
     limits = limits or {}
     base = limits.get("baseline_vm") if limits.get("host_rlimit") else limits.get("baseline_rss")
     return int((base or 2 * 2**30) + opts.memory_gib * 2**30 + 2**29)
@@ -133,17 +138,31 @@ def _memory_cap(limits: dict | None, opts: Options) -> int:
 
 @dataclass
 class Attempt:
-    events: list[dict] = field(default_factory=list)
+    """How a worker ended, for `death_reason`."""
+
     returncode: int | None = None
     stopped: str | None = None  # "step" | "lab-timeout" | "output" | "memory" | "interrupted"
-    step: dict | None = None  # the last step the worker announced and did not finish
+    step: dict | None = None  # the step that was running: function, step, kind, limit_s
     output_bytes: int = 0
     output_tail: str = ""
     memory_cap: int | None = None
+    wall: bool = False  # a step stopped by its wall-clock backstop, not its CPU time
 
-    @property
-    def finished(self) -> bool:
-        return any(e.get("event") == "done" for e in self.events)
+
+class WorkerGone(Exception):
+    """The worker died or was stopped; `attempt` says how."""
+
+    def __init__(self, attempt: Attempt):
+        super().__init__(attempt.stopped or attempt.returncode)
+        self.attempt = attempt
+
+
+class WorkerReplyError(Exception):
+    """A reply that is not what the protocol allows: the student's code wrote to the channel."""
+
+
+class GraderError(Exception):
+    """The grader's own code failed inside the worker."""
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -156,73 +175,179 @@ def _kill(proc: subprocess.Popen) -> None:
             pass
 
 
-def run_attempt(cmd: list[str], cwd: Path, progress: Path, deadline: float, opts: Options,
-                env: dict | None = None) -> Attempt:
-    """Run one worker command to its end, stopping it on the conditions in the module docstring."""
-    proc = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    drain = _OutputTail(proc.stdout)
-    drain.start()
-    events = _Events(progress)
-    attempt = Attempt(memory_cap=_memory_cap(None, opts))
-    step_started = time.monotonic()
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """Unsandboxed fallback: the worker gets SIGKILL when the grader dies (Linux)."""
     try:
-        while True:
-            try:
-                attempt.returncode = proc.wait(timeout=POLL_S)
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class WorkerProcess:
+    """One worker: started on `cmd` (the request and reply descriptors appended), asked one
+    request at a time, watched while it works on one."""
+
+    def __init__(self, cmd: list[str], cwd: Path, deadline: float, opts: Options,
+                 env: dict | None = None, sandbox: bool = False):
+        self.opts, self.deadline = opts, deadline
+        req_r, self._req_w = os.pipe()
+        self._rep_r, rep_w = os.pipe()
+        fds = [req_r, rep_w]
+        info_r = info_w = None
+        if sandbox:
+            from grading import sandbox as sb
+            info_r, info_w = os.pipe()
+            fds.append(info_w)
+            cmd = sb.wrap(cmd + ["--requests", str(req_r), "--replies", str(rep_w)], str(cwd),
+                          gpu=not opts.cpu and _on_gpu(), info_fd=info_w)
+        else:
+            cmd = cmd + ["--requests", str(req_r), "--replies", str(rep_w)]
+        self.proc = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                     pass_fds=fds, preexec_fn=None if sandbox else _die_with_parent)
+        for fd in fds:
+            os.close(fd)
+        self.pid = self.proc.pid
+        if info_r is not None:
+            self.pid = self._child_pid(info_r)
+        self.drain = _OutputTail(self.proc.stdout)
+        self.drain.start()
+        self.attempt = Attempt(memory_cap=_memory_cap(None, opts))
+        self._buffer = b""
+        self._next_id = 0
+        self.step: dict | None = None
+
+    def _child_pid(self, info_r: int) -> int:
+        """The sandboxed worker's PID as this process sees it (bwrap's --info-fd), for CPU time."""
+        data = b""
+        end = time.monotonic() + 30
+        while time.monotonic() < end and b"}" not in data:
+            ready, _, _ = select.select([info_r], [], [], 0.5)
+            if ready:
+                chunk = os.read(info_r, 4096)
+                if not chunk:
+                    break
+                data += chunk
+        os.close(info_r)
+        try:
+            return int(json.loads(data)["child-pid"])
+        except (ValueError, KeyError, TypeError):
+            return self.proc.pid
+
+    def set_step(self, function: str | None, step: str, kind: str = "call") -> None:
+        self.step = {"function": function, "step": step, "kind": kind,
+                     "limit_s": self.opts.limit(kind)}
+
+    def _stop(self, why: str, wall: bool = False) -> None:
+        self.attempt.stopped, self.attempt.wall = why, wall
+        _kill(self.proc)
+
+    def _gone(self) -> WorkerGone:
+        if self.proc.poll() is None and not self.attempt.stopped:
+            try:  # it closed its end of the pipe: let it finish dying, to read how it ended
+                self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                attempt.returncode = None
-            for event in events.poll():
-                attempt.events.append(event)
-                kind = event.get("event")
-                if kind == "step":
-                    attempt.step, step_started = event, time.monotonic()
-                elif kind == "function":
-                    attempt.step = None
-                elif kind == "lab":
-                    attempt.memory_cap = _memory_cap(event.get("limits"), opts)
-            if attempt.returncode is not None:
-                break
-            now = time.monotonic()
-            if STOP.is_set():
-                attempt.stopped = "interrupted"
-            elif now > deadline:
-                attempt.stopped = "lab-timeout"
-            elif attempt.step is not None and now - step_started > attempt.step["limit_s"]:
-                attempt.stopped = "step"
-            elif drain.total > opts.output_limit_mib * 2**20:
-                attempt.stopped = "output"
-            else:
-                rss = rss_bytes(proc.pid)
-                if rss is not None and rss > attempt.memory_cap:
-                    attempt.stopped = "memory"
-            if attempt.stopped:
-                _kill(proc)
-                attempt.returncode = proc.wait()
-                break
-    finally:
-        if proc.poll() is None:  # an exception in this loop (KeyboardInterrupt): never leave a worker behind
-            _kill(proc)
-            proc.wait()
-        drain.join(timeout=5)
-        proc.stdout.close()
-    attempt.events += events.poll()
-    attempt.output_bytes, attempt.output_tail = drain.total, drain.text()
-    return attempt
+                pass
+        if self.proc.poll() is None:
+            _kill(self.proc)
+        self.attempt.returncode = self.proc.wait()
+        self.drain.join(timeout=5)
+        self.attempt.step = self.step
+        self.attempt.output_bytes, self.attempt.output_tail = self.drain.total, self.drain.text()
+        return WorkerGone(self.attempt)
+
+    def receive(self) -> dict:
+        """The next reply line, watching the worker while it works; raises WorkerGone."""
+        started, cpu_start = time.monotonic(), cpu_seconds(self.pid) or 0.0
+        while b"\n" not in self._buffer:
+            ready, _, _ = select.select([self._rep_r], [], [], POLL_S)
+            if ready:
+                chunk = os.read(self._rep_r, 1 << 16)
+                if not chunk:  # the worker closed its end: it is gone
+                    raise self._gone()
+                self._buffer += chunk
+                continue
+            self._watch(started, cpu_start)
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        try:
+            reply = json.loads(line)
+        except ValueError as exc:
+            raise WorkerReplyError(f"a reply that is not JSON: {line[:80]!r}") from exc
+        if not isinstance(reply, dict):
+            raise WorkerReplyError(f"a reply that is not an object: {line[:80]!r}")
+        return reply
+
+    def _watch(self, started: float, cpu_start: float) -> None:
+        now = time.monotonic()
+        if self.proc.poll() is not None:
+            raise self._gone()
+        step = self.step
+        if STOP.is_set():
+            self._stop("interrupted")
+        elif now > self.deadline:
+            self._stop("lab-timeout")
+        elif step is not None and (cpu_seconds(self.pid) or 0.0) - cpu_start > step["limit_s"]:
+            self._stop("step")
+        elif step is not None and now - started > WALL_FACTOR * step["limit_s"]:
+            self._stop("step", wall=True)
+        elif self.drain.total > self.opts.output_limit_mib * 2**20:
+            self._stop("output")
+        else:
+            rss = rss_bytes(self.pid)
+            if rss is not None and rss > self.attempt.memory_cap:
+                self._stop("memory")
+        if self.attempt.stopped:
+            raise self._gone()
+
+    def request(self, message: dict) -> dict:
+        self._next_id += 1
+        message = {**message, "id": self._next_id}
+        try:
+            os.write(self._req_w, (json.dumps(message) + "\n").encode())
+        except OSError:
+            raise self._gone() from None
+        while True:
+            reply = self.receive()
+            if reply.get("id") == self._next_id:
+                break  # anything else was written by the student's code: ignored
+        if "grader_error" in reply:
+            raise GraderError(str(reply["grader_error"]))
+        return reply
+
+    def close(self) -> None:
+        for fd in (self._req_w, self._rep_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if self.proc.poll() is None:
+            _kill(self.proc)
+        self.proc.wait()
+        self.drain.join(timeout=5)
+        self.proc.stdout.close()
+
+
+def _on_gpu() -> bool:
+    from kernels import runtime
+    return runtime.ON_GPU
 
 
 def death_reason(attempt: Attempt, opts: Options) -> str:
     """Why a worker did not finish, in words a student can act on."""
     if attempt.stopped == "step":
-        return (f"did not finish within {attempt.step['limit_s']:g} s: an infinite loop, or a kernel that "
-                "never ends?")
+        limit = attempt.step["limit_s"]
+        spent = f"{WALL_FACTOR * limit:g} s" if attempt.wall else f"{limit:g} s of CPU time"
+        return f"did not finish within {spent}: an infinite loop, or a kernel that never ends?"
     if attempt.stopped == "lab-timeout":
         return f"timed out after {opts.timeout:.0f} s (an infinite loop or a hung kernel?)"
     if attempt.stopped == "output":
-        return (f"printed more than {opts.output_limit_mib:g} MiB (print inside a loop?); the grading process "
+        return (f"printed more than {opts.output_limit_mib:g} MiB (print inside a loop?); the "
+                "grading process "
                 "was stopped")
     if attempt.stopped == "memory":
-        return (f"used more than {attempt.memory_cap / 2**30:.1f} GiB of host memory; the grading process was "
+        return (f"used more than {attempt.memory_cap / 2**30:.1f} GiB of host memory; the "
+                "grading process was "
                 "stopped")
     if attempt.stopped == "interrupted":
         return "not graded: the grading run was interrupted"
@@ -239,8 +364,120 @@ def death_reason(attempt: Attempt, opts: Options) -> str:
         if name == "SIGKILL":
             return "the grading process was killed (SIGKILL: the machine ran out of memory?)"
         return f"the grading process died of {name}{tail}"
-    return (f"the grading process exited with code {rc} before it finished: does the code end the process "
+    return (f"the grading process exited with code {rc} before it finished: does the code end "
+            f"the process "
             f"(os._exit, exit in a thread)?{tail}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Calls made in the worker, judged here
+
+
+def derived_seed(seed: int, *parts) -> int:
+    """A seed for work the worker does on its own (timing, graph capture): not the lab's seed."""
+    digest = hashlib.sha256(repr((seed, *parts)).encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+class WorkerCaller:
+    """`grading.correctness.Caller` through a worker: inputs go as files, records come back."""
+
+    def __init__(self, worker: WorkerProcess, folder: Path, name: str):
+        self.worker, self.folder, self.name = worker, folder, name
+        self.spec = None
+        self.sent = 0
+
+    def _send(self, tensors: tuple) -> str:
+        import torch
+
+        self.sent += 1
+        name = f"inputs-{self.name}-{self.sent}-{os.urandom(4).hex()}.pt"
+        # O_EXCL | O_NOFOLLOW: a name the worker planted (a symlink) is never written through
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        fd = os.open(self.folder / name, flags, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            torch.save(tuple(t.detach() for t in tensors), f)
+        return name
+
+    def _record(self, reply: dict, spec, with_out: bool):
+        from grading.correctness import CallRecord
+        from grading.watch import Watched
+
+        if reply.get("not_implemented"):
+            raise NotImplementedError
+        if "context_lost" in reply:
+            raise ContextLostInWorker(str(reply["context_lost"]))
+        return read_record(self.folder, reply.get("record"), spec, CallRecord, Watched, with_out)
+
+    def begin_case(self, spec, case, inputs) -> None:
+        self.spec, self.case = spec, case
+        self.worker.request({"op": "begin", "name": self.name, "case": case.as_json(),
+                             "inputs": self._send(inputs)})
+
+    def call(self, trial: int, inputs: tuple, *, profile: bool):
+        reply = self.worker.request({"op": "call", "trial": trial, "profile": profile,
+                                     "inputs": self._send(inputs) if trial else None})
+        return self._record(reply, self.spec, with_out=True)
+
+    def call_allocating(self, spec, case, inputs):
+        reply = self.worker.request({"op": "allocating", "name": self.name,
+                                     "case": case.as_json(), "inputs": self._send(inputs)})
+        return self._record(reply, spec, with_out=False)
+
+    def graph_capture(self, spec, case, seed: int):
+        from grading.results import CaseResult
+
+        reply = self.worker.request({"op": "graph", "name": self.name, "case": case.as_json(),
+                                     "seed": derived_seed(seed, self.name, "graph")})
+        if "context_lost" in reply:
+            raise ContextLostInWorker(str(reply["context_lost"]))
+        found = reply.get("result")
+        return None if found is None else CaseResult(**found)
+
+    def measure(self, spec, config, seed: int, rows):
+        from grading.results import PerfResult
+
+        index = spec.perf.index(config)
+        reply = self.worker.request({"op": "perf", "name": self.name, "index": index,
+                                     "seed": derived_seed(seed, self.name, "perf", index)})
+        if "context_lost" in reply:
+            raise ContextLostInWorker(str(reply["context_lost"]))
+        return PerfResult(**reply["result"])
+
+
+class ContextLostInWorker(Exception):
+    """The worker's CUDA context is lost (it exits); the message names the case."""
+
+
+def read_record(folder: Path, name, spec, record_cls, watched_cls, with_out: bool):
+    """A worker's CallRecord file, read as data only (`weights_only`: no code runs), each field
+    checked for its type: anything else is the student's code writing to the grader's files."""
+    import torch
+
+    if not isinstance(name, str) or "/" in name or not name.endswith(".pt"):
+        raise WorkerReplyError(f"a record named {name!r}")
+    try:
+        fd = os.open(folder / name, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            data = torch.load(f, weights_only=True)
+        watched = watched_cls(**data.pop("watched"))
+        record = record_cls(**data, watched=watched)
+    except Exception as exc:  # noqa: BLE001 - whatever is wrong with it, it is not a record
+        raise WorkerReplyError(f"an unreadable record ({type(exc).__name__}: {exc})") from exc
+    tensors = (tuple(record.results or ()) + tuple(record.inputs_after)
+               + tuple(record.outputs_after) + tuple(record.guards_after)
+               + tuple(watched.stream_snapshot or ()))
+    if (not all(isinstance(t, torch.Tensor) and type(t) is torch.Tensor for t in tensors)
+            or (record.results is not None and len(record.results) != spec.n_outputs)
+            or (with_out and record.error is None and len(record.guards_after) != spec.n_outputs)
+            or not isinstance(record.aliases, (tuple, list))
+            or not all(isinstance(x, list) and all(isinstance(s, str) for s in x)
+                       for x in (watched.forbidden_ops, watched.host_reads,
+                                 watched.course_kernels, watched.cuda_kernels,
+                                 watched.host_trips))):
+        raise WorkerReplyError("a record whose fields are not what a call returns")
+    record.results = None if record.results is None else tuple(record.results)
+    return record
 
 
 # --------------------------------------------------------------------------------------------------
@@ -248,80 +485,193 @@ def death_reason(attempt: Attempt, opts: Options) -> str:
 
 
 def _error_function(fn_spec, seed: int, message: str) -> dict:
-    from grading import harness
+    from grading.results import error_result
 
-    return harness.error_result(fn_spec, seed, "error", message)
+    return error_result(fn_spec, seed, "error", message)
 
 
 def _worker_env(opts: Options) -> dict:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    from kernels import runtime
-    if opts.cpu or not runtime.ON_GPU:
-        env["OMP_NUM_THREADS"] = "1"  # the interpreter is single-threaded; more OpenMP threads only contend
+    if opts.cpu or not _on_gpu():
+        env["OMP_NUM_THREADS"] = "1"  # the interpreter is single-threaded: more threads contend
     return env
 
 
-def grade_lab(notebook: Path, lab_id: str, seed: int, opts: Options, source: Path | None = None) -> dict:
-    """Grade one notebook; always returns a lab result (never raises for anything the student did)."""
+def use_sandbox(opts: Options) -> tuple[bool, str]:
+    """(sandboxed, what the report says): bubblewrap, or why not."""
+    from grading import sandbox
+
+    if opts.sandbox == "off":
+        return False, "off (--sandbox off)"
+    usable, why = sandbox.status()
+    if usable:
+        return True, "bubblewrap"
+    if opts.sandbox == "require":
+        raise SystemExit(f"grading: the sandbox is required, but {why}")
+    return False, f"none: {why}"
+
+
+def _grade_in_worker(worker: WorkerProcess, lab: dict, spec, todo, done: dict, seed: int,
+                     opts: Options, unreadable: str | None, folder: Path) -> None:
+    """Grade the functions not done yet in this worker; raises WorkerGone if it dies."""
+    from grading import harness
+    from grading.diagnosis import Limits
+    from kernels import runtime
+
+    worker.set_step(None, "starting the grader's worker", "import")
+    worker.receive()  # {"ready": true}
+    worker.set_step(None, "importing the solution cells", "import")
+    imported = worker.request({"op": "import"})
+    limits = imported.get("limits") if isinstance(imported.get("limits"), dict) else {}
+    worker.attempt.memory_cap = _memory_cap(limits, opts)
+    lab["limits"] = limits
+    import_error = unreadable or imported.get("import_error")
+    worker.set_step(None, "checking the grader's own functions", "import")
+    changed = worker.request({"op": "guard"}).get("changed") or []
+    if changed:
+        import_error = (f"the solution cells replaced part of the grader "
+                        f"({', '.join(map(str, changed[:3]))}): not graded")
+    if import_error:
+        lab["import_error"] = str(import_error)
+    context = harness.GradingContext(Limits(limits.get("host_memory_gib"),
+                                            limits.get("gpu_memory_gib")), worker.set_step)
+    for fn_spec in todo:
+        if fn_spec.name in done:
+            continue
+        if import_error:
+            if fn_spec.backend == "cupy" and not runtime.cupy_status()[0]:
+                done[fn_spec.name] = harness.error_result(fn_spec, seed, "needs a GPU",
+                                                          runtime.cupy_status()[1])
+            else:
+                done[fn_spec.name] = _error_function(fn_spec, seed, str(import_error))
+            continue
+        worker.set_step(fn_spec.name, "looking the function up")
+        kind = worker.request({"op": "function", "name": fn_spec.name}).get("kind")
+        caller = WorkerCaller(worker, folder, fn_spec.name)
+        try:
+            result = harness.grade_function(spec, fn_spec.name, kind, caller, seed=seed,
+                                            perf=None if opts.perf else False, context=context)
+        except ContextLostInWorker as exc:
+            done[fn_spec.name] = _error_function(
+                fn_spec, seed, f"case {exc}; the rest of the lab was graded in a new process")
+            lab["incidents"].append({"function": fn_spec.name, "step": None,
+                                     "reason": "the CUDA context was lost; the rest of the lab was "
+                                               "graded in a new process", "output_tail": ""})
+            raise
+        worker.set_step(fn_spec.name, "checking the grader's own functions")
+        changed = worker.request({"op": "guard"}).get("changed") or []
+        if changed:
+            import_error = (f"{fn_spec.name} replaced part of the grader "
+                            f"({', '.join(map(str, changed[:3]))}): not graded")
+            done[fn_spec.name] = _error_function(fn_spec, seed, import_error)
+        else:
+            done[fn_spec.name] = result.as_dict()
+
+
+def grade_lab(notebook: Path, lab_id: str, seed: int, opts: Options,
+              source: Path | None = None) -> dict:
+    """Grade one notebook; always returns a lab result (never raises for what the student did)."""
     from grading.labs import get_lab
-    from grading.notebooks import source_path_for
+    from grading.notebooks import (
+        locked_cell_status,
+        read_notebook,
+        solution_module,
+        source_path_for,
+    )
+    from kernels import runtime
 
     spec = get_lab(lab_id)
     notebook = notebook.resolve()
     source = (source or source_path_for(notebook, lab_id)).resolve()
-    lab = {"lab": lab_id, "title": spec.title, "notebook": str(notebook), "source": str(source), "seed": seed,
-           "notes": [], "incidents": [], "functions": []}
+    lab = {"lab": lab_id, "title": spec.title, "notebook": str(notebook), "source": str(source),
+           "seed": seed, "notes": [], "incidents": [], "functions": []}
     if not source.exists():
         lab["error"] = f"the lab's source notebook {source} does not exist"
         lab["functions"] = [_error_function(f, seed, lab["error"]) for f in spec.functions]
         return lab
+    sandboxed, lab["sandbox"] = use_sandbox(opts)
+    source_nb = read_notebook(source)
+    try:
+        student_nb = read_notebook(notebook)
+    except (OSError, ValueError) as exc:  # not JSON, not a notebook: nothing of it can be graded
+        student_nb, unreadable = {"cells": []}, f"the notebook cannot be read: " \
+                                                f"{type(exc).__name__}: {exc}"
+    else:
+        unreadable = None
+    code, notes = solution_module(student_nb, source_nb)
+    if not unreadable:
+        lab["notes"], lab["locked_cells"] = notes, locked_cell_status(student_nb, source_nb)
+    else:
+        lab["locked_cells"] = []
+    lab["fingerprint"] = runtime.fingerprint()
     done: dict[str, dict] = {}
     started = time.monotonic()
     deadline = started + opts.timeout
     env = _worker_env(opts)
+    cmd = [sys.executable, "-m", "grading.worker", "--lab", lab_id, *opts.worker_args()]
     with tempfile.TemporaryDirectory(prefix=f"grading-{lab_id}-") as tmp:
-        progress = Path(tmp) / "progress.jsonl"
+        folder = Path(tmp)
         while len(done) < len(spec.functions):
-            progress.write_text("")
-            cmd = [sys.executable, "-m", "grading.worker", "--notebook", str(notebook), "--source", str(source),
-                   "--lab", lab_id, "--seed", str(seed), "--progress", str(progress),
-                   "--skip", ",".join(done), *opts.worker_args()]
-            attempt = run_attempt(cmd, Path(tmp), progress, deadline, opts, env)
-            for event in attempt.events:
-                if event.get("event") == "lab" and "fingerprint" not in lab:
-                    for key in ("title", "fingerprint", "notes", "locked_cells", "limits", "import_error"):
-                        if key in event:
-                            lab[key] = event[key]
-                elif event.get("event") == "function":
-                    done[event["result"]["name"]] = event["result"]
-            if attempt.finished:
+            work = folder / f"worker-{len(lab['incidents'])}"  # a fresh folder per worker
+            work.mkdir()
+            (work / f"student_{lab_id}.py").write_text(code)
+            worker = WorkerProcess(cmd, work, deadline, opts, env, sandboxed)
+            try:
+                _grade_in_worker(worker, lab, spec, spec.functions, done, seed, opts,
+                                 unreadable, work)
                 break
-            step = attempt.step
-            if attempt.returncode == EXIT_CONTEXT_LOST and attempt.stopped is None:
-                # The worker recorded the function itself (its last event) before leaving.
-                last = [e["result"]["name"] for e in attempt.events if e.get("event") == "function"][-1:]
-                lab["incidents"].append({"function": last[0] if last else None, "step": None,
-                                         "reason": "the CUDA context was lost; the rest of the lab was graded in "
-                                                   "a new process", "output_tail": ""})
+            except ContextLostInWorker:
                 continue
-            reason = death_reason(attempt, opts)
-            fn = step.get("function") if step else None
-            lab["incidents"].append({"function": fn, "step": step["step"] if step else None, "reason": reason,
-                                     "output_tail": attempt.output_tail[-2000:]})
-            if attempt.stopped in ("interrupted", "lab-timeout") or fn is None or fn in done:
-                where = f" ({step['step']})" if step else ""
-                lab["error"] = reason if attempt.stopped in ("interrupted", "lab-timeout") else f"{reason}{where}"
-                if attempt.stopped == "interrupted":
-                    lab["interrupted"] = True
-                for f in spec.functions:
-                    if f.name not in done:
-                        done[f.name] = _error_function(f, seed, lab["error"] if f.name != fn else f"{step['step']}: {reason}")
-                break
-            done[fn] = _error_function(spec.function(fn), seed, f"{step['step']}: {reason}")
+            except (GraderError, WorkerReplyError) as exc:
+                step = worker.step or {}
+                fn = step.get("function")
+                what = ("the grader failed (a bug in the grader, not in your code)"
+                        if isinstance(exc, GraderError) else
+                        "the worker's reply could not be read (does the code write to the "
+                        "grader's channel?)")
+                reason = f"{what}: {exc}"
+                lab["incidents"].append({"function": fn, "step": step.get("step"),
+                                         "reason": reason, "output_tail": ""})
+                if fn is None or fn in done:
+                    lab["error"] = reason
+                    for f in spec.functions:
+                        done.setdefault(f.name, _error_function(f, seed, reason))
+                    break
+                done[fn] = _error_function(spec.function(fn), seed, f"{step['step']}: {reason}")
+            except WorkerGone as gone:
+                if _record_death(gone.attempt, lab, spec, done, seed, opts):
+                    break
+            finally:
+                worker.close()
     lab["functions"] = [done[f.name] for f in spec.functions]
     lab["elapsed_s"] = round(time.monotonic() - started, 2)
     return lab
+
+
+def _record_death(attempt: Attempt, lab: dict, spec, done: dict, seed: int,
+                  opts: Options) -> bool:
+    """Note a dead or stopped worker in the lab; True if the lab cannot go on."""
+    step = attempt.step
+    if attempt.returncode == EXIT_CONTEXT_LOST and attempt.stopped is None:
+        return False  # already recorded from its reply
+    reason = death_reason(attempt, opts)
+    fn = step.get("function") if step else None
+    lab["incidents"].append({"function": fn, "step": step["step"] if step else None,
+                             "reason": reason, "output_tail": attempt.output_tail[-2000:]})
+    if attempt.stopped in ("interrupted", "lab-timeout") or fn is None or fn in done:
+        where = f" ({step['step']})" if step else ""
+        final = attempt.stopped in ("interrupted", "lab-timeout")
+        lab["error"] = reason if final else f"{reason}{where}"
+        if attempt.stopped == "interrupted":
+            lab["interrupted"] = True
+        for f in spec.functions:
+            if f.name not in done:
+                done[f.name] = _error_function(
+                    f, seed, lab["error"] if f.name != fn else f"{step['step']}: {reason}")
+        return True
+    done[fn] = _error_function(spec.function(fn), seed, f"{step['step']}: {reason}")
+    return False
 
 
 def interrupted_lab(notebook: Path, lab_id: str, seed: int) -> dict:
@@ -330,8 +680,8 @@ def interrupted_lab(notebook: Path, lab_id: str, seed: int) -> dict:
 
     spec = get_lab(lab_id)
     reason = "not graded: the grading run was interrupted"
-    return {"lab": lab_id, "title": spec.title, "notebook": str(notebook.resolve()), "seed": seed, "notes": [],
-            "incidents": [], "error": reason, "interrupted": True,
+    return {"lab": lab_id, "title": spec.title, "notebook": str(notebook.resolve()), "seed": seed,
+            "notes": [], "incidents": [], "error": reason, "interrupted": True,
             "functions": [_error_function(f, seed, reason) for f in spec.functions]}
 
 

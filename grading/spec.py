@@ -5,6 +5,7 @@ run it through `grading.harness`, so a student sees in the notebook exactly what
 """
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -25,6 +26,15 @@ class Case:
     @property
     def kwargs(self) -> dict:
         return dict(self.params)
+
+    def as_json(self) -> dict:
+        return {"shape": list(self.shape), "dtype": str(self.dtype).removeprefix("torch."),
+                "layout": self.layout, "params": [list(p) for p in self.params]}
+
+    @staticmethod
+    def from_json(d: dict) -> "Case":
+        return Case(tuple(int(s) for s in d["shape"]), getattr(torch, d["dtype"]), d["layout"],
+                    tuple((str(k), v) for k, v in d["params"]))
 
     @property
     def label(self) -> str:
@@ -86,6 +96,10 @@ class GradedFunction:
       cross-entropy around cuBLAS GEMMs) names the library calls it permits.
     * `extra_credit`: its points come on top of the lab's maximum, and its speed does not enter the
       lab's letter grade: a student who leaves it alone loses nothing.
+    * `draw_cases(rng)` optional: more cases, drawn per run from the secret seed (`rng`, a
+      `random.Random`) within size classes (an even size, a multiple of the block size, a size
+      above 2**17, every rank the function accepts, the widest rows it promises), so that no fixed
+      list of sizes can be learned; `cases_for(seed)` is the fixed cases and these.
     * A case's (or performance configuration's) `params` are passed as keyword arguments to the function,
       `reference_fp64`, `scale` and `bit_exact` (and, in timing, to the course kernel, PyTorch's version,
       `bytes_moved` and `flops`).
@@ -120,6 +134,13 @@ class GradedFunction:
     own_kernels_only: bool = False
     diagnose: Callable | None = None
     graph_capture: bool = False
+    draw_cases: Callable | None = None
+
+    def cases_for(self, seed: int) -> tuple[Case, ...]:
+        """The fixed cases, then those drawn for this seed."""
+        if self.draw_cases is None:
+            return self.cases
+        return self.cases + tuple(self.draw_cases(random.Random(f"cases {seed}")))
 
 
 @dataclass(frozen=True)

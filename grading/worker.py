@@ -1,48 +1,38 @@
-"""Grade one lab notebook in this process; `python -m grading` runs one of these per lab (grading/runner.py).
+"""`python -m grading.worker`: imports a lab's graded module and calls its functions, on request.
 
-The worker builds a module from the notebook's solution cells (and the source's locked cells) in its
-working directory (a temporary directory of the parent's; never the student's folder), imports it, and
-checks each graded function. It reports as it goes, one JSON object per line, to the `--progress` file:
+The parent (grading/runner.py) writes the graded module, `student_<lab>.py`, into a temporary
+directory, starts this process there (inside bubblewrap where it can: grading/sandbox.py) and sends
+requests, one JSON object per line on the file descriptor --requests; the worker answers each on
+--replies. Tensors travel as files in the temporary directory (`torch.save`). The worker makes no
+verdict and never sees the seed of the correctness cases: it calls a function on the inputs it is
+sent and returns what the call did (a `CallRecord`); the parent, which made the inputs, judges.
 
-  {"event": "step", "function": ..., "step": ..., "kind": "call" | "perf" | "import", "limit_s": ...}
-      before anything that runs the student's code, so the parent can stop a step that runs too long
-      and say which one it was;
-  {"event": "lab", ...}        the lab's title, fingerprint, notes and the memory limits in force;
-  {"event": "function", "result": {...}}   each graded function, as soon as it is done;
-  {"event": "done"}            the end.
+  {"op": "import"}                                -> {"import_error", "limits"}
+  {"op": "function", "name"}                      -> {"kind": null | "function" | a type's name}
+  {"op": "begin", "name", "case", "inputs"}       -> {}            (the case's first inputs)
+  {"op": "call", "trial", "inputs", "profile"}    -> {"record"}    (new values, same buffers)
+  {"op": "allocating", "name", "case", "inputs"}  -> {"record"}    (called without out=)
+  {"op": "graph", "name", "case", "seed"}         -> {"result"}    (GPU; a seed of its own)
+  {"op": "perf", "name", "index", "seed"}         -> {"result"}    (GPU; a seed of its own)
+  {"op": "guard"}                                 -> {"changed"}   (the grader's functions)
 
-A process that dies leaves everything before its death in that file. The limits it sets on itself:
-host memory (RLIMIT_AS, CPU mode, Linux) and GPU memory (a fraction of the device for PyTorch's and
-CuPy's allocators). After a CUDA error that leaves the context unusable it records the function as an
-error and exits with EXIT_CONTEXT_LOST; the parent grades the rest of the lab in a new process.
+Any request may instead be answered {"not_implemented": true}, {"context_lost": message} (the
+worker then exits with EXIT_CONTEXT_LOST) or {"grader_error": message}: a bug in the grader's own
+code, never blamed on the student. Limits it sets on itself: host memory (RLIMIT_AS, CPU mode,
+Linux) and GPU memory (a fraction of the device for PyTorch's and CuPy's allocators).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
 import sys
-import time
+import traceback
 from pathlib import Path
 
-STARTED = time.monotonic()
-
 EXIT_CONTEXT_LOST = 75
-
-
-class Progress:
-    def __init__(self, path: Path, call_timeout: float, perf_timeout: float):
-        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the process's lifetime
-        self.limits = {"call": call_timeout, "import": call_timeout, "perf": perf_timeout}
-
-    def emit(self, **event) -> None:
-        event["t"] = round(time.monotonic() - STARTED, 3)  # seconds since the process started
-        self._file.write(json.dumps(event, default=str) + "\n")
-        self._file.flush()
-
-    def step(self, function: str | None, step: str, kind: str = "call") -> None:
-        self.emit(event="step", function=function, step=step, kind=kind, limit_s=self.limits[kind])
 
 
 def _proc_status_bytes(field: str) -> int | None:
@@ -56,24 +46,23 @@ def _proc_status_bytes(field: str) -> int | None:
 
 
 def limit_memory(host_gib: float, gpu_fraction: float) -> dict:
-    """Cap this process's memory; returns what was capped (for the report and the parent's watchdog)."""
+    """Cap this process's memory; returns what was capped (for the report and the watchdog)."""
     import torch
 
-    from grading import harness
     from kernels import runtime
 
     limits = {"host_memory_gib": host_gib, "host_rlimit": False, "gpu_memory_gib": None}
-    harness.Limits.host_memory_gib = host_gib
     if runtime.ON_GPU:
-        # CUDA reserves far more address space than it uses, so RLIMIT_AS cannot be used with it; the
-        # parent watches this process's resident memory instead (baseline: after CUDA's start-up).
+        # CUDA reserves far more address space than it uses, so RLIMIT_AS cannot be used with it;
+        # the parent watches this process's resident memory instead (baseline: after CUDA starts).
         torch.cuda.set_per_process_memory_fraction(gpu_fraction)
         total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-        limits["gpu_memory_gib"] = harness.Limits.gpu_memory_gib = round(gpu_fraction * total / 2**30, 1)
+        limits["gpu_memory_gib"] = round(gpu_fraction * total / 2**30, 1)
         if runtime.cupy_status()[0]:
             import cupy
             cupy.get_default_memory_pool().set_limit(fraction=gpu_fraction)
-    limits["baseline_rss"], limits["baseline_vm"] = _proc_status_bytes("VmRSS"), _proc_status_bytes("VmSize")
+    limits["baseline_rss"] = _proc_status_bytes("VmRSS")
+    limits["baseline_vm"] = _proc_status_bytes("VmSize")
     if not runtime.ON_GPU and limits["baseline_vm"] is not None:
         try:
             import resource
@@ -85,104 +74,156 @@ def limit_memory(host_gib: float, gpu_fraction: float) -> dict:
     return limits
 
 
-def _warm_up(harness, runtime) -> None:
-    """Pay the one-time costs of the checks (the first op under a TorchDispatchMode imports
-    torch._dynamo: about a second) before any step is timed, so a step's limit is the student's."""
-    import torch
+def record_to_dict(record) -> dict:
+    """A CallRecord as plain containers and tensors (what `torch.load(weights_only=True)` reads)."""
+    d = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+    d["watched"] = {f.name: getattr(record.watched, f.name)
+                    for f in dataclasses.fields(record.watched)}
+    return d
 
-    with harness.watch():
-        torch.ones(2, device=runtime.DEVICE).add(1)
 
+class Worker:
+    def __init__(self, lab_id: str, host_gib: float, gpu_fraction: float):
+        import torch
 
-def grade(notebook: Path, source: Path, lab_id: str, seed: int, progress: Progress, *, skip=(),
-          perf: bool | None = None, host_gib: float = 16.0, gpu_fraction: float = 0.9) -> int:
-    from grading import harness
-    from grading.integrity import GraderGuard
-    from grading.labs import LAB_MODULES, get_lab
-    from grading.notebooks import locked_cell_status, read_notebook, solution_module
-    from kernels import runtime
+        from grading import diagnosis
+        from grading.integrity import GraderGuard
+        from grading.labs import LAB_MODULES, get_lab
+        from grading.watch import install_launch_hooks, watch
+        from kernels import runtime
 
-    lab = get_lab(lab_id)
-    source_nb = read_notebook(source)
-    try:
-        student_nb = read_notebook(notebook)
-    except (OSError, ValueError) as exc:  # not JSON, not a notebook: nothing of it can be graded
-        student_nb = {"cells": []}
-        unreadable = f"the notebook cannot be read: {type(exc).__name__}: {exc}"
-    else:
-        unreadable = None
-    code, notes = solution_module(student_nb, source_nb)
-    locked = locked_cell_status(student_nb, source_nb)
-    if unreadable:
-        notes, locked = [], []
-    harness.on_step = progress.step
-    harness._install_launch_hooks()  # before the guard's snapshot: the hooks are the grader's own
-    _warm_up(harness, runtime)
-    guard = GraderGuard((LAB_MODULES[lab_id],))
-    limits = limit_memory(host_gib, gpu_fraction)
-    info = {"event": "lab", "lab": lab_id, "title": lab.title, "fingerprint": runtime.fingerprint(),
-            "notes": notes, "locked_cells": locked, "limits": limits}
-    # Triton reads a kernel's source with inspect, so the module must be a real file.
-    module_path = Path.cwd() / f"student_{lab_id}.py"
-    module_path.write_text(code)
-    spec = importlib.util.spec_from_file_location(module_path.stem, module_path)
-    module = importlib.util.module_from_spec(spec)
-    progress.step(None, "importing the solution cells", "import")
-    import_error = unreadable
-    try:
-        if unreadable is None:
-            spec.loader.exec_module(module)
-    except SystemExit as exc:
-        import_error = f"the solution cells called sys.exit({exc.code!r})"
-    except BaseException as exc:  # noqa: BLE001 - any error in the student's cells, KeyboardInterrupt aside
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        import_error = f"the solution cells failed to run: {harness._describe_exception(exc)}"
-    tampered = guard.changed()
-    if tampered:
-        import_error = (f"the solution cells replaced part of the grader ({', '.join(tampered[:3])}): "
-                        "not graded")
-    if import_error:
-        info["import_error"] = import_error
-    progress.emit(**info)
-    for fn_spec in lab.functions:
-        if fn_spec.name in skip:
-            continue
-        if import_error:
-            if fn_spec.backend == "cupy" and not runtime.cupy_status()[0]:  # as check_function would say
-                result = harness.error_result(fn_spec, seed, "needs a GPU", runtime.cupy_status()[1])
-            else:
-                result = harness.error_result(fn_spec, seed, "error", import_error)
-            progress.emit(event="function", result=result)
-            continue
+        self.torch, self.runtime = torch, runtime
+        self.lab = get_lab(lab_id)
+        install_launch_hooks()  # before the guard's snapshot: the hooks are the grader's own
+        with watch():  # the first op under a dispatch mode imports torch._dynamo: not the student's
+            torch.ones(2, device=runtime.DEVICE).add(1)
+        self.guard = GraderGuard((LAB_MODULES[lab_id],))
+        self.limits = limit_memory(host_gib, gpu_fraction)
+        self.diag_limits = diagnosis.Limits(host_gib, self.limits["gpu_memory_gib"])
+        self.module = None
+        self.caller = None
+        self.perf_rows = None
+
+    def _load(self, name: str):
+        return self.torch.load(Path(name).name, weights_only=True)
+
+    def _save(self, obj, name: str) -> str:
+        self.torch.save(obj, name)
+        return name
+
+    def _fn(self, name: str):
+        return getattr(self.module, name, None)
+
+    def op_import(self, req) -> dict:
+        from grading.diagnosis import describe_exception
+        from grading.notebooks import no_magics
+
+        path = Path.cwd() / f"student_{self.lab.id}.py"
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        module.get_ipython = no_magics  # what magics and shell escapes became: they do not run
+        error = None
         try:
-            fr = harness.check_function(lab, fn_spec.name, getattr(module, fn_spec.name, None), seed=seed,
-                                        perf=perf).as_dict()
-        except harness.ContextLost as exc:
-            progress.emit(event="function", result=harness.error_result(
-                fn_spec, seed, "error", f"case {exc}; the rest of the lab was graded in a new process"))
+            spec.loader.exec_module(module)
+        except SystemExit as exc:
+            error = f"the solution cells called sys.exit({exc.code!r})"
+        except BaseException as exc:  # noqa: BLE001 - any error in the student's cells
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            error = (f"the solution cells failed to run: "
+                     f"{describe_exception(exc, self.diag_limits)}")
+        self.module = module
+        return {"import_error": error, "limits": self.limits}
+
+    def op_function(self, req) -> dict:
+        fn = self._fn(req["name"])
+        kind = None if fn is None else "function" if callable(fn) else type(fn).__name__
+        return {"kind": kind}
+
+    def op_begin(self, req) -> dict:
+        from grading.correctness import LocalCaller
+        from grading.spec import Case
+
+        spec = self.lab.function(req["name"])
+        self.caller = LocalCaller(self._fn(req["name"]), self.diag_limits)
+        inputs = tuple(self._load(req["inputs"]))
+        self.caller.begin_case(spec, Case.from_json(req["case"]), inputs)
+        return {}
+
+    def op_call(self, req) -> dict:
+        if req["trial"]:  # new values in the same buffers
+            for t, fresh in zip(self.caller.inputs, self._load(req["inputs"])):
+                t.copy_(fresh)
+        record = self.caller.call(req["trial"], self.caller.inputs, profile=req["profile"])
+        return {"record": self._save(record_to_dict(record), f"record-{req['id']}.pt")}
+
+    def op_allocating(self, req) -> dict:
+        from grading.correctness import LocalCaller
+        from grading.spec import Case
+
+        spec = self.lab.function(req["name"])
+        caller = LocalCaller(self._fn(req["name"]), self.diag_limits)
+        inputs = tuple(self._load(req["inputs"]))
+        record = caller.call_allocating(spec, Case.from_json(req["case"]), inputs)
+        return {"record": self._save(record_to_dict(record), f"record-{req['id']}.pt")}
+
+    def op_graph(self, req) -> dict:
+        from grading.graph import graph_capture
+        from grading.spec import Case
+
+        spec = self.lab.function(req["name"])
+        found = graph_capture(self._fn(req["name"]), spec, Case.from_json(req["case"]),
+                              req["seed"])
+        return {"result": None if found is None else dataclasses.asdict(found)}
+
+    def op_perf(self, req) -> dict:
+        from grading import expected
+        from grading.performance import measure
+
+        spec = self.lab.function(req["name"])
+        if self.perf_rows is None:
+            self.perf_rows = expected.load(self.lab.id)
+        found = measure(self._fn(req["name"]), spec, spec.perf[req["index"]], req["seed"],
+                        self.perf_rows)
+        return {"result": dataclasses.asdict(found)}
+
+    def op_guard(self, req) -> dict:
+        return {"changed": self.guard.changed()}
+
+    def answer(self, req: dict) -> dict:
+        from grading.results import ContextLost
+
+        try:
+            return getattr(self, f"op_{req['op']}")(req)
+        except NotImplementedError:
+            return {"not_implemented": True}
+        except ContextLost as exc:
+            return {"context_lost": str(exc)}
+        except Exception as exc:  # noqa: BLE001 - the grader's own code failed: say so
+            tb = traceback.extract_tb(exc.__traceback__)[-1:]
+            where = f" ({tb[0].filename.rsplit('/', 1)[-1]}:{tb[0].lineno})" if tb else ""
+            return {"grader_error": f"{type(exc).__name__}: {exc}{where}"}
+
+
+def serve(worker: Worker, requests, replies) -> int:
+    for line in requests:
+        req = json.loads(line)
+        reply = worker.answer(req)
+        reply["id"] = req.get("id")
+        replies.write(json.dumps(reply, default=str) + "\n")
+        replies.flush()
+        if "context_lost" in reply:
             return EXIT_CONTEXT_LOST
-        tampered = guard.changed()
-        if tampered:
-            import_error = f"{fn_spec.name} replaced part of the grader ({', '.join(tampered[:3])}): not graded"
-            fr = harness.error_result(fn_spec, seed, "error", import_error)
-        progress.emit(event="function", result=fr)
-    progress.emit(event="done")
     return 0
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--notebook", type=Path, required=True)
-    parser.add_argument("--source", type=Path, required=True)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lab", required=True)
-    parser.add_argument("--seed", type=int, required=True)
-    parser.add_argument("--progress", type=Path, required=True, help="JSON-lines file the events are appended to")
-    parser.add_argument("--skip", default="", help="comma-separated functions already graded")
+    parser.add_argument("--requests", type=int, required=True, help="file descriptor to read")
+    parser.add_argument("--replies", type=int, required=True, help="file descriptor to write")
     parser.add_argument("--cpu", action="store_true")
-    parser.add_argument("--no-perf", action="store_true")
-    parser.add_argument("--call-timeout", type=float, default=60.0)
-    parser.add_argument("--perf-timeout", type=float, default=300.0)
     parser.add_argument("--memory-gib", type=float, default=16.0)
     parser.add_argument("--gpu-memory-fraction", type=float, default=0.9)
     args = parser.parse_args(argv)
@@ -194,16 +235,16 @@ def main(argv=None) -> int:
     if not runtime.ON_GPU:
         import torch
         torch.set_num_threads(1)  # the interpreter is single-threaded; OpenMP threads only contend
-    progress = Progress(args.progress, args.call_timeout, args.perf_timeout)
-    status = grade(args.notebook, args.source, args.lab, args.seed, progress,
-                   skip=set(filter(None, args.skip.split(","))), perf=False if args.no_perf else None,
-                   host_gib=args.memory_gib, gpu_fraction=args.gpu_memory_fraction)
-    if status == EXIT_CONTEXT_LOST:
-        # Tearing down a broken CUDA context can fail or hang: leave without it (events are flushed).
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
-    return status
+    requests = os.fdopen(args.requests, "r", encoding="utf-8")
+    replies = os.fdopen(args.replies, "w", encoding="utf-8")
+    worker = Worker(args.lab, args.memory_gib, args.gpu_memory_fraction)
+    replies.write(json.dumps({"ready": True}) + "\n")
+    replies.flush()
+    status = serve(worker, requests, replies)
+    # Leave without tearing down (a broken CUDA context can hang there); replies are flushed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grading.notebooks import BEGIN, END, grade_id, read_notebook, solution_module
+from grading.notebooks import BEGIN, END, grade_id, no_magics, read_notebook, solution_module
 
 # --------------------------------------------------------------------------------------------------
 # Building blocks: the solution's add cell, with a replaceable kernel tail and wrapper body.
@@ -166,6 +166,7 @@ class SolutionCells:
         path.write_text(code)
         spec = importlib.util.spec_from_file_location(path.stem, path)
         module = importlib.util.module_from_spec(spec)
+        module.get_ipython = no_magics  # as the worker does
         spec.loader.exec_module(module)
         return module
 

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from grading import harness
+from grading.correctness import LocalCaller, run_case
 from grading.harness import check_function, diagnose, watch
 from grading.labs import get_lab
 from grading.spec import Case
@@ -60,7 +61,7 @@ def _case_result(fn, case=Case((1025,), torch.float32), trials=2):
     if trials != spec.trials:
         from dataclasses import replace
         spec = replace(spec, trials=trials)
-    return harness._run_case(fn, spec, case, seed=11)
+    return run_case(LocalCaller(fn), spec, case, seed=11)
 
 
 def _caching_add():
@@ -247,9 +248,9 @@ def test_a_memory_budget_is_enforced_on_the_gpu_only():
     from dataclasses import replace
     spec = replace(LAB.function("add"), memory_budget=lambda a, b: 4 * 2**20)  # 4 MiB beyond inputs/outputs
     case = Case((1025,), torch.float32)
-    lean = harness._run_case(_wasteful_add(2**18), spec, case, seed=5)  # 1 MiB of scratch
+    lean = run_case(LocalCaller(_wasteful_add(2**18)), spec, case, seed=5)  # 1 MiB of scratch
     assert lean.ok, lean.reason
-    wasteful = harness._run_case(_wasteful_add(2**21), spec, case, seed=5)  # 8 MiB
+    wasteful = run_case(LocalCaller(_wasteful_add(2**21)), spec, case, seed=5)  # 8 MiB
     if runtime.ON_GPU:
         assert not wasteful.ok
         assert "allocated 8.0 MiB of device memory beyond its inputs and outputs at its peak; the budget is " \

@@ -61,11 +61,11 @@ def test_wrong_backward_is_caught(mistake):
 def test_the_large_logit_case_really_overflows_exp():
     import torch
 
-    from grading.harness import _make_inputs
+    from grading.correctness import make_inputs
     from kernels.testing import generator
 
     case = next(c for c in SPEC.cases if c.layout == "large_logits")
-    q, k, _ = _make_inputs(SPEC, case, generator(0, runtime.DEVICE))
+    q, k, _ = make_inputs(SPEC, case, generator(0, runtime.DEVICE))
     scores = q.double() @ k.double().transpose(-1, -2) / q.shape[-1] ** 0.5
     assert scores.max().item() > 89, "exp(score) must overflow float32 (and float16 at 11)"
     assert torch.isinf(torch.exp(scores.float())).any()

@@ -65,20 +65,20 @@ def test_every_edit_must_match_the_solution():
 def test_the_routings_are_what_the_lab_says():
     """Skewed: 7 of 8 tokens pick the hot expert first; few tokens over many experts: most idle; a token's
     logits never tie, even in bfloat16."""
-    from grading.harness import _make_inputs
+    from grading.correctness import make_inputs
     from kernels.testing import generator
 
     router, permute = LAB.function("route_topk"), LAB.function("permute")
     gen = generator(11, runtime.DEVICE)
     skewed = next(c for c in permute.cases if c.layout == "skewed")
-    (ids,) = _make_inputs(permute, skewed, gen)
+    (ids,) = make_inputs(permute, skewed, gen)
     assert (ids[:, 0] == HOT_EXPERT).float().mean() >= 0.85
     assert all(len(set(row)) == len(row) for row in ids.tolist())
     sparse = next(c for c in permute.cases if c.shape == (5, 64, 2))
-    (ids,) = _make_inputs(permute, sparse, gen)
+    (ids,) = make_inputs(permute, sparse, gen)
     assert torch.bincount(ids.flatten().long(), minlength=64).eq(0).sum() >= 54
     for case in router.cases:
-        (logits,) = _make_inputs(router, case, gen)
+        (logits,) = make_inputs(router, case, gen)
         gaps = logits.double().sort(dim=1).values.diff(dim=1)
         assert gaps.min() >= 0.25, (case.label, gaps.min())
 

@@ -1,8 +1,10 @@
-"""The parent side of grading (grading/runner.py), with stand-in worker processes: each stop condition
-gives its reason, the whole process group goes, and a torn progress line is read once it is complete.
+"""The parent side of grading (grading/runner.py), with stand-in worker processes: each stop
+condition
+gives its reason, the whole process group goes, a step's limit counts CPU time, and a reply the
+student's code forges on the channel is ignored.
 
-The host-memory watchdog is what guards a GPU worker (RLIMIT_AS cannot be used with CUDA); a CPU worker
-has RLIMIT_AS as well. Here it is exercised on any machine, with a plain Python process.
+The host-memory watchdog is what guards a GPU worker (RLIMIT_AS cannot be used with CUDA); a CPU
+worker has RLIMIT_AS as well. Here it is exercised on any machine, with a plain Python process.
 """
 import os
 import sys
@@ -12,143 +14,207 @@ from pathlib import Path
 
 import pytest
 
-from grading.runner import Attempt, Options, _Events, death_reason, rss_bytes, run_attempt
+from grading import sandbox
+from grading.runner import (
+    WALL_FACTOR,
+    Options,
+    WorkerGone,
+    WorkerProcess,
+    cpu_seconds,
+    death_reason,
+    rss_bytes,
+)
 
 
-def fake_worker(tmp_path: Path, body: str) -> tuple[list[str], Path]:
-    """A Python process that writes progress events like grading.worker, then runs `body`."""
-    progress = tmp_path / "progress.jsonl"
-    progress.write_text("")
+def fake_worker(tmp_path: Path, body: str, opts: Options, deadline_s: float = 60,
+                sandboxed: bool = False) -> WorkerProcess:
+    """A Python process that answers requests as grading.worker does: `reply(**fields)` answers
+    the request in `req`; `body` runs once per request."""
     script = tmp_path / "fake_worker.py"
     script.write_text(textwrap.dedent('''
         import json, os, sys, time
-        progress = open(sys.argv[1], "a")
-        def emit(**event):
-            progress.write(json.dumps(event) + "\\n")
-            progress.flush()
+        requests = os.fdopen(int(sys.argv[sys.argv.index("--requests") + 1]), "r")
+        replies = os.fdopen(int(sys.argv[sys.argv.index("--replies") + 1]), "w")
+        def reply(**fields):
+            replies.write(json.dumps({**fields, "id": req["id"]}) + "\\n")
+            replies.flush()
         def rss():
             for line in open("/proc/self/status"):
                 if line.startswith("VmRSS:"):
                     return int(line.split()[1]) * 1024
-        ''') + textwrap.dedent(body))
-    return [sys.executable, str(script), str(progress)], progress
+        for line in requests:
+            req = json.loads(line)
+        ''') + textwrap.indent(textwrap.dedent(body), "    "))
+    return WorkerProcess([sys.executable, str(script)], tmp_path, time.monotonic() + deadline_s,
+                         opts, sandbox=sandboxed)
 
 
-def run(tmp_path, body, **options) -> Attempt:
-    cmd, progress = fake_worker(tmp_path, body)
-    opts = Options(**options)
-    return run_attempt(cmd, tmp_path, progress, time.monotonic() + 60, opts)
+def ask(tmp_path, body, limit_s: float = 60, **options) -> tuple[WorkerProcess, dict | WorkerGone]:
+    opts = Options(call_timeout=limit_s, **options)
+    worker = fake_worker(tmp_path, body, opts)
+    worker.set_step("add", "case 7 float16")
+    try:
+        return worker, worker.request({"op": "call"})
+    except WorkerGone as gone:
+        return worker, gone
+    finally:
+        worker.close()
 
 
-def test_finished_worker_reports_its_events(tmp_path):
-    attempt = run(tmp_path, '''
-        emit(event="step", function="add", step="case 1 float32", kind="call", limit_s=5)
-        emit(event="function", result={"name": "add"})
-        emit(event="done")
+def test_a_worker_answers_requests(tmp_path):
+    _, answer = ask(tmp_path, "reply(ok=True)\n")
+    assert answer["ok"] is True
+
+
+def test_a_forged_reply_is_ignored(tmp_path):
+    """Only the reply with the request's id counts: a line the student's code writes does not."""
+    _, answer = ask(tmp_path, '''
+        replies.write(json.dumps({"id": req["id"] + 1, "ok": "forged"}) + "\\n")
+        reply(ok=True)
         ''')
-    assert attempt.finished and attempt.returncode == 0 and attempt.stopped is None
-    assert [e["event"] for e in attempt.events] == ["step", "function", "done"]
+    assert answer["ok"] is True
 
 
-def test_a_step_past_its_limit_is_stopped(tmp_path):
-    attempt = run(tmp_path, '''
-        emit(event="step", function="add", step="case 7 float16", kind="call", limit_s=0.5)
-        while True:
-            pass
-        ''')
-    assert attempt.stopped == "step" and attempt.step["step"] == "case 7 float16"
-    assert death_reason(attempt, Options()) == \
-        "did not finish within 0.5 s: an infinite loop, or a kernel that never ends?"
+def test_a_step_past_its_cpu_time_is_stopped(tmp_path):
+    _, gone = ask(tmp_path, "while True:\n    pass\n", limit_s=0.5)
+    assert isinstance(gone, WorkerGone) and gone.attempt.stopped == "step"
+    assert gone.attempt.step["step"] == "case 7 float16" and not gone.attempt.wall
+    assert death_reason(gone.attempt, Options()) == \
+        "did not finish within 0.5 s of CPU time: an infinite loop, or a kernel that never ends?"
 
 
-@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc (the watchdog reads it)")
+def test_a_step_that_sleeps_is_stopped_by_the_wall_clock(tmp_path):
+    started = time.monotonic()
+    _, gone = ask(tmp_path, "time.sleep(600)\n", limit_s=0.5)
+    assert gone.attempt.stopped == "step" and gone.attempt.wall
+    assert time.monotonic() - started < 30
+    assert death_reason(gone.attempt, Options()) == (
+        f"did not finish within {WALL_FACTOR * 0.5:g} s: an infinite loop, or a kernel that "
+        f"never ends?")
+
+
+def test_waiting_costs_a_step_no_cpu_time(tmp_path):
+    """A step's limit is CPU time: a worker that shares the machine is not stopped for waiting."""
+    _, answer = ask(tmp_path, "time.sleep(1.0)\nreply(ok=True)\n", limit_s=0.5)
+    assert answer["ok"] is True  # 1 s of wall clock, ~0 s of CPU, under the 1.5 s backstop
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
 def test_host_memory_watchdog_stops_a_worker_that_grows(tmp_path):
     """What stops a GPU worker that fills host memory: its resident size above baseline + cap."""
-    attempt = run(tmp_path, '''
-        emit(event="lab", limits={"host_rlimit": False, "baseline_rss": rss(), "baseline_vm": None})
-        emit(event="step", function="add", step="case 1 float32", kind="call", limit_s=60)
+    opts = Options(memory_gib=0.25)
+    worker = fake_worker(tmp_path, '''
         hog = []
         while True:
             hog.append(bytearray(64 << 20))  # zero-filled: really resident
             time.sleep(0.01)
-        ''', memory_gib=0.25)
-    assert attempt.stopped == "memory"
-    assert death_reason(attempt, Options(memory_gib=0.25)).startswith("used more than 0.")
-    assert "GiB of host memory; the grading process was stopped" in death_reason(attempt, Options())
+        ''', opts)
+    worker.attempt.memory_cap = int(rss_bytes(worker.pid) + 0.25 * 2**30 + 2**29)
+    worker.set_step("add", "case 1 float32")
+    with pytest.raises(WorkerGone) as gone:
+        worker.request({"op": "call"})
+    worker.close()
+    assert gone.value.attempt.stopped == "memory"
+    assert death_reason(gone.value.attempt, opts).startswith("used more than 0.")
+    assert "GiB of host memory; the grading process was stopped" in \
+        death_reason(gone.value.attempt, opts)
 
 
 def test_an_output_flood_is_stopped_and_only_its_tail_kept(tmp_path):
-    attempt = run(tmp_path, '''
-        emit(event="step", function="add", step="case 1 float32", kind="call", limit_s=60)
+    _, gone = ask(tmp_path, '''
         while True:
             print("debug " * 100, flush=True)
         ''', output_limit_mib=1)
+    attempt = gone.attempt
     assert attempt.stopped == "output" and attempt.output_bytes > 2**20
     assert len(attempt.output_tail) <= 4096 and "debug" in attempt.output_tail
     assert death_reason(attempt, Options(output_limit_mib=1)) == \
         "printed more than 1 MiB (print inside a loop?); the grading process was stopped"
 
 
+def _gone(pid: int) -> bool:
+    for _ in range(50):  # SIGKILL is delivered at once; reaping by init may take a moment
+        stat = Path(f"/proc/{pid}/stat")
+        if not stat.exists() or "Z" in stat.read_text().split()[2]:
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def test_the_whole_process_group_is_stopped(tmp_path):
     marker = tmp_path / "child.pid"
-    attempt = run(tmp_path, f'''
+    _, gone = ask(tmp_path, f'''
         import subprocess
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         open({str(marker)!r}, "w").write(str(child.pid))
-        emit(event="step", function="add", step="case 1 float32", kind="call", limit_s=0.5)
         time.sleep(600)
-        ''')
-    assert attempt.stopped == "step"
+        ''', limit_s=0.5)
+    assert gone.attempt.stopped == "step"
     pid = int(marker.read_text())
-    for _ in range(50):  # SIGKILL is delivered at once; reaping by init may take a moment
-        if not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]:
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail(f"the worker's child {pid} survived")
+    assert _gone(pid), f"the worker's child {pid} survived"
+
+
+@pytest.mark.skipif(not sandbox.status()[0], reason="bubblewrap cannot run here")
+def test_the_sandbox_leaves_no_process_and_no_file_behind(tmp_path):
+    """In bubblewrap a child that leaves the worker's session (setsid) still goes with it, and
+    the course cannot be written (nor anything outside the worker's folder)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    target = Path(__file__).resolve().parents[1] / "grading" / "harness.py"
+    before = target.read_bytes()
+    worker = fake_worker(work, f'''
+        import subprocess
+        child = subprocess.Popen(["setsid", "sleep", "600"])
+        try:
+            open({str(target)!r}, "a").write("# tampered")
+            wrote = "yes"
+        except OSError as exc:
+            wrote = type(exc).__name__
+        reply(wrote=wrote, uid=os.getuid())
+        ''', Options(), sandboxed=True)
+    worker.set_step("add", "case 1 float32")
+    answer = worker.request({"op": "call"})
+    sleeping = [p for p in Path("/proc").iterdir() if p.name.isdigit()
+                and b"sleep\x00600" in (p / "cmdline").read_bytes()]
+    worker.close()
+    assert answer["wrote"] == "OSError" and target.read_bytes() == before
+    assert sleeping and all(_gone(int(p.name)) for p in sleeping)
 
 
 def test_deaths_are_named(tmp_path):
-    crashed = run(tmp_path, '''
-        emit(event="step", function="add", step="case 1 float32", kind="call", limit_s=60)
+    _, crashed = ask(tmp_path, '''
         import ctypes
         ctypes.string_at(0)
         ''')
-    assert crashed.returncode < 0
-    assert death_reason(crashed, Options()) == \
+    assert crashed.attempt.returncode < 0
+    assert death_reason(crashed.attempt, Options()) == \
         "the grading process crashed with SIGSEGV: an out-of-bounds memory access?"
-    exited = run(tmp_path, '''
+    _, exited = ask(tmp_path, '''
         print("last words")
         os._exit(0)
         ''')
-    assert death_reason(exited, Options()) == ("the grading process exited with code 0 before it finished: does "
-                                               "the code end the process (os._exit, exit in a thread)? "
-                                               "(last output: last words)")
+    assert death_reason(exited.attempt, Options()) == (
+        "the grading process exited with code 0 before it finished: does the code end the "
+        "process (os._exit, exit in a thread)? (last output: last words)")
 
 
 def test_lab_deadline(tmp_path):
-    cmd, progress = fake_worker(tmp_path, "time.sleep(600)\n")
-    attempt = run_attempt(cmd, tmp_path, progress, time.monotonic() + 0.5, Options(timeout=7))
-    assert attempt.stopped == "lab-timeout"
-    assert death_reason(attempt, Options(timeout=7)) == "timed out after 7 s (an infinite loop or a hung kernel?)"
+    worker = fake_worker(tmp_path, "time.sleep(600)\n", Options(timeout=7), deadline_s=0.5)
+    with pytest.raises(WorkerGone) as gone:
+        worker.request({"op": "call"})
+    worker.close()
+    assert gone.value.attempt.stopped == "lab-timeout"
+    assert death_reason(gone.value.attempt, Options(timeout=7)) == \
+        "timed out after 7 s (an infinite loop or a hung kernel?)"
 
 
-def test_progress_lines_are_read_whole(tmp_path):
-    path = tmp_path / "p.jsonl"
-    path.write_text('{"event": "step", "st')
-    events = _Events(path)
-    assert events.poll() == []
-    with open(path, "a") as f:
-        f.write('ep": "x"}\n{"event": "done"}\n')
-    assert events.poll() == [{"event": "step", "step": "x"}, {"event": "done"}]
-
-
-def test_rss_of_this_process():
+def test_rss_and_cpu_time_of_this_process():
     if not Path("/proc/self/status").exists():
-        assert rss_bytes(os.getpid()) is None
+        assert rss_bytes(os.getpid()) is None and cpu_seconds(os.getpid()) is None
     else:
         assert rss_bytes(os.getpid()) > 10 * 2**20
-    assert rss_bytes(2**22 + 12345) is None
+        assert cpu_seconds(os.getpid()) > 0
+    assert rss_bytes(2**22 + 12345) is None and cpu_seconds(2**22 + 12345) is None
 
 
 def test_extra_credit_adds_points_and_never_lowers_the_grade():
@@ -156,13 +222,15 @@ def test_extra_credit_adds_points_and_never_lowers_the_grade():
 
     gpu = {"mode": "gpu"}
     forward = {"name": "forward", "status": "pass", "points": 10, "max_points": 10, "tier": "A"}
-    backward = {"name": "backward", "status": "not implemented", "points": 0, "max_points": 5, "tier": None,
+    backward = {"name": "backward", "status": "not implemented", "points": 0, "max_points": 5,
+                "tier": None,
                 "extra_credit": True}
     score = score_lab({"functions": [forward, backward], "fingerprint": gpu})
     assert (score["points"], score["max_points"], score["grade"]) == (10, 10, "A")
-    done = {**backward, "status": "pass", "points": 5, "tier": "C"}  # a slow backward is still a bonus
+    done = {**backward, "status": "pass", "points": 5, "tier": "C"}  # slow, but still a bonus
     score = score_lab({"functions": [forward, done], "fingerprint": gpu})
     assert (score["points"], score["max_points"], score["grade"]) == (15, 10, "A")
     # the same missing function, not extra credit, costs the lab its points and its grade
-    score = score_lab({"functions": [forward, {**backward, "extra_credit": False}], "fingerprint": gpu})
+    required = {**backward, "extra_credit": False}
+    score = score_lab({"functions": [forward, required], "fingerprint": gpu})
     assert (score["points"], score["max_points"], score["grade"]) == (10, 15, "F")

@@ -16,6 +16,22 @@ CASES = tuple(Case(shape, dtype) for shape in SIZES for dtype in DTYPES) + (
     Case((1025,), torch.float16, "strided"),
     Case((0,), torch.float32),
 )
+
+
+def draw_cases(rng) -> tuple[Case, ...]:
+    """Sizes drawn per run from the secret seed, one per class a wrong kernel can hide in: even n
+    (every dtype), a multiple of every power-of-two block up to 8192, n above 2**17, three
+    dimensions, and a 0-d tensor (every rank is accepted)."""
+    even = 2 * rng.randrange(1, 2048)
+    blocks = 8192 * rng.randrange(1, 4)
+    large = rng.randrange(2**17 + 1, 2**18)
+    cube = (rng.randrange(2, 5), rng.randrange(2, 9), 2 * rng.randrange(16, 64) + 1)
+    return (*(Case((even,), dtype) for dtype in DTYPES),
+            Case((blocks,), torch.float32), Case((blocks,), torch.float16),
+            Case((large,), rng.choice(DTYPES)), Case(cube, rng.choice(DTYPES)),
+            Case((), rng.choice(DTYPES)))
+
+
 PERF_N = 64 * 2**20  # 64M elements: far larger than L2, so HBM bandwidth decides
 
 
@@ -48,7 +64,7 @@ def _add_function(name, backend, course_kernel, points, description, hint):
         perf=(PerfConfig(f"{name}/fp16/64M", (PERF_N,), torch.float16),
               PerfConfig(f"{name}/fp32/64M", (PERF_N,), torch.float32)),
         bit_exact=lambda a, b: torch.add(a, b), exact_dtypes=(torch.float32, torch.float16),
-        hint=hint,
+        hint=hint, draw_cases=draw_cases,
     )
 
 
@@ -74,6 +90,7 @@ LAB = LabSpec(
             cases=CASES,
             perf=(PerfConfig("residual_add/fp16/64M", (PERF_N,), torch.float16),),
             hint="round mlp + attn to the tensor dtype before adding x, as PyTorch does",
+            draw_cases=draw_cases,
         ),
     ),
 )

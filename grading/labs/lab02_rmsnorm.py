@@ -24,6 +24,21 @@ CASES = tuple(Case(shape, dtype) for shape in SHAPES for dtype in DTYPES) + (
     # a non-default eps, passed by keyword
     Case((3, 1000), torch.float32, "contiguous", params=(("eps", 0.5),)),
 )
+
+
+def draw_cases(rng) -> tuple[Case, ...]:
+    """Shapes drawn per run from the secret seed, one per class a wrong kernel can hide in: an even
+    width, a multiple of the 4096-wide block, rows wider than 16384 (any width is promised), more
+    than 2**17 elements, and x of three dimensions (x is (..., width))."""
+    dtype = rng.choice(DTYPES)
+    return (Case((rng.randrange(2, 6), 2 * rng.randrange(2, 2048)), dtype),
+            Case((rng.randrange(1, 4), 4096 * rng.randrange(2, 4)), rng.choice(DTYPES)),
+            Case((rng.randrange(1, 3), rng.randrange(2**14 + 1, 2**16)), torch.float32),
+            Case((rng.randrange(2, 4), rng.randrange(2**14 + 1, 2**16)), torch.bfloat16),
+            Case((rng.randrange(40, 64), 2 * rng.randrange(2048, 4096) + 1), rng.choice(DTYPES)),
+            Case((2, rng.randrange(2, 5), rng.randrange(100, 1000)), rng.choice(DTYPES)))
+
+
 FUSED_CASES = tuple(c for c in CASES if c.layout != "strided_rows")  # x and residual are contiguous
 PERF_SHAPE = (32768, 4096)
 
@@ -93,7 +108,7 @@ def _rmsnorm_function(name, backend, course_kernel, points, description, hint):
         make_inputs=_rmsnorm_inputs, prepare=_layout, reference_fp64=reference.rms_norm_fp64,
         tolerance=_tolerance, course_kernel=course_kernel, torch_native=_torch_rms_norm,
         bytes_moved=_rmsnorm_bytes, cases=CASES, perf=(PerfConfig(f"{name}/bf16/32768x4096", PERF_SHAPE, torch.bfloat16),),
-        hint=hint, input_names=("x", "w"),
+        hint=hint, input_names=("x", "w"), draw_cases=draw_cases,
     )
 
 
@@ -119,7 +134,7 @@ LAB = LabSpec(
             course_kernel=_course_fused, torch_native=_torch_fused, bytes_moved=_fused_bytes,
             cases=FUSED_CASES, perf=(PerfConfig("fused_add_rms_norm/bf16/32768x4096", PERF_SHAPE, torch.bfloat16),),
             hint="round x + residual to the dtype before normalizing it, and return (y, h)",
-            input_names=("x", "residual", "w"),
+            input_names=("x", "residual", "w"), draw_cases=draw_cases,
         ),
     ),
 )

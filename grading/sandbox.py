@@ -1,0 +1,63 @@
+"""The worker's sandbox: bubblewrap (`bwrap`; Debian's package `bubblewrap`), the unprivileged
+sandbox Flatpak is built on, rather than one of our own.
+
+Inside it the worker sees the whole file system read-only (the course, the grader, the other labs
+and
+every report) except its own temporary directory; /tmp and /dev/shm are private. It has no network
+(a new network namespace), cannot see or signal any other process (a new PID namespace, a new
+session without the terminal), and cannot outlive the grading run: `--die-with-parent` kills it when
+the grader dies, even by SIGKILL, and the PID namespace ends with its first process, taking along
+everything the student's code started.
+
+Where bwrap is missing or cannot create namespaces (some containers), `python -m grading` says so
+and, unless the sandbox was required (`--sandbox require`, the default with `--submissions`), grades
+without it: the verdicts are still made in the parent process, but the student's code can then
+write wherever the user can, use the network, and leave processes behind (grading/README.md).
+"""
+from __future__ import annotations
+
+import functools
+import shutil
+import subprocess
+
+INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: sudo apt-get install bubblewrap; Fedora: sudo "
+                "dnf install bubblewrap)")
+
+
+def _base(workdir: str, gpu: bool) -> list[str]:
+    args = [shutil.which("bwrap") or "bwrap", "--ro-bind", "/", "/"]
+    # A GPU needs the host's /dev (the NVIDIA device files); a private /dev/shm either way.
+    args += ["--dev-bind", "/dev", "/dev"] if gpu else ["--dev", "/dev"]
+    args += ["--tmpfs", "/dev/shm", "--proc", "/proc", "--tmpfs", "/tmp",
+             "--bind", workdir, workdir, "--chdir", workdir,
+             "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+             "--die-with-parent", "--new-session"]
+    # Caches the student's code may write (Triton's and CuPy's compiled kernels, ~/.cache): its own.
+    for name, sub in (("HOME", ""), ("TRITON_CACHE_DIR", ".triton"), ("CUPY_CACHE_DIR", ".cupy"),
+                      ("XDG_CACHE_HOME", ".cache")):
+        args += ["--setenv", name, f"{workdir}/{sub}".rstrip("/")]
+    return args
+
+
+@functools.cache
+def status() -> tuple[bool, str]:
+    """(usable, why not): bwrap is installed and can build the sandbox on this machine."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return False, f"bubblewrap (bwrap) is not installed: {INSTALL_HINT}"
+    try:
+        probe = subprocess.run([*_base("/tmp", gpu=False), "--", "true"], capture_output=True,
+                               text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"bwrap could not be started: {exc}"
+    if probe.returncode:
+        why = probe.stderr.strip().splitlines()[-1:] or [f"exit status {probe.returncode}"]
+        return False, (f"bwrap cannot create a sandbox on this machine ({why[0]}): user "
+                       f"namespaces may be disabled (e.g. inside a container)")
+    return True, ""
+
+
+def wrap(cmd: list[str], workdir: str, *, gpu: bool, info_fd: int) -> list[str]:
+    """`cmd` run inside the sandbox; bwrap writes {"child-pid": N} (the worker's PID as the grader
+    sees it, for its CPU time) to `info_fd`."""
+    return [*_base(workdir, gpu), "--info-fd", str(info_fd), "--", *cmd]

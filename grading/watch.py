@@ -1,0 +1,444 @@
+"""Watching a graded call: which PyTorch ops it ran (named by the torch function that issued them),
+how many kernels it launched, which of them are the course's, and on which streams.
+
+`install_launch_hooks` wraps Triton's launch (compiled and interpreted) and `kernels.cuda.launch`
+once
+per process; the hooks write into the `LaunchState` of the `watch` block in force (`ACTIVE`), so
+what
+happens inside a launch (the interpreter's own copies) is not the student's PyTorch.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kernels import runtime
+
+_aten = torch.ops.aten
+# Ops that allocate, describe or move memory without computing: a wrapper may use these freely.
+ALLOWED_OPS = {
+    _aten.empty.memory_format, _aten.empty_like.default, _aten.empty_strided.default,
+    _aten.new_empty.default, _aten.zeros.default, _aten.zeros_like.default, _aten.fill_.Scalar,
+    _aten.zero_.default, _aten.view.default, _aten._unsafe_view.default, _aten.reshape.default,
+    _aten._reshape_alias.default, _aten.as_strided.default, _aten.alias.default,
+    _aten.detach.default, _aten.t.default, _aten.transpose.int, _aten.permute.default,
+    _aten.unsqueeze.default, _aten.squeeze.dim, _aten.squeeze.default, _aten.expand.default,
+    _aten.slice.Tensor, _aten.select.int, _aten.flatten.using_ints, _aten.clone.default,
+    _aten.copy_.default, _aten._to_copy.default, _aten.lift_fresh.default,
+    _aten.is_same_size.default, _aten.sym_size.int, _aten.sym_stride.int, _aten.sym_numel.default,
+    _aten.sym_storage_offset.default,
+}
+# Everything else is forbidden outside the student's own kernel launches -- in particular the
+# PyTorch
+# references of the labs: torch.add (lab 01), F.rms_norm (02), F.scaled_dot_product_attention (03),
+# torch._grouped_mm and torch.matmul (06). tests/test_grader_harness.py proves each is caught.
+
+# GPU clock cycles a launch on a side stream is held back during correctness checks (~50 ms): a
+# function that does not make PyTorch's stream wait for its side stream then loses the race every
+# time. (10 ms was not enough on an H200: a first call's host work after the launch, such as loading
+# the copy kernel the output snapshot uses, outlasted it, and the first case passed by luck.)
+SIDE_STREAM_DELAY_CYCLES = 100_000_000
+
+
+@dataclass
+class LaunchState:
+    """What the launch hooks saw inside one `watch` (or `joined_side_streams`) block."""
+
+    grader_stream: object = None  # PyTorch's current stream when the call started (GPU), else None
+    delay_side_streams: bool = False
+    depth: int = 0  # > 0 inside a launch
+    launches: int = 0  # Triton launches (compiled and interpreted)
+    cupy_launches: int = 0  # launches through kernels.cuda.launch
+    side_streams: list = field(default_factory=list)
+    course_kernels: list = field(default_factory=list)  # the course's kernels launched, by name
+    profiling: bool = False  # the all-threads profiler is on: launches are marked
+
+
+IDLE = LaunchState()  # launches outside any watch land here and are never read
+ACTIVE = IDLE
+
+
+@contextmanager
+def _launch_state(state: LaunchState):
+    global ACTIVE
+    before, ACTIVE = ACTIVE, state
+    try:
+        yield state
+    finally:
+        ACTIVE = before
+
+
+def _on_side_stream() -> bool:
+    grader = ACTIVE.grader_stream
+    return grader is not None and torch.cuda.current_stream() != grader
+
+
+def _before_launch(state: LaunchState) -> None:
+    """Called before every kernel launch: note (and, in correctness checks, delay) a side stream."""
+    grader = state.grader_stream
+    if grader is None:
+        return
+    stream = torch.cuda.current_stream()
+    if stream == grader:
+        return
+    if all(stream != s for s in state.side_streams):
+        state.side_streams.append(stream)
+    stream.wait_stream(grader)  # side work cannot start before what the grader queued (poison, ...)
+    if state.delay_side_streams:
+        torch.cuda._sleep(SIDE_STREAM_DELAY_CYCLES)  # queued on the side stream, before the kernel
+
+
+# --------------------------------------------------------------------------------------------------
+# Every thread: PyTorch's own profiler (Kineto, CPU activity, all threads) records the aten ops of
+# the call wherever they run -- another thread, a thread pool, under a disabled dispatch mode --
+# which the dispatch modes below, being thread-local, cannot see. Launches are marked as ranges, so
+# what the interpreter does inside one is not the student's.
+
+LAUNCH_RANGE, CALL_RANGE = "grading::launch", "grading::call"
+_PROFILER_OPS = ("set_.source_Storage", "set_.source_Storage_storage_offset")  # inside launches
+
+
+def _record_function(name: str):
+    return torch.ops.profiler._record_function_enter_new(name, None)
+
+
+def _launch_mark():
+    return _record_function(LAUNCH_RANGE) if ACTIVE.profiling else None
+
+
+def _end_launch_mark(mark) -> None:
+    if mark is not None:
+        torch.ops.profiler._record_function_exit._RecordFunction(mark)
+
+
+@contextmanager
+def _quiet_stderr():
+    """Kineto announces every start and stop on the process's stderr (C++): not the student's."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+class _AllThreads:
+    """The aten ops of the block from every thread, outside the course's and the student's
+    kernel launches, that are leaves (not composites such as aten::to, whose parts are seen)."""
+
+    def __init__(self):
+        from torch._C._profiler import _ExperimentalConfig
+        from torch.autograd import ProfilerConfig, ProfilerState
+
+        self.config = ProfilerConfig(ProfilerState.KINETO, False, False, False, False, False,
+                                     _ExperimentalConfig(profile_all_threads=True,
+                                                         capture_overload_names=True))
+        self.events = []
+        self.mark = None
+
+    def __enter__(self):
+        from torch.autograd import ProfilerActivity, _enable_profiler, _prepare_profiler
+
+        with _quiet_stderr():
+            _prepare_profiler(self.config, {ProfilerActivity.CPU})
+            _enable_profiler(self.config, {ProfilerActivity.CPU})
+        self.mark = _record_function(CALL_RANGE)
+        return self
+
+    def __exit__(self, *exc):
+        from torch.autograd import _disable_profiler
+
+        torch.ops.profiler._record_function_exit._RecordFunction(self.mark)
+        with _quiet_stderr():
+            self.events = list(_disable_profiler().events())
+
+    def findings(self, allowed: set[str]) -> tuple[list[str], list[str]]:
+        """(forbidden ops, host reads); a stopped profiler is a finding of its own."""
+        if not any(e.name() == CALL_RANGE for e in self.events):
+            return ["the grader's profiler was stopped inside the call"], []
+        spans: dict[int, list] = {}
+        aten: dict[int, list] = {}
+        for e in self.events:
+            thread = e.start_thread_id()
+            if e.name() == LAUNCH_RANGE:
+                spans.setdefault(thread, []).append((e.start_ns(), e.end_ns()))
+            elif e.name().startswith("aten::"):
+                aten.setdefault(thread, []).append(e)
+        forbidden: list[str] = []
+        reads: list[str] = []
+        for thread, ops in aten.items():
+            launches = spans.get(thread, [])
+            for e in ops:
+                op = f"aten.{e.name()[6:]}.{e.overload_name() or 'default'}"
+                start, end = e.start_ns(), e.end_ns()
+                if op in allowed or any(a <= start and end <= b for a, b in launches):
+                    continue
+                if any(o is not e and start <= o.start_ns() and o.end_ns() <= end
+                       and (o.start_ns(), o.end_ns()) != (start, end) for o in ops):
+                    continue  # a composite: its parts were judged
+                seen = reads if op == "aten._local_scalar_dense.default" else forbidden
+                if op not in seen:
+                    seen.append(op)
+        return forbidden, reads
+
+
+def course_kernel_name(kernel) -> str | None:
+    """`kernels.moe.triton_permute.histogram_kernel` for a kernel of the course's package, else
+    None:
+    a graded function must launch kernels of its own, not the course's (which it is timed
+    against)."""
+    fn = getattr(kernel, "fn", None)
+    module = getattr(fn, "__module__", None) or ""
+    return f"{module}.{fn.__name__}" if module.split(".")[0] == "kernels" else None
+
+
+def _hook_triton(cls) -> None:
+    if getattr(cls.run, "_grading_hook", False):
+        return
+    original = cls.run
+
+    def run(self, *args, _original=original, **kwargs):
+        state = ACTIVE
+        warmup = kwargs.get("warmup", False)
+        if not warmup:
+            state.launches += 1
+            name = course_kernel_name(self)
+            if name and name not in state.course_kernels:
+                state.course_kernels.append(name)
+        hooks = list(getattr(self, "pre_run_hooks", None) or ())
+        for hook in hooks:  # the student's hooks are the student's code: watched like it
+            hook(*args, **kwargs)
+        state.depth += 1
+        mark = _launch_mark()
+        if hooks:
+            self.pre_run_hooks = []
+        try:
+            if _on_side_stream() and not warmup:
+                # compile first (a warm-up run launches nothing): the side stream's delay must not
+                # elapse while the first call is still compiling, or that call wins the race by luck
+                _original(self, *args, **{**kwargs, "warmup": True})
+            _before_launch(state)
+            return _original(self, *args, **kwargs)
+        finally:
+            if hooks:
+                self.pre_run_hooks = hooks
+            _end_launch_mark(mark)
+            state.depth -= 1
+
+    run._grading_hook = True
+    cls.run = run
+
+
+def install_launch_hooks() -> None:
+    """Count Triton launches (compiled and interpreted) and CuPy launches made through
+    `kernels.cuda.launch`, and let the op watcher ignore what happens inside them."""
+    from triton.runtime import jit
+
+    from kernels import cuda
+
+    _hook_triton(jit.JITFunction)
+    if runtime.MODE == "cpu":
+        from triton.runtime import interpreter
+        _hook_triton(interpreter.InterpretedFunction)
+    if getattr(cuda.launch, "_grading_hook", False):
+        return
+    original_launch = cuda.launch
+
+    def launch(*args, _original=original_launch, **kwargs):
+        state = ACTIVE
+        state.cupy_launches += 1
+        state.depth += 1
+        mark = _launch_mark()
+        try:
+            _before_launch(state)
+            return _original(*args, **kwargs)
+        finally:
+            _end_launch_mark(mark)
+            state.depth -= 1
+
+    launch._grading_hook = True
+    launch.__doc__ = original_launch.__doc__
+    cuda.launch = launch
+
+
+# Where PyTorch's C functions are documented (F.scaled_dot_product_attention is torch._C._nn's).
+_PUBLIC_MODULE = {"torch._C._nn": "torch.nn.functional", "torch._C._linalg": "torch.linalg",
+                  "torch._C._fft": "torch.fft", "torch._C._special": "torch.special"}
+
+
+def torch_name(func) -> str:
+    """`torch.add`, `Tensor.add`, `torch.nn.functional.rms_norm`: as a student would write it."""
+    if isinstance(func, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return f"torch.ops.{func}"
+    qual = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
+    head, _, name = qual.rpartition(".")
+    if head in ("TensorBase", "Tensor"):
+        return f"Tensor.{name}"
+    if head == "_VariableFunctionsClass":
+        return f"torch.{name}"
+    module = getattr(func, "__module__", None) or "torch"
+    module = _PUBLIC_MODULE.get(module, module)
+    return f"{module}.{qual}"
+
+
+# Torch functions that hand a tensor's values to the host or take them back from NumPy: a result
+# computed there (NumPy, Python) is not the student's kernel.
+HOST_ROUND_TRIPS = {torch.Tensor.numpy, torch.Tensor.__array__, torch.Tensor.tolist,
+                    torch.from_numpy, torch.Tensor.__array_wrap__}
+
+
+class _FunctionWatcher(TorchFunctionMode):
+    """Remembers which torch function the student called, to name it when it runs a forbidden op,
+    and notes the host round trips (`Tensor.numpy`, `torch.from_numpy`, ...)."""
+
+    def __init__(self, state: LaunchState):
+        super().__init__()
+        self.state = state
+        self.current = None
+        self.host_trips: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if self.state.depth:
+            return func(*args, **(kwargs or {}))
+        if func in HOST_ROUND_TRIPS and torch_name(func) not in self.host_trips:
+            self.host_trips.append(torch_name(func))
+        self.current = func  # the mode is off inside this call: nested torch calls do not land here
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            self.current = None
+
+
+class _OpWatcher(TorchDispatchMode):
+    def __init__(self, state: LaunchState, functions: _FunctionWatcher,
+                 also_allowed: tuple[str, ...] = ()):
+        super().__init__()
+        self.state = state
+        self.functions = functions
+        self.also_allowed = frozenset(also_allowed)
+        self.forbidden: list[str] = []
+        self.host_reads: list[str] = []  # a tensor's value read by Python: .item(), int(t), bool(t)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if (self.state.depth == 0 and func not in ALLOWED_OPS
+                and str(func) not in self.also_allowed):
+            caller = self.functions.current
+            what = f"{torch_name(caller)} ({func})" if caller is not None else str(func)
+            host_read = func is _aten._local_scalar_dense.default
+            seen = self.host_reads if host_read else self.forbidden
+            if what not in seen:
+                seen.append(what)
+        return func(*args, **(kwargs or {}))
+
+
+# PyTorch wraps a mode's __torch_dispatch__ so that dynamo never traces it, and that wrapper imports
+# torch._dynamo on its first call: a second of every grading process. Nothing watched here is
+# compiled, so the wrapper may call the method directly (if PyTorch drops the wrapper: no effect).
+_raw_dispatch = getattr(_OpWatcher.__dict__["__torch_dispatch__"], "__wrapped__", None)
+if _raw_dispatch is not None:
+    _raw_dispatch.__dynamo_disable = _raw_dispatch
+
+
+@dataclass
+class Watched:
+    forbidden_ops: list[str]
+    triton_launches: int
+    cuda_kernels: list[str] = field(default_factory=list)
+    cupy_launches: int = 0
+    side_streams: int = 0
+    stream_snapshot: tuple | None = None
+    course_kernels: list[str] = field(default_factory=list)
+    host_reads: list[str] = field(default_factory=list)
+    host_trips: list[str] = field(default_factory=list)  # NumPy round trips
+
+
+@contextmanager
+def watch(profile_cuda: bool = False, snapshot=None, allowed_ops: tuple[str, ...] = ()):
+    """Record the PyTorch ops and kernel launches of the code inside the block (`allowed_ops`: op
+    names, such as "aten.mm.default", not recorded as forbidden on top of `ALLOWED_OPS`).
+
+    On a GPU, `snapshot` (the output buffer, or a tuple of them) is copied on the stream that was
+    current when the block started, *before* the device is synchronized: the copies show what a
+    caller reading the outputs in stream order would see (`record.stream_snapshot`, a tuple).
+    """
+    install_launch_hooks()
+    grader = torch.cuda.current_stream() if runtime.ON_GPU else None
+    # One profiler session at a time: the profiled GPU case lists kernels instead (below).
+    threads = None if profile_cuda else _AllThreads()
+    state = LaunchState(grader_stream=grader, delay_side_streams=True,
+                        profiling=threads is not None)
+    functions = _FunctionWatcher(state)
+    watcher = _OpWatcher(state, functions, allowed_ops)
+    record = Watched([], 0)
+    prof = None
+    if profile_cuda:
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+        with warnings.catch_warnings():  # "Profiler clears events at the end of each cycle"
+            warnings.simplefilter("ignore", UserWarning)
+            prof.__enter__()
+    try:
+        with _launch_state(state), contextlib.ExitStack() as stack:
+            if threads is not None:
+                stack.enter_context(threads)
+            stack.enter_context(functions)
+            stack.enter_context(watcher)
+            yield record
+    finally:
+        record.side_streams = len(state.side_streams)
+        record.course_kernels = list(state.course_kernels)
+        record.forbidden_ops, record.host_reads = watcher.forbidden, watcher.host_reads
+        record.host_trips = functions.host_trips
+        if threads is not None and not (watcher.forbidden or watcher.host_reads):
+            allowed = {str(op) for op in ALLOWED_OPS} | set(allowed_ops) | set(_PROFILER_OPS)
+            ops, reads = threads.findings(allowed)
+            record.forbidden_ops = [f"{op} (outside this thread's watch: another thread, a hook "
+                                    f"or a disabled dispatch mode)" for op in ops]
+            record.host_reads = reads
+        record.triton_launches, record.cupy_launches = state.launches, state.cupy_launches
+        failure = None
+        if runtime.ON_GPU:
+            try:
+                if snapshot is not None:
+                    with torch.cuda.stream(grader):
+                        tensors = (snapshot,) if isinstance(snapshot, torch.Tensor) else snapshot
+                        record.stream_snapshot = tuple(t.clone() for t in tensors)
+                torch.cuda.synchronize()  # every stream: what the call left running is finished
+            except Exception as exc:  # noqa: BLE001 - e.g. an illegal memory access surfaces here
+                failure = exc
+        if prof is not None and failure is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                prof.__exit__(None, None, None)
+                record.cuda_kernels = sorted({e.name for e in prof.events()
+                                              if e.device_type == torch.autograd.DeviceType.CUDA})
+        if failure is not None:
+            raise failure
+
+
+def is_torch_kernel(name: str) -> bool:
+    return "at::native" in name or name.startswith(("void at::", "at::", "Memset", "Memcpy"))
+
+
+@contextmanager
+def joined_side_streams():
+    """For timing: kernels launched on side streams wait for the current stream, and the current
+    stream waits for them at the end, so an end event recorded after the block covers all the
+    call's work. Yields the block's `LaunchState` (its `side_streams`)."""
+    grader = torch.cuda.current_stream()
+    with _launch_state(LaunchState(grader_stream=grader)) as state:
+        try:
+            yield state
+        finally:
+            for stream in state.side_streams:
+                grader.wait_stream(stream)
