@@ -12,6 +12,7 @@ LAB_MODULES = {
     "05_memory_profiling": "grading.labs.lab05_memory_profiling",
     "06_moe": "grading.labs.lab06_moe",
     "07_decoder": "grading.labs.lab07_decoder",
+    "08_communication": "grading.labs.lab08_communication",
 }
 
 

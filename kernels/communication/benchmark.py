@@ -35,9 +35,10 @@ from kernels.memory_profiling import gpt
 MiB = 2**20
 # A GPT small enough for CPU processes, its layers alike (as the overlap model assumes): 0.95 M
 # parameters.
-DDP_CONFIG = gpt.GPTConfig(vocab=1024, max_seq=64, d_model=128, layers=4, heads=4)
-DDP_BATCH_PER_RANK, DDP_SEQ = 2, 64
+DDP_CONFIG = gpt.GPTConfig(vocab=1024, max_seq=64, d_model=256, layers=4, heads=4)
+DDP_BATCH_PER_RANK, DDP_SEQ = 1, 32
 DDP_BUCKET_MB = 1.0
+DDP_WAIT_S = 0.01  # per block, in the "waiting backward" runs: 40 ms, about the CPU's backward
 
 
 def cpu_model() -> str:
@@ -159,10 +160,29 @@ def all_reduce_sweep(world: int, sizes, reps: int, backend=None) -> list[dict]:
 # Data-parallel steps on the GPT: compute alone, communication alone, and both
 
 
-def _ddp_step_times(rank, world, cfg, batch, seq, bucket_mb, steps):
+class WaitInBackward(torch.autograd.Function):
+    """Identity forward; its backward sleeps `seconds` before passing the gradient on. A backward
+    that waits instead of computing leaves the CPU free, as a GPU's backward leaves the host and
+    the network free: with it, overlap on a CPU shows what it does on a GPU."""
+
+    @staticmethod
+    def forward(ctx, x, seconds):
+        ctx.seconds = seconds
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(ctx.seconds)
+        return grad, None
+
+
+def _ddp_step_times(rank, world, cfg, batch, seq, bucket_mb, steps, wait_s):
     device = launch.device_for(rank, dist.get_backend())
     torch.manual_seed(0)
     base = gpt.GPT(cfg).to(device)
+    if wait_s:
+        for block in base.blocks:
+            block.register_forward_pre_hook(lambda m, a: (WaitInBackward.apply(a[0], wait_s),))
     idx, targets = gpt.make_batch(cfg, batch, seq, device, seed=rank)
 
     def fwd_bwd(model):
@@ -202,15 +222,21 @@ def _ddp_step_times(rank, world, cfg, batch, seq, bucket_mb, steps):
         "times": times,
         "exposed": exposed,
         "bucket_bytes": [b.flat.numel() * b.flat.element_size() for b in buckets],
+        "param_bytes": [
+            b.flat.numel() * b.flat.element_size() for b in variants["per parameter"].buckets
+        ],
         "params": sum(p.numel() for p in base.parameters()),
     }
 
 
-def ddp_steps(world=2, steps=8, bucket_mb=DDP_BUCKET_MB, backend=None) -> dict:
+def ddp_steps(world=2, steps=8, bucket_mb=DDP_BUCKET_MB, wait_s=0.0, backend=None) -> dict:
+    """Time per step of the GPT on `world` ranks: forward + backward alone, the buckets'
+    all-reduces alone, and DataParallel overlapped (buckets of `bucket_mb`), per parameter, and
+    after backward. `wait_s`: each block's backward also sleeps this long (`WaitInBackward`)."""
     per_rank = launch.run(
         _ddp_step_times,
         world,
-        (DDP_CONFIG, DDP_BATCH_PER_RANK, DDP_SEQ, bucket_mb, steps),
+        (DDP_CONFIG, DDP_BATCH_PER_RANK, DDP_SEQ, bucket_mb, steps, wait_s),
         backend=backend,
     )
     names = list(per_rank[0]["times"])
@@ -229,8 +255,10 @@ def ddp_steps(world=2, steps=8, bucket_mb=DDP_BUCKET_MB, backend=None) -> dict:
         "batch_per_rank": DDP_BATCH_PER_RANK,
         "seq": DDP_SEQ,
         "bucket_mb": bucket_mb,
+        "backward_wait_s_per_block": wait_s,
         "params": per_rank[0]["params"],
         "bucket_bytes": per_rank[0]["bucket_bytes"],
+        "param_bytes": per_rank[0]["param_bytes"],
         "step_median_s": med,
         "exposed_median_s": exp,
         # hidden = the communication that did not lengthen the step
@@ -282,6 +310,10 @@ def optimizer_state(world: int, steps: int = 3) -> dict:
 # --------------------------------------------------------------------------------------------------
 
 
+def _prediction(p: cost_model.OverlapPrediction) -> dict:
+    return {**p.__dict__, "hidden_fraction": p.hidden_fraction}
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small sizes only, nothing written")
@@ -304,14 +336,38 @@ def main(argv=None) -> None:
             continue
         reps = 5 if args.quick else 7
         rows += all_reduce_sweep(world, sizes[world], reps, backend=backend)
+    for r in rows:  # the alpha-beta ring from the point-to-point fit, beside each measurement
+        r["predicted_ring_s"] = cost_model.ring_time(
+            r["bytes"], r["world"], pp["alpha_s"], pp["beta_bps"]
+        )
     for r in rows:
         print(
             f"all-reduce N={r['world']} {r['bytes'] / MiB:8.3f} MiB {r['impl']:5s} "
             f"{r['median_s'] * 1e3:8.2f} ms  busbw {r['busbw_gbps']:.3f} GB/s"
         )
-    results["ddp"] = d = ddp_steps(backend=backend, steps=4 if args.quick else 8)
-    for name, t in d["step_median_s"].items():
-        print(f"DDP N=2 {name:20s} {t * 1e3:7.1f} ms")
+    results["ddp"] = {}
+    for label, wait_s in (("cpu backward", 0.0), ("waiting backward", DDP_WAIT_S)):
+        d = ddp_steps(backend=backend, steps=4 if args.quick else 8, wait_s=wait_s)
+        # backward is about 2/3 of forward + backward (two products per forward product), plus
+        # its waits
+        compute = d["step_median_s"]["compute only"]
+        backward = 2 / 3 * (compute - 4 * wait_s) + 4 * wait_s
+        d["predicted"] = {
+            "backward_s": backward,
+            **{
+                name: _prediction(
+                    cost_model.overlap(buckets, backward, 2, pp["alpha_s"], pp["beta_bps"])
+                )
+                for name, buckets in (
+                    ("overlapped", d["bucket_bytes"]),
+                    ("per parameter", d["param_bytes"]),
+                )
+            },
+        }
+        results["ddp"][label] = d
+        for name, t in d["step_median_s"].items():
+            print(f"DDP N=2 {label}: {name:20s} {t * 1e3:7.1f} ms")
+        print(f"  hidden: { {k: round(v, 2) for k, v in d['hidden_fraction'].items()} }")
     results["optimizer_state"] = [optimizer_state(w) for w in (2, 4)]
     for o in results["optimizer_state"]:
         print(

@@ -1,0 +1,146 @@
+"""Known-wrong submissions for lab 08 (a ring all-reduce, a bucketed overlapping DDP), and what the
+checks must say about each.
+
+Each is the lab's solution with one mistake a student makes. The processes are forked, so these
+closures run in them as they are."""
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def _exchange(send, dst, recv, src):
+    ops = [dist.P2POp(dist.isend, send, dst), dist.P2POp(dist.irecv, recv, src)]
+    for request in dist.batch_isend_irecv(ops):
+        request.wait()
+
+
+def ring(mistake: str = ""):
+    """ "partial_chunks": the reduce-scatter stops one step early, so each chunk sums only N - 1
+    ranks. "no_average": average=True is ignored. "uses_all_reduce": the answer from the
+    collective. "not_in_place": returns a new tensor. "divisible_only": assumes N divides the size.
+    "deadlock": every rank receives before it sends. "stub": not implemented."""
+
+    def ring_all_reduce(tensor, average=False):
+        if mistake == "stub":
+            raise NotImplementedError()
+        if mistake == "uses_all_reduce":
+            dist.all_reduce(tensor)
+            return tensor.div_(dist.get_world_size()) if average else tensor
+        world, rank = dist.get_world_size(), dist.get_rank()
+        right, left = (rank + 1) % world, (rank - 1) % world
+        if mistake == "deadlock":
+            dist.recv(torch.empty_like(tensor), left)
+        if mistake == "divisible_only":
+            chunks = list(tensor.view(world, -1))
+        else:
+            chunks = tensor.view(-1).tensor_split(world)
+        inbox = torch.empty_like(chunks[0])
+        steps = world - 2 if mistake == "partial_chunks" else world - 1
+        for step in range(steps):
+            recv = chunks[(rank - step - 1) % world]
+            _exchange(chunks[(rank - step) % world], right, inbox[: recv.numel()], left)
+            recv.add_(inbox[: recv.numel()])
+        for step in range(world - 1):
+            _exchange(chunks[(rank + 1 - step) % world], right, chunks[(rank - step) % world], left)
+        if average and mistake != "no_average":
+            tensor.div_(world)
+        return tensor.clone() if mistake == "not_in_place" else tensor
+
+    return ring_all_reduce
+
+
+# what the ring check must say (in the first failing world size's list)
+RING = {
+    "partial_chunks": "N=2, shape (1,): max error",
+    "no_average": "N=2, shape (1,), average=True: returned the sum, not the average: divide by the "
+    "world size",
+    "uses_all_reduce": "uses dist.all_reduce: build the ring from sends and receives",
+    "not_in_place": "N=2, shape (1,): must reduce in place and return its argument",
+    "divisible_only": "N=2: raised RuntimeError: shape '[2, -1]' is invalid for input of size 1",
+    "deadlock": "N=2: did not finish within 3 s: a receive whose send never comes",
+}
+RING_PARTIAL_N4 = "N=4, shape (1,): max error"  # N = 4: three of four ranks summed
+RING_PARTIAL_CHUNKS = "chunks [0] of 4 are wrong"  # one element: only chunk 0 is not empty
+
+
+def ddp(mistake: str = ""):
+    """ "no_average": sums the gradients. "after_backward": every all-reduce in
+    finish_gradient_synchronization (correct gradients, nothing overlapped). "synchronous": the
+    hook's all-reduce without async_op. "no_broadcast": replicas keep their own initial weights.
+    "per_parameter": one all-reduce per parameter whatever bucket_mb says. "never_reduced": waits
+    on nothing, averages nothing."""
+
+    class BucketedDDP(nn.Module):
+        def __init__(self, module, bucket_mb=25.0):
+            super().__init__()
+            self.module = module
+            self.world = dist.get_world_size()
+            if mistake != "no_broadcast":
+                with torch.no_grad():
+                    for p in module.parameters():
+                        dist.broadcast(p, src=0)
+            params = [p for p in module.parameters() if p.requires_grad][::-1]
+            limit = 0.0 if mistake == "per_parameter" else bucket_mb * 2**20
+            self.buckets, current, size = [], [], 0
+            for p in params:
+                current.append(p)
+                size += p.numel() * p.element_size()
+                if size >= limit:
+                    self.buckets.append(current)
+                    current, size = [], 0
+            if current:
+                self.buckets.append(current)
+            self.bucket_of = {p: i for i, b in enumerate(self.buckets) for p in b}
+            self.ready = [0] * len(self.buckets)
+            self.pending = []
+            if mistake not in ("after_backward", "never_reduced"):
+                for p in params:
+                    p.register_post_accumulate_grad_hook(self._grad_ready)
+
+        def forward(self, *args, **kwargs):
+            return self.module(*args, **kwargs)
+
+        def _launch(self, bucket):
+            flat = torch.cat([p.grad.view(-1) for p in bucket])
+            work = dist.all_reduce(flat, async_op=mistake != "synchronous")
+            self.pending.append((bucket, flat, work))
+
+        def _grad_ready(self, param):
+            self.ready[self.bucket_of[param]] += 1
+            while len(self.pending) < len(self.buckets):
+                bucket = self.buckets[len(self.pending)]
+                if self.ready[len(self.pending)] < len(bucket):
+                    break
+                self._launch(bucket)
+
+        def finish_gradient_synchronization(self):
+            if mistake == "never_reduced":
+                return
+            if mistake == "after_backward":
+                for bucket in self.buckets:
+                    self._launch(bucket)
+            for bucket, flat, work in self.pending:
+                if work is not None:
+                    work.wait()
+                if mistake != "no_average":
+                    flat.div_(self.world)
+                for p, g in zip(bucket, flat.split([p.numel() for p in bucket])):
+                    p.grad.copy_(g.view_as(p))
+            self.pending, self.ready = [], [0] * len(self.buckets)
+
+    return BucketedDDP
+
+
+DDP = {
+    "no_average": "is the sum over the ranks, 2x the average: divide by the world size",
+    "after_backward": "N=2, bucket_mb=0.02: every all-reduce started after backward returned: "
+    "nothing overlaps it",
+    "synchronous": "N=2, bucket_mb=0.02: an all-reduce inside backward is synchronous (no "
+    "async_op=True)",
+    "no_broadcast": "N=2, bucket_mb=0.02: the replicas do not start from rank 0's weights: "
+    "broadcast every parameter from rank 0 in __init__",
+    "per_parameter": "N=2, bucket_mb=0.02: 28 all-reduces per step for 28 parameters in buckets "
+    "of 0.02 MiB: expected more than one and fewer than one per parameter",
+    "never_reduced": "is this rank's own gradient: it was never all-reduced",
+}
