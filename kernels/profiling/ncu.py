@@ -147,6 +147,27 @@ def read_csv(path) -> list[KernelProfile]:
     return parse_csv(Path(path).read_text())
 
 
+def rules(details_path) -> list[dict]:
+    """ncu's rule messages from a details-page CSV (`--page details`), one per rule that fired:
+    {"section", "rule", "type", "description", "speedup"}."""
+    seen, out = set(), []
+    with open(details_path, newline="") as f:
+        for row in csv.DictReader(line for line in f if line.startswith('"')):
+            name = row.get("Rule Name")
+            if name and name not in seen:
+                seen.add(name)
+                out.append(
+                    {
+                        "section": row["Section Name"],
+                        "rule": name,
+                        "type": row["Rule Type"],
+                        "description": row["Rule Description"],
+                        "speedup": row.get("Estimated Speedup", ""),
+                    }
+                )
+    return out
+
+
 def results_dir(gpu_slug: str | None = None) -> Path:
     return RESULTS_DIR / (gpu_slug or runtime.gpu_info().slug) / SUBDIR
 
