@@ -116,7 +116,10 @@ def traces(out: Path) -> None:
 def proton(out: Path) -> None:
     stem = out / "proton"
     subprocess.run(
-        [sys.executable, "-m", "kernels.profiling.proton", str(stem)], check=True, timeout=300
+        [sys.executable, "-m", "kernels.profiling.proton", str(stem.resolve())],
+        check=True,
+        timeout=300,
+        **ncu.in_repo(),
     )
     print(f"  {stem}.hatchet", flush=True)
 

@@ -30,6 +30,7 @@ import argparse
 import csv
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -40,7 +41,8 @@ from pathlib import Path
 
 from kernels import runtime
 
-RESULTS_DIR = Path(__file__).resolve().parents[2] / "data" / "results"
+REPO = Path(__file__).resolve().parents[2]
+RESULTS_DIR = REPO / "data" / "results"
 SUBDIR = "00_profiling"
 SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "MemoryWorkloadAnalysis")
 # name -> what it says. Metrics this ncu does not know are dropped (and listed in the JSON).
@@ -199,6 +201,13 @@ def main_kernel(profiles: list[KernelProfile], pattern: str | None = None) -> Ke
 # Running ncu
 
 
+def in_repo() -> dict:
+    """subprocess.run arguments that let a child `python -m kernels...` import this package wherever
+    the parent runs (a notebook's working directory is notebooks/)."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return {"cwd": REPO, "env": {**os.environ, "PYTHONPATH": path}}
+
+
 def ncu_path() -> str | None:
     return shutil.which("ncu")
 
@@ -270,7 +279,7 @@ def profile(
         core = [m for m in metrics if m in CORE_METRICS]
         for attempt in (metrics, core, []):
             cmd = profile_command(ncu, name, attempt, report)
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **in_repo())
             log.append(
                 {
                     "command": cmd,
