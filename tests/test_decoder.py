@@ -1,12 +1,10 @@
 """The capstone decoder: each kernel against its float64 reference, then the whole model against
-Hugging
-Face's LlamaForCausalLM (hidden states after every layer, logits, greedy generation), and the errors
-and refusals that keep a KV cache intact.
+Hugging Face's LlamaForCausalLM (hidden states after every layer, logits, greedy generation), and
+the errors and refusals that keep a KV cache intact.
 
 CPU: the tiny config through the Triton interpreter, in float32 (greedy sequences must be identical)
 and bfloat16 (the FlashAttention-2 and flash-decoding path of modules 03). GPU: the Llama-3.2-1B
-shape
-in bfloat16 against Hugging Face with the near-tie rule, the CUDA C RoPE, and the CUDA-graph
+shape in bfloat16 against Hugging Face with the near-tie rule, the CUDA C RoPE, and the CUDA-graph
 step."""
 
 import pytest
@@ -263,6 +261,17 @@ def test_tiny_model_bf16_uses_module_03_attention():
     step = model.decode_step(nxt)
     want, _ = reference.forward_fp64(model.w, torch.cat([tokens, nxt[:, None]], 1))
     assert reference.logits_error(step, want[:, -1]) < reference.LOGITS_TOLERANCE[torch.bfloat16]
+
+
+def test_decode_step_takes_a_strided_column_of_tokens():
+    """Tokens taken from a column of a (B, T) history are strided: the step must handle them."""
+    hf = hf_reference.random_llama(TINY, seed=12)
+    model = Decoder(DecoderWeights.from_hf(hf), max_batch=2, max_seq=8)
+    history = prompt(TINY, 2, 5).to(DEVICE)
+    model.prefill(history[:, :4])
+    strided = model.decode_step(history[:, 4])
+    model.prefill(history[:, :4])
+    assert torch.equal(strided, model.decode_step(history[:, 4].contiguous()))
 
 
 def test_untied_weights_load_and_match_hf():

@@ -1,15 +1,12 @@
 """Lab 07: the decoder's own kernels -- RoPE at per-token positions and greedy argmax in Triton,
-RoPE in
-CUDA C as extra credit. Both Triton kernels must capture in a CUDA graph (the decode step replays
-them).
+RoPE in CUDA C as extra credit. Both Triton kernels must capture in a CUDA graph (the decode step
+replays them).
 
-RoPE: a case's shape is (tokens, heads, head_dim); the inputs are x, positions (tokens,) int32
-drawn at
-random in [0, 8192) (neither sorted nor contiguous, as a batch of sequences at different lengths has
-them) and inv_freq (head_dim / 2,) float32, Llama's 10000^(-2j / head_dim). Argmax: a case's shape
-is
-(rows, vocab); every other row has its maximum planted a second time at a random place, so ties are
-always tested.
+RoPE: a case's shape is (tokens, heads, head_dim); the inputs are x, positions (tokens,) int32 drawn
+at random in [0, 8192) (neither sorted nor contiguous, as a batch of sequences at different lengths
+has them) and inv_freq (head_dim / 2,) float32, Llama's 10000^(-2j / head_dim). Argmax: a case's
+shape is (rows, vocab); every other row has its maximum planted a second time at a random place, so
+ties are always tested.
 """
 from __future__ import annotations
 
@@ -241,10 +238,9 @@ STEP_TOKENS = runtime.pick(gpu=32, cpu=10)
 
 def check_decode_step(decode_step) -> bool:
     """The student's decode step -- decode_step(model, tokens (B,) int64, positions (B,) int32) ->
-    next
-    tokens (B,) int64 -- on the tiny float32 Llama of the tests, against the course's Decoder: the
-    greedy sequences must be identical; on a GPU the step is also captured in one CUDA graph and the
-    graph, replayed with the positions advancing in device memory, must give the same sequence.
+    next tokens (B,) int64 -- on the tiny float32 Llama of the tests, against the course's Decoder:
+    the greedy sequences must be identical; on a GPU the step is also captured in one CUDA graph and
+    the graph, replayed with the positions advancing in device memory, must give the same sequence.
     Prints PASS/FAIL lines; returns whether everything passed."""
     from kernels.decoder import hf_reference
     from kernels.decoder.model import TINY, Decoder, DecoderWeights

@@ -16,8 +16,7 @@ THREADS = 128
 def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, scale: float = 1.0,
          out: torch.Tensor | None = None) -> torch.Tensor:
     """x (tokens, heads, head_dim) rotated by RoPE at each token's position (half-split pairs);
-    strided
-    tokens and heads are fine, `out=x` rotates in place."""
+    strided tokens and heads are fine, `out=x` rotates in place."""
     runtime.require_cupy()
     check_rope_args("rope_cuda", x, positions, inv_freq, device_type="cuda")
     if out is None:

@@ -3,10 +3,10 @@ states after every layer (forward hooks), and greedy agreement between two model
 near-ties.
 
 No weights can be downloaded here, so the checks build the model from a config. The weights are
-drawn
-so that activations keep a healthy scale through the layers (unit-variance embeddings, linear layers
-scaled by 1/sqrt(fan_in), norms around 1): with Hugging Face's default initialization (std 0.02) the
-logits of a random model are nearly equal and greedy decoding would compare near-ties only.
+drawn so that activations keep a healthy scale through the layers (unit-variance embeddings, linear
+layers scaled by 1/sqrt(fan_in), norms around 1): with Hugging Face's default initialization (std
+0.02) the logits of a random model are nearly equal and greedy decoding would compare near-ties
+only.
 """
 from __future__ import annotations
 
@@ -36,9 +36,8 @@ def random_llama(config, *, seed: int = 0, dtype: torch.dtype = torch.float32, d
 
 
 def hidden_states_by_layer(model, tokens: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """(logits (B, T, vocab), each decoder layer's output (B, T, hidden)) of one forward pass,
-    taken by
-    forward hooks on the layers (what each layer hands the next, before the final norm)."""
+    """(logits (B, T, vocab), each decoder layer's output (B, T, hidden)) of one forward pass, taken
+    by forward hooks on the layers (what each layer hands the next, before the final norm)."""
     outputs = []
 
     def hook(module, args, output):
@@ -65,10 +64,8 @@ def greedy(model, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
 def near_tie_agreement(logits: torch.Tensor, chosen: torch.Tensor, margin: float) -> torch.Tensor:
     """Whether each chosen token is a greedy choice of `logits` up to `margin`: its logit is within
     `margin` of the row's maximum. logits (N, vocab), chosen (N,). Where two logits are closer than
-    the
-    rounding error of the model's dtype, either model may pick either: this is the rule that judges
-    a
-    bf16 greedy sequence against another implementation's."""
+    the rounding error of the model's dtype, either model may pick either: this is the rule that
+    judges a bf16 greedy sequence against another implementation's."""
     best = logits.float().max(dim=-1).values
     picked = logits.float().gather(-1, chosen.view(-1, 1)).squeeze(-1)
     return picked >= best - margin

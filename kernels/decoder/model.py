@@ -21,8 +21,7 @@ Loading real weights: build the Hugging Face model from its folder and hand it o
     model = Decoder(DecoderWeights.from_hf(hf, device="cuda"), max_batch=1, max_seq=4096)
 
 or, without instantiating the Hugging Face model, `DecoderWeights.from_state_dict(config,
-state_dict,
-inv_freq)` with the tensors of its safetensors files and `rope_frequencies(hf_config)`.
+state_dict, inv_freq)` with the tensors of its safetensors files and `rope_frequencies(hf_config)`.
 """
 
 from __future__ import annotations
@@ -287,8 +286,7 @@ class Decoder:
 
     `prefill(tokens)` fills the cache from position 0 and returns the last position's logits;
     `decode_step(tokens)` feeds one token per sequence; `generate(prompt, n)` is greedy decoding,
-    with
-    the decode step replayed from a CUDA graph on a GPU (`graph=True`)."""
+    with the decode step replayed from a CUDA graph on a GPU (`graph=True`)."""
 
     def __init__(self, weights: DecoderWeights, max_batch: int, max_seq: int):
         self.w, self.c = weights, weights.config
@@ -315,8 +313,7 @@ class Decoder:
 
     def _attention(self, layer: int, q, positions, n_keys: int | None, out):
         """out (B, Hq, T, D) for q (B, Hq, T, D). `n_keys` is the cache length after this step when
-        the
-        host knows it (eager), None inside a graph: then the positions on the device decide."""
+        the host knows it (eager), None inside a graph: then the positions on the device decide."""
         batch, _, n_q, _ = q.shape
         k_cache, v_cache = self.cache.k[layer, :batch], self.cache.v[layer, :batch]
         half = self.dtype != torch.float32  # modules 03's kernels take fp16/bf16
@@ -347,9 +344,9 @@ class Decoder:
         n_keys: int | None = None,
         hidden_states: list | None = None,
     ) -> torch.Tensor:
-        """Logits (B, vocab) of the last of T new tokens per sequence; tokens (B, T), positions (B
-        * T,)
-        on the device. Appends each layer's output (B, T, hidden) to `hidden_states` if given."""
+        """Logits (B, vocab) of the last of T new tokens per sequence; tokens (B, T), positions
+        (B T,) on the device. Appends each layer's output (B, T, hidden) to `hidden_states` if
+        given."""
         c, w = self.c, self.w
         batch, n_q = tokens.shape
         rows = batch * n_q
@@ -387,7 +384,10 @@ class Decoder:
     # ----------------------------------------------------------------------------------------------
     # Prefill and eager decode: the host knows the length and checks it before anything is written
 
-    def _check_tokens(self, tokens: torch.Tensor, new: int) -> None:
+    def _check_tokens(self, tokens: torch.Tensor, new: int, cached: int | None = None) -> None:
+        """Refuse before anything is launched: `new` tokens after `cached` ones (the cache's length
+        by default) must fit the cache."""
+        cached = self.cache.length if cached is None else cached
         if not isinstance(tokens, torch.Tensor) or tokens.dtype not in triton_ops.TOKEN_DTYPES:
             raise TypeError(
                 f"Decoder: tokens must be an int32/int64 tensor, got "
@@ -398,9 +398,9 @@ class Decoder:
                 f"Decoder: tokens must be (batch, seq) with 1 <= batch <= {self.max_batch}, "
                 f"got {tuple(tokens.shape)}"
             )
-        if self.cache.length + new > self.max_seq:
+        if cached + new > self.max_seq:
             raise ValueError(
-                f"Decoder: {self.cache.length} cached + {new} new tokens exceed the cache's "
+                f"Decoder: {cached} cached + {new} new tokens exceed the cache's "
                 f"{self.max_seq} positions; make the Decoder with a larger max_seq"
             )
 
@@ -410,29 +410,29 @@ class Decoder:
 
     def prefill(self, tokens: torch.Tensor, hidden_states: list | None = None) -> torch.Tensor:
         """Run the prompts tokens (B, T) from position 0; returns the logits of their last token."""
-        self._check_tokens(tokens, tokens.shape[-1] if tokens.dim() == 2 else 0)
+        self._check_tokens(tokens, tokens.shape[-1] if tokens.dim() == 2 else 0, cached=0)
         if bool(((tokens < 0) | (tokens >= self.c.vocab_size)).any()):
             raise ValueError(f"Decoder: token ids must lie in [0, {self.c.vocab_size})")
         self.reset()
         batch, n = tokens.shape
         positions = torch.arange(n, dtype=torch.int32, device=self.device).repeat(batch)
-        logits = self.forward(tokens.to(self.device), positions, n, hidden_states)
+        logits = self.forward(tokens.to(self.device).contiguous(), positions, n, hidden_states)
         self.cache.length = n
         return logits
 
     def decode_step(
         self, tokens: torch.Tensor, positions: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """One new token per sequence (tokens (B,)) at the cache's length; returns logits (B,
-        vocab).
-        `positions` (B,) int32 on the device may be passed to skip making it (it must hold the
-        length)."""
-        self._check_tokens(tokens.view(-1, 1), 1)
+        """One new token per sequence (tokens (B,), any strides) at the cache's length; returns
+        logits (B, vocab). `positions` (B,) int32 on the device may be passed to skip making it (it
+        must hold the length)."""
+        tokens = tokens.reshape(-1, 1)
+        self._check_tokens(tokens, 1)
         if positions is None:
             positions = torch.full(
                 (tokens.shape[0],), self.cache.length, dtype=torch.int32, device=self.device
             )
-        logits = self.forward(tokens.view(-1, 1), positions, self.cache.length + 1)
+        logits = self.forward(tokens.contiguous(), positions, self.cache.length + 1)
         self.cache.length += 1
         return logits
 
@@ -457,7 +457,7 @@ class Decoder:
         self, prompt: torch.Tensor, new_tokens: int, *, graph: bool = True
     ) -> torch.Tensor:
         """Greedy decoding: (B, T + new_tokens) token ids, the prompt first."""
-        self._check_tokens(prompt, 0)
+        self._check_tokens(prompt, 0, cached=0)
         if prompt.shape[1] + new_tokens > self.max_seq:
             raise ValueError(
                 f"Decoder: a {prompt.shape[1]}-token prompt + {new_tokens} new tokens exceed "

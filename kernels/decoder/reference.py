@@ -3,8 +3,7 @@ float64.
 
 A kernel is compared with these on the same (low-precision) inputs; the model as a whole is compared
 with `forward_fp64` (the same weights, every product and sum in float64) within LOGITS_TOLERANCE,
-and
-with Hugging Face's LlamaForCausalLM (tests/test_decoder.py), which nobody here wrote.
+and with Hugging Face's LlamaForCausalLM (tests/test_decoder.py), which nobody here wrote.
 """
 
 from __future__ import annotations

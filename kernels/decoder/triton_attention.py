@@ -2,19 +2,16 @@
 
 Module 03's `flash_decode` takes the number of keys from the cache tensor's shape: a host integer. A
 CUDA graph freezes host integers at capture, so a graph of the decode step built on it would attend
-to
-the same number of keys at every replay. Here each query row carries its position (the tensor RoPE
-reads), and query (b, i) attends to keys 0 ... positions[b, i] of its sequence: the causal mask
-*is* the
-position. One graph then serves every step, and prefill (positions 0 ... T-1) runs the same kernel.
+to the same number of keys at every replay. Here each query row carries its position (the tensor
+RoPE reads), and query (b, i) attends to keys 0 ... positions[b, i] of its sequence: the causal mask
+*is* the position. One graph then serves every step, and prefill (positions 0 ... T-1) runs the same
+kernel.
 
 The work is split as in flash-decoding: the cache's capacity is cut into fixed chunks of SPLIT_KEYS
 keys, program (split, row block) folds one chunk into a partial output and log-sum-exp for all the
 query heads of one KV head (grouped-query attention: each K and V tile is read once per group), and
-a
-second kernel combines the partials. Chunks past a row's position exit at once: the grid is sized
-for
-the capacity, the reads for the context.
+a second kernel combines the partials. Chunks past a row's position exit at once: the grid is sized
+for the capacity, the reads for the context.
 """
 
 from __future__ import annotations
@@ -211,13 +208,10 @@ def cache_attention(
     """softmax(scale q k^T) v where query (b, h, i) sees cache keys 0 ... positions[b * n_q + i].
 
     q: (B, Hq, n_q, D) any strides with a contiguous last dimension; k_cache, v_cache: (B, Hkv,
-    capacity,
-    D) with the same strides (contiguous last two dimensions); positions: (B * n_q,) int32/int64 on
-    the
-    device; out: (B, Hq, n_q, D), contiguous last dimension; workspace made for these sizes. The
-    caller
-    (the decoder) checks shapes once; this wrapper only launches, to keep the eager step's host
-    time low.
+    capacity, D) with the same strides (contiguous last two dimensions); positions: (B * n_q,)
+    int32/int64 on the device; out: (B, Hq, n_q, D), contiguous last dimension; workspace made for
+    these sizes. The caller (the decoder) checks shapes once; this wrapper only launches, to keep
+    the eager step's host time low.
     """
     batch, n_heads, n_q, head_dim = q.shape
     n_kv_heads, capacity = k_cache.shape[1], k_cache.shape[2]

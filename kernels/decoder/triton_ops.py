@@ -2,9 +2,8 @@
 argmax.
 
 Each is memory-bound and tiny at decode time (one row per sequence), so what they cost is mostly
-their
-launch: the wrappers check their arguments with a few attribute reads and launch one kernel (two for
-argmax), and a CUDA graph removes even that.
+their launch: the wrappers check their arguments with a few attribute reads and launch one kernel
+(two for argmax), and a CUDA graph removes even that.
 """
 
 from __future__ import annotations
@@ -50,11 +49,13 @@ def embedding(
     ids: torch.Tensor, table: torch.Tensor, out: torch.Tensor | None = None
 ) -> torch.Tensor:
     """table[ids]: ids of any shape (int32/int64, contiguous), table (vocab, width) contiguous. An
-    id
-    outside [0, vocab) gives a row of zeros (checking ids on the host would synchronize)."""
+    id outside [0, vocab) gives a row of zeros (checking ids on the host would synchronize)."""
     _on_device("embedding", ids=ids, table=table)
-    if ids.dtype not in TOKEN_DTYPES or not ids.is_contiguous():
-        raise TypeError(f"embedding: ids must be a contiguous int32/int64 tensor, got {ids.dtype}")
+    if ids.dtype not in TOKEN_DTYPES:
+        raise TypeError(f"embedding: ids must be an int32/int64 tensor, got {ids.dtype}")
+    if not ids.is_contiguous():
+        raise ValueError(f"embedding: ids must be contiguous, got strides {ids.stride()}: pass "
+                         "ids.contiguous()")
     if table.dim() != 2 or not table.is_contiguous():
         raise ValueError(
             f"embedding: table must be a contiguous (vocab, width) tensor, got {tuple(table.shape)}"
@@ -89,9 +90,8 @@ def swiglu_kernel(GATE_UP, OUT, width, stride_in, stride_out, BLOCK: tl.constexp
 
 def swiglu(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """silu(gate) * up for gate_up (rows, 2 I) = [gate | up]: the output of one GEMM with the gate
-    and
-    up projections stacked, so the MLP reads x once and the activation is one pass. Returns (rows,
-    I)."""
+    and up projections stacked, so the MLP reads x once and the activation is one pass. Returns
+    (rows, I)."""
     _on_device("swiglu", gate_up=gate_up)
     if gate_up.dim() != 2 or gate_up.shape[1] % 2 or gate_up.stride(1) != 1:
         raise ValueError(
@@ -152,10 +152,8 @@ def argmax_final_kernel(VALUES, INDICES, OUT, n_chunks, BLOCK_CHUNKS: tl.constex
 
 def argmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """torch.argmax(logits, dim=-1) for logits (rows, vocab): int64 (rows,), ties to the lowest
-    index.
-    NaN ranks with +inf (torch ranks it above; finite logits hold neither). Two launches: the
-    maxima of
-    chunks of each row, then one program per row picks the first best chunk."""
+    index. NaN ranks with +inf (torch ranks it above; finite logits hold neither). Two launches: the
+    maxima of chunks of each row, then one program per row picks the first best chunk."""
     _on_device("argmax", logits=logits)
     if logits.dim() != 2 or logits.stride(1) != 1 or logits.shape[1] == 0:
         raise ValueError(

@@ -1,7 +1,7 @@
 """Rotary position embedding (RoPE) in Triton, with the KV-cache append fused in.
 
-RoPE rotates each pair of a head's dimensions by an angle that grows with the token's position:
-with theta_j = position * inv_freq[j] (j < D/2),
+RoPE rotates each pair of a head's dimensions by an angle that grows with the token's position: with
+theta_j = position * inv_freq[j] (j < D/2),
 
     y[j]       = x[j] cos(theta_j) - x[j + D/2] sin(theta_j)
     y[j + D/2] = x[j + D/2] cos(theta_j) + x[j] sin(theta_j)
@@ -11,18 +11,13 @@ interleaved (2j, 2j + 1) of the RoPE paper. A checkpoint's q and k projections a
 pairing it was trained with: rotating the other pairs gives a model that runs and talks nonsense.
 
 Positions are read per token from device memory: prefill (positions 0 ... T-1) and decode (one
-position
-per sequence) share the kernel, and a CUDA graph replays it with new positions without a new
-capture.
-The angle is computed in float32 in the kernel (position * inv_freq, one rounding, as Hugging Face
-does),
-so no cos/sin table is read.
+position per sequence) share the kernel, and a CUDA graph replays it with new positions without a
+new capture. The angle is computed in float32 in the kernel (position * inv_freq, one rounding, as
+Hugging Face does), so no cos/sin table is read.
 
 `rope_append` is what the decoder runs: one launch rotates q in place, rotates k and stores it into
-the
-KV cache at the token's position, and stores v there too. A position outside the cache is not
-written:
-the kernel raises a flag in `status` instead, which the host reads when it may synchronize.
+the KV cache at the token's position, and stores v there too. A position outside the cache is not
+written: the kernel raises a flag in `status` instead, which the host reads when it may synchronize.
 """
 
 from __future__ import annotations
@@ -139,8 +134,7 @@ def rope(
     """x (tokens, heads, head_dim) rotated by RoPE at each token's position (half-split pairs).
 
     x may be strided over tokens and heads (a slice of a fused qkv buffer); `out=x` rotates in
-    place.
-    `scale` multiplies cos and sin (Hugging Face's `attention_scaling`, 1.0 for Llama)."""
+    place. `scale` multiplies cos and sin (Hugging Face's `attention_scaling`, 1.0 for Llama)."""
     check_rope_args("rope", x, positions, inv_freq)
     if out is None:
         out = torch.empty_like(x)
@@ -252,15 +246,12 @@ def rope_append(
 ) -> None:
     """RoPE on q in place and the append of rotated k and of v to the cache, in one launch.
 
-    qkv: (batch * seq, (n_q_heads + 2 n_kv_heads) * head_dim), the fused projection's output,
-    tokens of
-    sequence b at rows b * seq ... b * seq + seq - 1; positions (batch * seq,) int32/int64 on the
-    device;
-    k_cache, v_cache: (batch, n_kv_heads, capacity, head_dim) views of one layer's cache
-    (contiguous last
-    two dimensions); status: an int32 flag word, OR-ed with 1 where a position is outside [0,
-    capacity).
-    Shapes are the caller's (the decoder's) responsibility: checked once there, not per layer."""
+    qkv: (batch * seq, (n_q_heads + 2 n_kv_heads) * head_dim), the fused projection's output, tokens
+    of sequence b at rows b * seq ... b * seq + seq - 1; positions (batch * seq,) int32/int64 on the
+    device; k_cache, v_cache: (batch, n_kv_heads, capacity, head_dim) views of one layer's cache
+    (contiguous last two dimensions); status: an int32 flag word, OR-ed with 1 where a position is
+    outside [0, capacity). Shapes are the caller's (the decoder's) responsibility: checked once
+    there, not per layer."""
     tokens, width = qkv.shape
     head_dim = k_cache.shape[-1]
     heads = n_q_heads + n_kv_heads  # v needs no program of its own: the k program copies it
