@@ -77,3 +77,19 @@ def test_no_reference_a_student_cannot_follow(path):
     assert not hits, (f"{path.relative_to(ROOT)} points to material students do not have; "
                       "state the fact or cite a public source (notebooks/README.md lists the "
                       "course's sources):\n" + "\n".join(hits))
+
+
+WIDGET = "application/vnd.jupyter.widget-view+json"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
+def test_every_widget_has_a_static_figure_beside_it(path):
+    """GitHub and an unrun JupyterLab show a widget only through saved widget state; without it, the
+    cell that makes the widget must also draw a static figure, so the notebook reads unrun."""
+    nb = json.loads(path.read_text())
+    saved_state = "application/vnd.jupyter.widget-state+json" in nb["metadata"].get("widgets", {})
+    for i, cell in enumerate(nb["cells"]):
+        kinds = [set(out.get("data", {})) for out in cell.get("outputs", [])]
+        if any(WIDGET in k for k in kinds) and not saved_state:
+            assert any("image/png" in k for k in kinds), (
+                f"{path.name}, cell {i}: a widget with neither saved state nor a static figure")
