@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import platform
 import statistics
@@ -108,12 +109,19 @@ def _ping_pong(rank, world, sizes, reps):
     return out
 
 
-def measure_alpha_beta(sizes=(4, 64 * 1024, MiB, 4 * MiB), reps=7, backend=None) -> dict:
-    """One-way point-to-point times between two ranks, and the alpha-beta fit to their medians."""
+def measure_alpha_beta(sizes=(4, 64 * 1024, MiB, 4 * MiB), reps=9, backend=None) -> dict:
+    """One-way point-to-point times between two ranks, and the alpha-beta fit to the fastest
+    repetition of each size: what the link can do. On a busy machine the other repetitions add
+    the time the process waited to be scheduled, which is not a property of the link."""
     per_rank = launch.run(_ping_pong, 2, (list(sizes), reps), backend=backend)
-    times = {s: statistics.median(per_rank[0][s]) for s in sizes}
-    alpha, beta = cost_model.fit_alpha_beta(list(times), list(times.values()))
-    return {"one_way_s": {str(s): t for s, t in times.items()}, "alpha_s": alpha, "beta_bps": beta}
+    fastest = {s: min(per_rank[0][s]) for s in sizes}
+    alpha, beta = cost_model.fit_alpha_beta(list(fastest), list(fastest.values()))
+    return {
+        "one_way_min_s": {str(s): t for s, t in fastest.items()},
+        "one_way_median_s": {str(s): statistics.median(per_rank[0][s]) for s in sizes},
+        "alpha_s": alpha,
+        "beta_bps": beta,
+    }
 
 
 # --------------------------------------------------------------------------------------------------
@@ -244,8 +252,11 @@ def ddp_steps(world=2, steps=8, bucket_mb=DDP_BUCKET_MB, wait_s=0.0, backend=Non
         n: statistics.median(max(r["times"][n][i] for r in per_rank) for i in range(steps))
         for n in names
     }
+    # exposed: how long finish_gradient_synchronization() waited, on the rank that waited least.
+    # A rank that ends backward early also waits for its slower peer (the machine's other jobs
+    # decide which that is); the last rank to arrive waits only for what is left to send.
     exp = {
-        n: statistics.median(max(r["exposed"][n][i] for r in per_rank) for i in range(steps))
+        n: statistics.median(min(r["exposed"][n][i] for r in per_rank) for i in range(steps))
         for n in per_rank[0]["exposed"]
     }
     comm = med["communication only"]
@@ -261,9 +272,12 @@ def ddp_steps(world=2, steps=8, bucket_mb=DDP_BUCKET_MB, wait_s=0.0, backend=Non
         "param_bytes": per_rank[0]["param_bytes"],
         "step_median_s": med,
         "exposed_median_s": exp,
-        # hidden = the communication that did not lengthen the step
-        "hidden_fraction": {
-            n: 1.0 - max(0.0, med[n] - med["compute only"]) / comm
+        # hidden: the share of the communication-only time that was not left to wait for
+        "hidden_fraction": {n: 1.0 - exp[n] / comm for n in exp},
+        # the same from step times: (compute + communication - step) / communication; negative
+        # where the step grew by more than the communication takes alone
+        "hidden_fraction_from_steps": {
+            n: 1.0 - (med[n] - med["compute only"]) / comm
             for n in ("overlapped", "per parameter", "after backward")
         },
         "steps": steps,
@@ -310,6 +324,19 @@ def optimizer_state(world: int, steps: int = 3) -> dict:
 # --------------------------------------------------------------------------------------------------
 
 
+def committed_results() -> dict[str, dict]:
+    """The committed runs of this benchmark, by backend: "gloo" from data/results/cpu-gloo/, "nccl"
+    from any GPU's folder (absent until a machine with several GPUs has run it)."""
+    found = {}
+    gloo = bench.RESULTS_DIR / "cpu-gloo" / "08_communication.json"
+    if gloo.exists():
+        found["gloo"] = json.loads(gloo.read_text())
+    for path in sorted(bench.RESULTS_DIR.glob("*/08_communication_nccl.json")):
+        found["nccl"] = json.loads(path.read_text())
+        found["nccl"]["path"] = str(path.relative_to(bench.RESULTS_DIR.parents[1]))
+    return found
+
+
 def _prediction(p: cost_model.OverlapPrediction) -> dict:
     return {**p.__dict__, "hidden_fraction": p.hidden_fraction}
 
@@ -334,7 +361,7 @@ def main(argv=None) -> None:
     for world in (2, 4):
         if backend == "nccl" and torch.cuda.device_count() < world:
             continue
-        reps = 5 if args.quick else 7
+        reps = 5 if args.quick else 9
         rows += all_reduce_sweep(world, sizes[world], reps, backend=backend)
     for r in rows:  # the alpha-beta ring from the point-to-point fit, beside each measurement
         r["predicted_ring_s"] = cost_model.ring_time(
@@ -347,7 +374,7 @@ def main(argv=None) -> None:
         )
     results["ddp"] = {}
     for label, wait_s in (("cpu backward", 0.0), ("waiting backward", DDP_WAIT_S)):
-        d = ddp_steps(backend=backend, steps=4 if args.quick else 8, wait_s=wait_s)
+        d = ddp_steps(backend=backend, steps=4 if args.quick else 12, wait_s=wait_s)
         # backward is about 2/3 of forward + backward (two products per forward product), plus
         # its waits
         compute = d["step_median_s"]["compute only"]
