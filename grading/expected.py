@@ -63,7 +63,9 @@ def write(lab_id: str, title: str, function_results: list[dict], fingerprint: di
         "gpu": fingerprint["gpu"],
         "status": "measured",
         "source": source,
-        "fingerprint": {k: fingerprint[k] for k in ("gpu", "driver", "cuda", "torch", "triton", "cupy", "date")},
+        # str(): torch.__version__ is a str subclass that yaml.safe_dump refuses
+        "fingerprint": {k: str(fingerprint[k])
+                        for k in ("gpu", "driver", "cuda", "torch", "triton", "cupy", "date")},
         "configs": configs,
     }
     p.parent.mkdir(parents=True, exist_ok=True)
