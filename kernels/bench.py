@@ -210,8 +210,8 @@ def _benchmark_host(fns, *, reps: int, warmup: int, before, after) -> dict[str, 
 
 
 def host_loop_us(fn: Callable[[], object], *, iters: int = 2000, warmup: int = 10) -> float:
-    """Wall time per call of `fn` called back to back, synchronized only at the end (seed 001's
-    clock).
+    """Wall time per call of `fn` called back to back, synchronized only at the end (a host clock
+    around the whole loop).
 
     For small work this measures how fast the host can launch, which is what an eager decode step
     pays.

@@ -105,6 +105,16 @@ def load_kernel(relative: str, name: str):
     return _module_from_file(source_path(relative)).get_function(name)
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for positive integers: how many blocks of b cover a."""
+    return (a + b - 1) // b
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
 def pointer(t: torch.Tensor) -> np.uint64:
     return np.uint64(t.data_ptr())
 

@@ -9,7 +9,7 @@ import torch
 
 from kernels import runtime
 from kernels.elementwise_add import cupy_add, reference, triton_add
-from kernels.testing import compare, generator, poison_, random_tensor, strided_view, tolerance
+from kernels.testing import compare, generator, poison_, random_tensor, strided_view
 
 SIZES = [1, 7, 1023, 1025, 98_765]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -43,7 +43,7 @@ def test_add_matches_fp64(name, dtype, n):
         return
     result = ADDS[name](a, b, out)
     assert result is out
-    atol, rtol = tolerance(dtype)
+    atol, rtol = reference.add_tolerance(dtype)
     cmp = compare(out, reference.add_fp64(a, b), atol=atol, rtol=rtol)
     assert cmp.ok, cmp.reason
     if dtype != torch.bfloat16 or runtime.ON_GPU:  # the interpreter truncates fp32 -> bf16
@@ -69,7 +69,7 @@ def test_residual_add_reproduces_pytorch_order(name, dtype, n):
         pytest.raises(RuntimeError, RESIDUAL_ADDS[name], x, attn, mlp, out)
         return
     RESIDUAL_ADDS[name](x, attn, mlp, out)
-    atol, rtol = tolerance(dtype, roundings=2)
+    atol, rtol = reference.residual_add_tolerance(dtype)
     scale = x.double().abs() + attn.double().abs() + mlp.double().abs()
     cmp = compare(out, reference.residual_add_fp64(x, attn, mlp), atol=atol, rtol=rtol, scale=scale)
     assert cmp.ok, cmp.reason
@@ -90,10 +90,10 @@ def test_residual_add_fp32_accumulation_rounds_once(name, dtype):
     terms = x.double().abs() + attn.double().abs() + mlp.double().abs()
     exact = reference.residual_add_fp64(x, attn, mlp)
     if dtype == torch.float32:  # the accumulator is the dtype: two float32 roundings
-        atol, rtol = tolerance(dtype, roundings=2)
+        atol, rtol = reference.residual_add_tolerance(dtype)
         scale = terms
     else:  # one rounding of the float32 sum, whose own error is far below a half-precision ulp
-        atol, rtol = tolerance(dtype, roundings=1)
+        atol, rtol = reference.add_tolerance(dtype)
         scale = exact.abs() + 2**-22 * terms
     cmp = compare(out, exact, atol=atol, rtol=rtol, scale=scale)
     assert cmp.ok, cmp.reason

@@ -20,10 +20,10 @@ from kernels.moe import (
     triton_permute,
     triton_router,
 )
-from kernels.testing import ULP, compare, generator, poison_, tolerance
+from kernels.testing import ULP, compare, generator, poison_
 
 DEV = runtime.DEVICE
-E, H, I = 8, 128, 256  # noqa: E741 - the issue's names: experts, hidden, intermediate
+E, H, I = 8, 128, 256  # noqa: E741 - the usual names: experts, hidden, intermediate
 DTYPES = [torch.bfloat16, torch.float16]
 needs_gpu = pytest.mark.skipif(not runtime.ON_GPU, reason="needs a GPU (CuPy kernels, CUDA graphs)")
 
@@ -46,12 +46,7 @@ def poisoned_empty(monkeypatch):
     monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poison_(empty_like(*a, **k)))
 
 
-def _tol(dtype, roundings):
-    atol, rtol = tolerance(dtype, roundings)  # atol: fp16 outputs can be subnormal
-    return {"atol": atol, "rtol": rtol}
-
-
-def _problem(tokens, dtype, *, experts=E, skew=False, seed=0):
+def make_problem(tokens, dtype, *, experts=E, skew=False, seed=0):
     g = generator(seed, DEV)
     w = reference.init_weights(experts, H, I, dtype, DEV, g)
     x = torch.randn(tokens, H, device=DEV, generator=g)
@@ -70,7 +65,7 @@ def _problem(tokens, dtype, *, experts=E, skew=False, seed=0):
 @pytest.mark.parametrize("top_k", [1, 2])
 @pytest.mark.parametrize("tokens,experts", [(37, 8), (100, 6), (1, 8)])
 def test_router_matches_fp64(tokens, experts, top_k, dtype, poisoned_empty):
-    x, w = _problem(tokens, dtype, experts=experts)
+    x, w = make_problem(tokens, dtype, experts=experts)
     probs, ids, weights = triton_router.route(x, w.router, top_k)
     p64, ids64, w64 = reference.route(x, w.router, top_k, fp64=True)
     assert ids.dtype == torch.int32 and weights.dtype == torch.float32
@@ -89,7 +84,7 @@ def test_router_matches_fp64(tokens, experts, top_k, dtype, poisoned_empty):
 def test_router_weights_are_renormalized():
     """The check that catches a router that forgets to renormalize: the top-2 probabilities of 8
     experts sum to well under 1."""
-    x, w = _problem(37, torch.bfloat16)
+    x, w = make_problem(37, torch.bfloat16)
     probs, _, weights = triton_router.route(x, w.router, 2)
     top = probs.topk(2, dim=-1).values
     assert (top.sum(-1) < 0.9).all()
@@ -111,7 +106,7 @@ def test_load_balancing_loss_and_utilization():
     assert stats["cv"].item() == pytest.approx((experts - 1) ** 0.5)
     assert reference.utilization(even, tokens, 2)["cv"].item() == 0
     # from the kernels: skewed routing shows in every statistic
-    x, w = _problem(100, torch.bfloat16, skew=True)
+    x, w = make_problem(100, torch.bfloat16, skew=True)
     probs, ids, _ = triton_router.route(x, w.router, 2)
     stats = triton_router.routing_stats(probs, triton_permute.permute(ids, E, 16).counts, 2)
     assert stats["load_balancing_loss"].item() > 1.5 and stats["dropped"].item() > 0
@@ -182,7 +177,7 @@ def test_cuda_permutation(tokens, experts, top_k, poisoned_empty):
 
 
 def _routed(tokens, top_k, dtype, skew=False):
-    x, w = _problem(tokens, dtype, skew=skew)
+    x, w = make_problem(tokens, dtype, skew=skew)
     _, ids, weights = reference.route(x, w.router, top_k, fp64=True)
     perm = triton_permute.permute(
         ids.to(torch.int32), E, triton_grouped_gemm.block_m_for(tokens, E, top_k)
@@ -190,7 +185,7 @@ def _routed(tokens, top_k, dtype, skew=False):
     return x, w, ids, weights, perm
 
 
-def _rows(perm):
+def permuted_rows(perm):
     """(rows holding an assignment, their tokens, their experts, padding rows in use)."""
     real = (perm.sorted_ids >= 0).nonzero().flatten()
     tile_of = torch.arange(perm.sorted_ids.numel(), device=DEV) // perm.block_m
@@ -207,7 +202,7 @@ def _rows(perm):
 def check_h(h, x, w, perm, dtype, fused=True):
     """h (permuted rows) against float64 SwiGLU of each real row's expert; padding rows must be
     zeros."""
-    real, token, expert, padding = _rows(perm)
+    real, token, expert, padding = permuted_rows(perm)
     xs = x.double()[token]
     wg, wu = w.gate.double()[expert], w.up.double()[expert]
     h_ref, scale = reference.swiglu_with_error_scale(
@@ -226,11 +221,12 @@ def check_h(h, x, w, perm, dtype, fused=True):
 
 def check_y(y, h, w, perm, dtype):
     """y (permuted rows) against float64 h @ w_down[expert].T for each real row."""
-    real, _, expert, _ = _rows(perm)
+    real, _, expert, _ = permuted_rows(perm)
     hd, wd = h[real].double(), w.down.double()[expert]
     y_ref = torch.einsum("ri,rhi->rh", hd, wd)
     terms = torch.einsum("ri,rhi->rh", hd.abs(), wd.abs())
-    c = compare(y[real], y_ref, **_tol(dtype, 2), scale=y_ref.abs() + terms * 2**-8)
+    atol, rtol = reference.down_tolerance(dtype)
+    c = compare(y[real], y_ref, atol=atol, rtol=rtol, scale=y_ref.abs() + terms * 2**-8)
     assert c.ok, c.reason
 
 
@@ -257,7 +253,8 @@ def test_combine(top_k, dtype, poisoned_empty):
     rows = perm.row_of.long().view(tokens, top_k)
     want = (weights.double()[..., None] * y.double()[rows]).sum(1)
     terms = (weights.double()[..., None] * y.double()[rows].abs()).sum(1)
-    c = compare(out, want, **_tol(dtype, 2), scale=terms)
+    atol, rtol = reference.combine_tolerance(dtype)
+    c = compare(out, want, atol=atol, rtol=rtol, scale=terms)
     assert c.ok, c.reason
 
 
@@ -265,12 +262,11 @@ def test_combine(top_k, dtype, poisoned_empty):
 # The layer
 
 
-def _check_layer(out, x, w, top_k, dtype):
+def check_layer(out, x, w, top_k, dtype):
     ref = reference.moe_loop(x, w, top_k, fp64=True)
     _, ids, weights = reference.route(x, w.router, top_k, fp64=True)
-    # h rounded to dtype (one ulp of each term, truncation in the interpreter), y and out rounded
-    # once each
-    c = compare(out, ref, **_tol(dtype, 3), scale=reference.output_scale(x, w, ids, weights))
+    atol, rtol = reference.layer_tolerance(dtype)
+    c = compare(out, ref, atol=atol, rtol=rtol, scale=reference.output_scale(x, w, ids, weights))
     assert c.ok, c.reason
 
 
@@ -278,25 +274,25 @@ def _check_layer(out, x, w, top_k, dtype):
 @pytest.mark.parametrize("top_k", [1, 2])
 @pytest.mark.parametrize("tokens,skew", [(37, False), (100, True)])
 def test_layer_matches_fp64(tokens, skew, top_k, dtype, poisoned_empty):
-    x, w = _problem(tokens, dtype, skew=skew)
+    x, w = make_problem(tokens, dtype, skew=skew)
     out, (_, _, _, perm) = moe_layer.moe_forward(x, w, top_k, return_routing=True)
     if skew:
         # an expert without tokens, and most tokens pick expert 0
         assert (perm.counts == 0).any() and perm.counts.max() > tokens * 3 // 4
-    _check_layer(out, x, w, top_k, dtype)
+    check_layer(out, x, w, top_k, dtype)
 
 
 def test_layer_check_can_fail(poisoned_empty):
     """The layer check rejects a layer that forgets to renormalize, and one that skips the last
     partial tile."""
-    x, w = _problem(37, torch.bfloat16)
+    x, w = make_problem(37, torch.bfloat16)
     _, ids, _ = reference.route(x, w.router, 2, fp64=True)
     probs = torch.softmax(x.double() @ w.router.double().T, -1)
     unnormalized = reference.moe_loop(x, w, 2, ids=ids, weights=probs.gather(1, ids)).to(
         torch.bfloat16
     )
     with pytest.raises(AssertionError):
-        _check_layer(unnormalized, x, w, 2, torch.bfloat16)
+        check_layer(unnormalized, x, w, 2, torch.bfloat16)
     _, (_, _, weights, perm) = moe_layer.moe_forward(x, w, 2, return_routing=True)
     perm.tile_expert[
         (perm.tile_expert >= 0).nonzero().max()
@@ -305,7 +301,7 @@ def test_layer_check_can_fail(poisoned_empty):
         triton_grouped_gemm.gate_up_swiglu(x, w.gate, w.up, perm), w.down, perm
     )
     with pytest.raises(AssertionError):
-        _check_layer(triton_combine.combine(y, weights, perm), x, w, 2, torch.bfloat16)
+        check_layer(triton_combine.combine(y, weights, perm), x, w, 2, torch.bfloat16)
 
 
 @needs_gpu
@@ -314,9 +310,9 @@ def test_layer_with_cuda_permutation_and_graph_capture(tokens):
     from kernels import bench
 
     dtype = torch.bfloat16
-    x, w = _problem(tokens, dtype, skew=True)
+    x, w = make_problem(tokens, dtype, skew=True)
     out = moe_layer.moe_forward(x, w, 2, permutation="cuda")
-    _check_layer(out, x, w, 2, dtype)
+    check_layer(out, x, w, 2, dtype)
     for permutation in ("triton", "cuda"):
         result = {}
         graph = bench.capture_graph(
@@ -325,7 +321,7 @@ def test_layer_with_cuda_permutation_and_graph_capture(tokens):
         result["out"].fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        _check_layer(result["out"], x, w, 2, dtype)
+        check_layer(result["out"], x, w, 2, dtype)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -333,7 +329,7 @@ def test_layer_with_cuda_permutation_and_graph_capture(tokens):
 
 
 def test_bad_input_errors():
-    x, w = _problem(8, torch.bfloat16)
+    x, w = make_problem(8, torch.bfloat16)
     with pytest.raises(TypeError, match="x has dtype float32"):
         triton_router.route(x.float(), w.router, 2)
     with pytest.raises(TypeError, match="w_router"):

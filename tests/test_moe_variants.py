@@ -16,7 +16,16 @@ import torch
 from kernels.moe import moe_layer, reference, triton_grouped_gemm_tma, triton_permute, tune
 from kernels.testing import generator
 from tests import test_moe
-from tests.test_moe import DEV, DTYPES, E, _check_layer, _problem, _rows, check_h, check_y
+from tests.test_moe import (
+    DEV,
+    DTYPES,
+    E,
+    check_h,
+    check_layer,
+    check_y,
+    make_problem,
+    permuted_rows,
+)
 
 # test_moe's fixture, here under the name the tests ask for
 poisoned_empty = test_moe.poisoned_empty
@@ -83,7 +92,7 @@ def test_interleaved_gate_up_is_prepared_once_and_again_after_a_change():
 def test_gather_rows(top_k):
     x, _, perm = _routed(37, top_k, torch.bfloat16, skew=True, hidden=80, inter=144)
     out = triton_grouped_gemm_tma.gather_rows(x, perm)
-    real, token, _, padding = _rows(perm)
+    real, token, _, padding = permuted_rows(perm)
     assert torch.equal(out[real], x[token])
     assert (out[padding] == 0).all()
 
@@ -120,8 +129,8 @@ def test_variant_checks_can_fail(variant):
 @pytest.mark.usefixtures("poisoned_empty")
 def test_layer_with_variant(variant, top_k):
     dtype = torch.bfloat16
-    x, w = _problem(37, dtype)
-    _check_layer(moe_layer.moe_forward(x, w, top_k, grouped_gemm=variant), x, w, top_k, dtype)
+    x, w = make_problem(37, dtype)
+    check_layer(moe_layer.moe_forward(x, w, top_k, grouped_gemm=variant), x, w, top_k, dtype)
 
 
 def test_variant_by_rows_per_expert():
@@ -188,7 +197,7 @@ def test_tuned_table_decides_its_key_and_only_its_key(tmp_path, monkeypatch):
     )
     monkeypatch.setattr(m, "_tuned_for_this_gpu", lambda: table)
     monkeypatch.setattr(m, "TUNING_OVERRIDE", None)  # this module's fixture sets 0
-    kept = m._prune(offered, args)
+    kept = m.prune_configs(offered, args)
     assert [m.config_name(c) for c in kept] == ["N128 K64 w8 s4 flatten G4"]
     # another bucket, or the down product, is not in the table: the autotuner's fitting choices
     # remain
@@ -196,10 +205,10 @@ def test_tuned_table_decides_its_key_and_only_its_key(tmp_path, monkeypatch):
         _launch_args(TOKEN_BUCKET=2048),
         _launch_args(SWIGLU=False, INTERLEAVED=False, N=4096, K=11008),
     ):
-        assert len(m._prune(offered, other)) > 1
+        assert len(m.prune_configs(offered, other)) > 1
     # the tests' override still wins over the table
     monkeypatch.setattr(m, "TUNING_OVERRIDE", 0)
-    assert m.config_name(m._prune(offered, args)[0]) == m.config_name(offered[0])
+    assert m.config_name(m.prune_configs(offered, args)[0]) == m.config_name(offered[0])
 
 
 def test_tuned_choice_that_does_not_fit_the_launch_is_not_used(tmp_path, monkeypatch):
@@ -212,7 +221,7 @@ def test_tuned_choice_that_does_not_fit_the_launch_is_not_used(tmp_path, monkeyp
     )
     monkeypatch.setattr(m, "_tuned_for_this_gpu", lambda: table)
     monkeypatch.setattr(m, "TUNING_OVERRIDE", None)
-    kept = m._prune([m.tile_config(*tile, 8) for tile in m.GPU_TILES], args)
+    kept = m.prune_configs([m.tile_config(*tile, 8) for tile in m.GPU_TILES], args)
     assert kept and not any(c.kwargs["FLATTEN"] for c in kept)
 
 

@@ -10,7 +10,7 @@ import torch
 
 from kernels import runtime
 from kernels.rmsnorm import cupy_rmsnorm, reference, triton_rmsnorm
-from kernels.testing import TINY, ULP, compare, generator, poison_, random_tensor
+from kernels.testing import ULP, compare, generator, poison_, random_tensor
 
 DEVICE = runtime.DEVICE
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -23,9 +23,10 @@ FORWARDS = {
 }
 
 
-def tol(dtype):
-    # one rounding of the output, plus float32's error summing squares over the row
-    return TINY[dtype], ULP[dtype] + 2.0**-16
+def close(actual, expected, dtype):
+    """The comparison every forward test makes: reference.tolerance for `dtype`."""
+    atol, rtol = reference.tolerance(dtype)
+    return compare(actual, expected, atol=atol, rtol=rtol)
 
 
 def data(rows, width, dtype, seed, scale=1.0):
@@ -55,9 +56,7 @@ def test_forward_matches_fp64(name, dtype, shape):
             FORWARDS[name](x, w, 1e-6, out)
         return
     FORWARDS[name](x, w, 1e-6, out)
-    cmp = compare(
-        out, reference.rms_norm_fp64(x, w, 1e-6), *(), **dict(zip(("atol", "rtol"), tol(dtype)))
-    )
+    cmp = close(out, reference.rms_norm_fp64(x, w, 1e-6), dtype)
     assert cmp.ok, cmp.reason
 
 
@@ -73,14 +72,10 @@ def test_strided_rows_and_eps_that_matters(name, dtype):
         pytest.raises(RuntimeError, FORWARDS[name], x, w, 1e-6)
         return
     y = FORWARDS[name](x, w, 1e-6)
-    cmp = compare(
-        y, reference.rms_norm_fp64(x, w, 1e-6), *(), **dict(zip(("atol", "rtol"), tol(dtype)))
-    )
+    cmp = close(y, reference.rms_norm_fp64(x, w, 1e-6), dtype)
     assert cmp.ok, cmp.reason
     without_eps = reference.rms_norm_fp64(x, w, 1e-30)
-    assert not compare(y, without_eps, *(), **dict(zip(("atol", "rtol"), tol(dtype)))).ok, (
-        "eps had no effect"
-    )
+    assert not close(y, without_eps, dtype).ok, "eps had no effect"
 
 
 @pytest.mark.parametrize("name", FORWARDS)
@@ -92,9 +87,7 @@ def test_3d_input_and_zero_rows(name):
         return
     y = FORWARDS[name](x, w)
     assert y.shape == x.shape
-    assert compare(
-        y, reference.rms_norm_fp64(x, w), *(), **dict(zip(("atol", "rtol"), tol(torch.bfloat16)))
-    ).ok
+    assert close(y, reference.rms_norm_fp64(x, w), torch.bfloat16).ok
     assert FORWARDS[name](x[:0], w).shape == (0, 3, 512)
 
 
@@ -152,7 +145,7 @@ def test_fused_add_rmsnorm(dtype, shape):
         and compare(h, x.double() + res.double(), atol=0, rtol=ULP[dtype]).ok
     )
     y_ref, _ = reference.fused_add_rms_norm_fp64(x, res, w)
-    cmp = compare(y, reference.rms_norm_fp64(h, w), *(), **dict(zip(("atol", "rtol"), tol(dtype))))
+    cmp = close(y, reference.rms_norm_fp64(h, w), dtype)
     assert cmp.ok, cmp.reason
 
 
@@ -162,12 +155,7 @@ def test_fp8_input_with_scale():
     w = random_tensor((512,), torch.bfloat16, DEVICE, g)
     y = triton_rmsnorm.rms_norm_fp8(x8, 0.25, w)
     assert y.dtype == torch.bfloat16
-    cmp = compare(
-        y,
-        reference.rms_norm_fp64(x8, w, x_scale=0.25),
-        atol=TINY[torch.bfloat16],
-        rtol=ULP[torch.bfloat16] + 2.0**-16,
-    )
+    cmp = close(y, reference.rms_norm_fp64(x8, w, x_scale=0.25), torch.bfloat16)
     assert cmp.ok, cmp.reason
     with pytest.raises(TypeError, match="float8_e4m3fn"):
         triton_rmsnorm.rms_norm_fp8(x8.float(), 0.25, w)

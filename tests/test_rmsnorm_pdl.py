@@ -62,10 +62,10 @@ def test_layers_chain_and_check():
     assert not layers.check()["layer 1: h = a @ b"].ok
 
 
-def test_rms_norm_pdl_flag_same_result():
+def test_rms_norm_pdl_same_result():
     a, b, w = operands(5, 64, 1000, seed=3)
     x = a @ b
-    assert torch.equal(triton_rmsnorm.rms_norm(x, w, pdl=True), triton_rmsnorm.rms_norm(x, w))
+    assert torch.equal(triton_pdl.rms_norm_pdl(x, w), triton_rmsnorm.rms_norm(x, w))
 
 
 BAD = [

@@ -23,7 +23,7 @@ from kernels.bench import (
 from kernels.elementwise_add import cupy_add, reference, triton_add
 from kernels.testing import generator, random_tensor
 
-TARGET_N = 64 * 2**20  # the issue's size for the bandwidth targets: 64M elements, far beyond L2
+TARGET_N = 64 * 2**20  # the bandwidth targets' size: 64M elements, far beyond L2
 
 
 def add_implementations() -> dict:
@@ -75,7 +75,7 @@ def bandwidth_sweep(
 def decode_residual_stream(
     layers: int = 32, width: int = 2560, dtype=torch.float16, seed: int = 0, progress: bool = True
 ) -> dict:
-    """Seed 001's decode step: `layers` residual updates h = mlp + attn + h of one token (1 x
+    """A decode step's residual adds: `layers` updates h = mlp + attn + h of one token (1 x
     width).
 
     Eager PyTorch (2 adds = 2 launches per layer), the fused kernels eager (1 launch per layer), and
@@ -162,7 +162,7 @@ def fused_vs_two_adds(shape, dtype=torch.float16, seed: int = 0) -> dict:
 
 
 def performance_targets(ceilings: dict, seed: int = 0, progress: bool = True) -> list[dict]:
-    """The Foundation issue's targets, each measured as a ratio in this run."""
+    """The module's performance targets (data/expected), each measured as a ratio in this run."""
     from tqdm import tqdm  # text bars (stderr): a notebook saved after the run shows them finished
 
     g = generator(seed, "cuda")

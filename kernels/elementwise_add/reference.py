@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels.testing import tolerance
+
 
 def add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a + b
@@ -29,3 +31,14 @@ def residual_add(x: torch.Tensor, attn: torch.Tensor, mlp: torch.Tensor) -> torc
 
 def residual_add_fp64(x: torch.Tensor, attn: torch.Tensor, mlp: torch.Tensor) -> torch.Tensor:
     return mlp.double() + attn.double() + x.double()
+
+
+def add_tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    """(atol, rtol) of a kernel's a + b against `add_fp64`: one rounding to the dtype."""
+    return tolerance(dtype, roundings=1)
+
+
+def residual_add_tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    """(atol, rtol) of a kernel's mlp + attn + x against `residual_add_fp64`, relative to
+    |x| + |attn| + |mlp|: two roundings, the intermediate sum's and the result's."""
+    return tolerance(dtype, roundings=2)

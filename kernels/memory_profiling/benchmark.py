@@ -2,7 +2,7 @@
 
 Run on a GPU: `python -m kernels.memory_profiling.benchmark` writes
 data/results/<gpu>/05_memory_profiling.json (with the environment fingerprint) and prints the
-issue's targets, all measured in this one process:
+module's targets, all measured in this one process:
 
 * fused linear + cross-entropy, bf16, tokens 8192, hidden 4096, vocab 128256, forward + backward:
   peak extra memory <= 25% of `F.cross_entropy(x @ w.T)`'s, time <= 1.1x PyTorch's (chunk sizes 512,

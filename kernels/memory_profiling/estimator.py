@@ -170,6 +170,6 @@ def estimate(
 
 
 def residual_stream_bytes(batch: int, seq: int, d_model: int, bytes_per_element: int = 4) -> int:
-    """One residual-stream tensor (B, T, C): seed 004 (d)'s 256 * 4 * 1600 * 4 B for GPT-2 XL. (The
-    seed multiplied by 8 bytes and got 12.5 MB; float32 is 4 bytes: 6.25 MiB.)"""
+    """One residual-stream tensor (B, T, C): 4 * 256 * 1600 * 4 B for GPT-2 XL at batch 4, sequence
+    256 in float32: 6.25 MiB (8 bytes an element, as in float64, would be 12.5 MB)."""
     return batch * seq * d_model * bytes_per_element

@@ -11,7 +11,24 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels.testing import TINY, ULP
+
 IGNORE_INDEX = -100
+# The rtol of the fused kernels' dx and dw against `loss_and_grads_fp64`, relative to
+# `grad_scales_fp64`. float32: products and sums in float32; bfloat16/float16: logits and gradients
+# rounded to the dtype, dw summed over chunks in the dtype -- a few ulp of the terms' magnitude.
+GRAD_RTOL = {
+    torch.float32: 2.0**-16,
+    torch.float16: 8 * ULP[torch.float16],
+    torch.bfloat16: 8 * ULP[torch.bfloat16],
+}
+
+
+def token_losses_tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    """(atol, rtol) of a kernel's per-token losses against `token_losses_fp64`: one rounding of
+    each loss to the dtype (the Triton interpreter truncates instead: within one ulp) plus
+    float32's error in the sums."""
+    return TINY[dtype], ULP[dtype] + 2.0**-18
 
 
 def linear_cross_entropy(

@@ -63,7 +63,7 @@ def sum(
         return torch.zeros(x.shape[:-1], dtype=acc, device=x.device)
     level, width = x2d, n
     while True:
-        chunks = -(-width // ELEMENTS_PER_BLOCK[algorithm])
+        chunks = cuda.cdiv(width, ELEMENTS_PER_BLOCK[algorithm])
         if chunks == 1:
             result = torch.empty(rows, 1, dtype=torch.float32, device=x.device)
             _launch(level, result, width, algorithm, acc, 1)

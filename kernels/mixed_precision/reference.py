@@ -41,7 +41,7 @@ def round_to(v: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
 
 def sequential_sum(x: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
     """The textbook loop: each element rounded to `acc`, added, the sum rounded to `acc` (a Python
-    loop: for the small n of seed 004's experiment)."""
+    loop: for small n, such as the notebook's sum of increments)."""
     s = torch.zeros((), dtype=torch.float32)
     for v in round_to(x.detach().flatten().cpu().float(), acc):
         s = round_to(s + v, acc)
@@ -132,6 +132,13 @@ def error_bound(algorithm: str, n: int, acc: torch.dtype) -> float:
     raise ValueError(f"algorithm must be 'naive', 'pairwise' or 'kahan', not {algorithm!r}")
 
 
+def sum_tolerance(algorithm: str, n: int, acc: torch.dtype) -> float:
+    """The rtol a kernel's row sum is held to against `sum_fp64`, relative to sum|x_i|
+    (`abs_sum_fp64`): the worst-case bound plus one rounding of the result (the accumulator dtype
+    is also the output's)."""
+    return error_bound(algorithm, n, acc) + 2 * UNIT_ROUNDOFF[acc]
+
+
 # --------------------------------------------------------------------------------------------------
 # fp8
 
@@ -163,7 +170,9 @@ def amax_scales(
     return torch.where(amax > 0, scale, torch.ones_like(scale)).float()
 
 
-def _expand(scales: torch.Tensor, numel: int, block: int | None) -> torch.Tensor:
+def expand_scales(scales: torch.Tensor, numel: int, block: int | None) -> torch.Tensor:
+    """One scale per element of a flattened tensor of `numel`: the per-tensor scale broadcast, or
+    each block's scale repeated `block` times."""
     return scales.expand(numel) if block is None else scales.repeat_interleave(block)[:numel]
 
 
@@ -176,7 +185,7 @@ def quantize(
     """(q, scales): q = fp8(clamp(x / scale, -max, max)), rounded to nearest even by PyTorch."""
     scales = amax_scales(x, dtype, block, pow2)
     flat = x.detach().float().flatten()
-    s = _expand(scales, flat.numel(), block)
+    s = expand_scales(scales, flat.numel(), block)
     q = (flat / s).clamp(-FP8_MAX[dtype], FP8_MAX[dtype]).to(dtype)
     return q.view(x.shape), scales
 
@@ -187,7 +196,7 @@ def dequantize(
     block: int | None = FP8_BLOCK,
     out_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    s = _expand(scales, q.numel(), block)
+    s = expand_scales(scales, q.numel(), block)
     return (q.flatten().float() * s).to(out_dtype).view(q.shape)
 
 
@@ -199,7 +208,7 @@ def roundtrip_fp64(
 ) -> torch.Tensor:
     """dequantize(quantize(x)) in float64: what a correct quantizer's round trip gives."""
     q, scales = quantize(x, dtype, block, pow2)
-    return (q.flatten().double() * _expand(scales, q.numel(), block).double()).view(x.shape)
+    return (q.flatten().double() * expand_scales(scales, q.numel(), block).double()).view(x.shape)
 
 
 def fake_quantize(
@@ -223,6 +232,6 @@ def roundtrip_tolerance(
     differently from PyTorch for a few values (subnormals among them), so tests allow one ulp
     there."""
     q, scales = quantize(x, dtype, block, pow2)
-    return (fp8_ulp(q.flatten().double(), dtype) * _expand(scales, q.numel(), block).double()).view(
-        x.shape
-    )
+    return (
+        fp8_ulp(q.flatten().double(), dtype) * expand_scales(scales, q.numel(), block).double()
+    ).view(x.shape)

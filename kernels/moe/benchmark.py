@@ -1,11 +1,10 @@
-"""The MoE layer at seed 003's size against the naive loop, torch._grouped_mm and dense cuBLAS, all
-in one run.
+"""The MoE layer at the course's size against the naive loop, torch._grouped_mm and dense cuBLAS,
+all in one run.
 
 Run on a GPU: `python -m kernels.moe.benchmark` writes data/results/<gpu>/06_moe.json (with the
-environment fingerprint) and prints the issue's targets. Configuration: 32 experts, top-2, hidden
-4096, intermediate 11008, SwiGLU experts, bf16; tokens 2048, 8192 and 32768 (the issue's targets)
-and 65536 (seed 003's table is batch x sequence 4x512 = 2048, 16x2048 = 32768 and 32x2048 = 65536
-tokens).
+environment fingerprint) and prints the module's targets. Configuration: 32 experts, top-2, hidden
+4096, intermediate 11008, SwiGLU experts, bf16; tokens 2048, 8192 and 32768 (the targets' sizes)
+and 65536 (batch x sequence 4x512 = 2048, 16x2048 = 32768 and 32x2048 = 65536 tokens).
 
 Per token count, interleaved device-event timings (`kernels.bench.benchmark`, L2 flushed) of:
 * naive: reference.moe_loop, the per-expert loop (route, boolean-index each expert's tokens, 3
@@ -18,7 +17,7 @@ Per token count, interleaved device-event timings (`kernels.bench.benchmark`, L2
   captures; the grouped GEMMs take their configurations from kernels/moe/tuned/<gpu>.json where it
   has the bucket (`python -m kernels.moe.tune`), else the autotuner's;
 * dense: cuBLAS products with the same flops as the experts (tokens*k rows through one expert's
-  weights), the issue's 'dense-equivalent throughput';
+  weights): the 'dense-equivalent throughput';
 then each stage of ours alone (router, permute, gate_up, down, combine), the weight-read floor
 (expert weights + x + out over the measured copy bandwidth; flops over the measured matmul rate) and
 the routing statistics (load-balancing loss, usage coefficient of variation, dropped assignments at
@@ -55,7 +54,7 @@ EXPERTS, HIDDEN, INTER, TOP_K = 32, 4096, 11008, 2
 TOKENS = (2048, 8192, 32768, 65536)
 DTYPE = torch.bfloat16
 CUPY = runtime.cupy_status()[0]  # the CUDA C permutation runs where CuPy can
-# The issue's anchors (H200, 2026-11-21), for the printout; the targets use this run's own
+# Anchors measured on an H200 (2026-11-21), for the printout; the targets use this run's own
 # measurements.
 ANCHOR_MS = {
     2048: {"naive": 6.2, "grouped_mm": 4.9},

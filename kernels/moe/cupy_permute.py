@@ -34,12 +34,8 @@ def permute(ids: torch.Tensor, experts: int, block_m: int) -> Permutation:
     out.counts.zero_()
     n = ids.numel()
     cursor = torch.empty(experts, dtype=torch.int32, device=ids.device)
-    blocks = max(
-        1,
-        min(
-            -(-n // THREADS), 4 * torch.cuda.get_device_properties(ids.device).multi_processor_count
-        ),
-    )
+    sms = torch.cuda.get_device_properties(ids.device).multi_processor_count
+    blocks = max(1, min(cuda.cdiv(n, THREADS), 4 * sms))
     i32 = np.int32
     cuda.launch(
         cuda.load_kernel(SOURCE, "moe_histogram"),

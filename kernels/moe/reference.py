@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels.testing import tolerance
+
 
 @dataclass
 class MoEWeights:
@@ -144,6 +146,25 @@ def moe_loop(
     return out if fp64 else out.to(x.dtype)
 
 
+def layer_tolerance(dtype: torch.dtype, *, fused: bool = True) -> tuple[float, float]:
+    """(atol, rtol) of the layer's output against `moe_loop(..., fp64=True)`, relative to
+    `output_scale`: h rounded to the dtype (twice more when gate and up are separate products), y
+    and the output rounded once each. atol: fp16 outputs can be subnormal."""
+    return tolerance(dtype, roundings=3 if fused else 5)
+
+
+def down_tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    """(atol, rtol) of the down product's rows against float64 h @ w_down[e].T, relative to |y|
+    plus 2**-8 of the term sums (float32 accumulation): two roundings."""
+    return tolerance(dtype, roundings=2)
+
+
+def combine_tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    """(atol, rtol) of the combine against the float64 weighted sum of each token's rows, relative
+    to the sum of |weight * row|: two roundings."""
+    return tolerance(dtype, roundings=2)
+
+
 def output_scale(
     x: torch.Tensor, w: MoEWeights, ids: torch.Tensor, weights: torch.Tensor
 ) -> torch.Tensor:
@@ -190,8 +211,8 @@ def utilization(
 ) -> dict:
     """Tokens per expert and what they say, as tensors (no host sync: a layer can call this).
 
-    cv: coefficient of variation of the counts (std / mean; 0 when balanced), seed 003's 'usage
-    variance'; dropped: assignments above each expert's capacity, which a capacity-limited layer
+    cv: coefficient of variation of the counts (std / mean; 0 when balanced), a measure of usage
+    variance; dropped: assignments above each expert's capacity, which a capacity-limited layer
     would drop (this layer drops nothing: it computes every assignment).
     """
     c = counts.to(torch.float32)

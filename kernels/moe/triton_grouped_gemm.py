@@ -18,12 +18,12 @@ graph can hold it.
 Program order: Triton's grouped ("swizzled") order over (M tiles, N tiles): GROUP_M consecutive M
 tiles walk the N tiles together, so their A rows stay in L2 while the weight tiles stream by, and
 the tiles of one expert (adjacent M tiles) read each weight tile at nearly the same time, from HBM
-once. At 2048 tokens the layer is a weight read (8.7 GB at seed 003's size); reading it twice would
-double the time.
+once. At 2048 tokens the layer is a weight read (8.7 GB at the benchmark's size); reading it twice
+would double the time.
 
 Autotuning: BLOCK_M is fixed by the permutation's padding (chosen per token-count bucket by
 `block_m_for`); BLOCK_N, BLOCK_K, warps and stages are tuned per (token bucket, N, K, SWIGLU,
-GATHER): decode-sized and prefill-sized batches want different tiles (seed 000's shape buckets), and
+GATHER): decode-sized and prefill-sized batches want different tiles (shape buckets), and
 bucketing by powers of two keeps the number of tuning runs small.
 """
 
@@ -104,10 +104,10 @@ def _prune(configs, named_args, **kwargs):
 def block_m_for(tokens: int, experts: int, top_k: int) -> int:
     """Rows per tile (and the permutation's padding), by the mean rows per expert: 128 (wgmma's most
     efficient shape) once an expert averages more than 64 rows, 64 below, where a 128-row tile would
-    be mostly padding. Measured on an H100 at 2048 tokens (128 rows per expert, the seed config):
-    128-row tiles took 2.41 + 1.27 ms for gate_up and down, 64-row tiles 2.75 + 1.47 ms (the best of
-    14 configs each): two 64-row tiles of one expert read its weights twice, and the weights are the
-    floor here."""
+    be mostly padding. Measured on an H100 at 2048 tokens (128 rows per expert, the benchmark's
+    size): 128-row tiles took 2.41 + 1.27 ms for gate_up and down, 64-row tiles 2.75 + 1.47 ms (the
+    best of 14 configs each): two 64-row tiles of one expert read its weights twice, and the weights
+    are the floor here."""
     if not runtime.ON_GPU:
         return 16
     return 64 if tokens * top_k // max(experts, 1) <= 64 else 128

@@ -91,7 +91,7 @@ VARIANTS = {
 # tiles together) is offered at 8 for every tile and also at 4 and 16 for the flattened persistent
 # ones: on an H100 at 32768 tokens (16 M tiles an expert) a sweep measured interleaved gate_up at
 # 688 TF/s with 8, 728 with 4 and 732 with 16; at 8192 tokens 8 was best
-# (`data/results/h100-80gb-hbm3/explore/06_moe_group_m_sweep.{py,log}`).
+# (`tools/explore/06_moe_group_m_sweep.py`, its log in `data/results/h100-80gb-hbm3/explore/`).
 GPU_TILES = [
     (128, 64, 8, 4, False),
     (64, 64, 4, 4, False),
@@ -104,7 +104,7 @@ GPU_TILES = [
 GROUP_M_CHOICES = (8, 4, 16)
 
 
-def _set_block_shapes(nargs):
+def set_block_shapes(nargs):
     """A descriptor's block shape is part of its type: set it from the configuration being
     launched."""
     block_m, block_n, block_k = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
@@ -121,7 +121,7 @@ def tile_config(
         {"BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": group_m, "FLATTEN": flatten},
         num_warps=num_warps,
         num_stages=num_stages,
-        pre_hook=_set_block_shapes,
+        pre_hook=set_block_shapes,
     )
 
 
@@ -138,13 +138,14 @@ def candidate_configs() -> list[triton.Config]:
 
 
 def _configs() -> list[triton.Config]:
-    if not runtime.ON_GPU:  # the interpreter: one configuration (DESIGN.md)
+    # the interpreter: one configuration (it cannot autotune over several, nor time them)
+    if not runtime.ON_GPU:
         return [
             triton.Config(
                 {"BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 4, "FLATTEN": False},
                 num_warps=1,
                 num_stages=1,
-                pre_hook=_set_block_shapes,
+                pre_hook=set_block_shapes,
             )
         ]
     return [
@@ -222,7 +223,9 @@ def _tuned_for_this_gpu() -> dict[str, triton.Config]:
     return load_tuned(path) if path is not None and path.exists() else {}
 
 
-def _prune(configs, named_args, **kwargs):
+def prune_configs(configs, named_args, **kwargs):
+    """The autotuner's early pruner: the configurations that fit this launch (`fits`), or the
+    tuned table's choice or TUNING_OVERRIDE's where one applies."""
     args = {**named_args, **kwargs}
     fit = dict(block_m=args["BLOCK_M"], swiglu=args["SWIGLU"], persistent=args["PERSISTENT"])
     kept = [c for c in configs if fits(c, **fit)]
@@ -248,7 +251,7 @@ def _prune(configs, named_args, **kwargs):
 @triton.autotune(
     configs=_configs(),
     key=["TOKEN_BUCKET", "N", "K", "SWIGLU", "GATHER", "PERSISTENT", "INTERLEAVED"],
-    prune_configs_by={"early_config_prune": _prune},
+    prune_configs_by={"early_config_prune": prune_configs},
 )
 @triton.jit
 def grouped_gemm_tma_kernel(

@@ -12,11 +12,11 @@ layer went from 93.9% to 91.3% of dense cuBLAS, while in the second run the same
 pinned at 4 ran at 95.8% (`explore/06_moe_layer_pinned.log`). `bench.benchmark` interleaves the
 candidates (A, B, C, A, B, C, ...), so the clock's wandering falls on each of them alike.
 
-The search (seed 000: "a search space with greedy substructure"): first every tile at GROUP_M 8,
+The search is greedy, one parameter at a time: first every tile at GROUP_M 8,
 interleaved; then GROUP_M 4, 8 and 16 on the winning tile, interleaved again (8 included, so the
 final comparison is within one run). At most eight timed candidates instead of eighteen. Each
 candidate's output is checked against the pointer kernel's before it is timed. Tuned: the products
-of the layer's large-batch variant at each token count of TOKENS, seed 003's configuration (32
+of the layer's large-batch variant at each token count of TOKENS, the benchmark's configuration (32
 experts, top-2, hidden 4096, intermediate 11008, bf16). Every candidate's median is written beside
 the choice, so a reader sees the margins. Buckets the table lacks (another shape, another GPU) fall
 back to the autotuner.

@@ -21,7 +21,7 @@ from kernels.bench import (
 from kernels.rmsnorm import cupy_rmsnorm, reference, triton_pdl, triton_rmsnorm
 from kernels.testing import generator, poison_, random_tensor
 
-SHAPE = (32768, 4096)  # the issue's shape: 128M bf16 elements, 256 MiB per tensor
+SHAPE = (32768, 4096)  # the targets' shape: 128M bf16 elements, 256 MiB per tensor
 DTYPE = torch.bfloat16
 
 
@@ -263,7 +263,7 @@ def pdl_pair(tokens=PDL_TOKENS, hidden: int = 4096, layers: int = 8, dtype=DTYPE
 
 
 def pdl_lines(rows: list[dict]) -> list[str]:
-    """One informational line per token count (the issue asks for a demonstration, not a target)."""
+    """One informational line per token count (a demonstration, not a target)."""
     return [
         f"PDL, informational: GEMM -> RMSNorm at T={r['T']} ({r['launch']}): {r['pair us']:.2f} -> "
         f"{r['pair PDL us']:.2f} us per pair, {r['saving us']:+.2f} us ({r['saving %']:+.1f}%)"

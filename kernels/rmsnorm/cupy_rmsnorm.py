@@ -44,18 +44,18 @@ def launch_config(
     per thread in flight per pass (the kernel's unroll factor). `threads` forces a block per row in
     registers with that many threads (for sweeps).
     """
-    packs = -(-width // pack)
+    packs = cuda.cdiv(width, pack)
     if threads is not None:
         items = next((i for i in (1,) + ITEM_CHOICES if i * threads >= packs), 0)
         return "block", threads, items
     if packs <= 32 * WARP_PER_ROW_MAX_ITEMS:
-        return "warp", 256, 1 << max(0, (-(-packs // 32) - 1).bit_length())
+        return "warp", 256, cuda.next_pow2(cuda.cdiv(packs, 32))
     if packs <= REGISTER_MAX_PACKS:
-        return "block", 32 * -(-packs // (32 * ITEM_CHOICES[0])), ITEM_CHOICES[0]
+        return "block", 32 * cuda.cdiv(packs, 32 * ITEM_CHOICES[0]), ITEM_CHOICES[0]
     if width * element_size <= STAGED_MAX_BYTES:
         return (
             "staged",
-            min(MAX_THREADS, max(256, 32 * -(-packs // (32 * STAGED_UNROLL)))),
+            min(MAX_THREADS, max(256, 32 * cuda.cdiv(packs, 32 * STAGED_UNROLL))),
             STAGED_UNROLL,
         )
     return "block", MAX_THREADS, 0
@@ -133,7 +133,7 @@ def rms_norm(
         )
         return out
     kernel = cuda.load_kernel("rmsnorm/rmsnorm.cu", f"rmsnorm_{kind}_{variant}{items}")
-    grid = rows if kind == "block" else -(-rows // (block // 32))
+    grid = rows if kind == "block" else cuda.cdiv(rows, block // 32)
     cuda.launch(
         kernel,
         grid,

@@ -11,6 +11,20 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels.testing import TINY, ULP
+
+
+def tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    """(atol, rtol) of a kernel's y against `rms_norm_fp64` of the same x: one rounding of the
+    output, plus float32's error summing the squares of a row."""
+    return TINY[dtype], ULP[dtype] + 2.0**-16
+
+
+def fused_tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    """(atol, rtol) of the fused add's y against `fused_add_rms_norm_fp64`: y is normalized from h,
+    which was itself rounded to the dtype, so two roundings."""
+    return TINY[dtype], 2 * ULP[dtype] + 2.0**-16
+
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """PyTorch's own fused kernel (the anchor the course's kernels are timed against)."""

@@ -24,7 +24,7 @@ FP8_DTYPES = (torch.float8_e4m3fn,)
 TILE_ELEMENTS = runtime.pick(gpu=4096, cpu=65536)
 
 
-def _tile(
+def tile(
     rows: int, width: int, rows_per_program: int | None = None, num_warps: int | None = None
 ) -> tuple[int, int, int]:
     """(ROWS, BLOCK, num_warps) for rows of `width` elements (the arguments override the
@@ -55,23 +55,14 @@ def rmsnorm_fwd_kernel(
     BLOCK: tl.constexpr,
     STORE_RSTD: tl.constexpr,
     ACC: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
 ):
     row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     col = tl.arange(0, BLOCK)
     mask = (row[:, None] < rows) & (col[None, :] < width)
-    if USE_PDL:
-        # Launched with programmatic dependent launch (triton_pdl.py), this program may start while
-        # the kernel that writes x is still running. w does not depend on that kernel: start loading
-        # it, then wait (griddepcontrol.wait) until the previous grid has finished and its writes
-        # are visible.
-        w = tl.load(w_ptr + col, mask=col < width, other=0.0).to(ACC)
-        tl.extra.cuda.gdc_wait()
     x = tl.load(x_ptr + row[:, None] * x_row_stride + col[None, :], mask=mask, other=0.0).to(ACC)
     x = x * x_scale  # 1.0 except for fp8 inputs, which carry a per-tensor scale
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / width + eps)
-    if not USE_PDL:
-        w = tl.load(w_ptr + col, mask=col < width, other=0.0).to(ACC)
+    w = tl.load(w_ptr + col, mask=col < width, other=0.0).to(ACC)
     y = x * rstd[:, None] * w[None, :]
     tl.store(
         y_ptr + row[:, None] * y_row_stride + col[None, :], y.to(y_ptr.dtype.element_ty), mask=mask
@@ -108,18 +99,16 @@ def _acc(dtype: torch.dtype):
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
-def _forward(x, w, eps, out, x_scale, rstd, pdl=False, **tile):
+def _forward(x, w, eps, out, *, x_scale=1.0, rstd=None, **tiling):
+    """y = rmsnorm(x * x_scale) * w into `out`; the per-row 1/rms into `rstd` if given."""
     x2d, y2d = rows_view(x), rows_view(out)
     rows, width = x2d.shape
-    rows_per_program, block, num_warps = _tile(rows, width, **tile)
-    # PDL is a GPU launch attribute plus PTX the interpreter cannot run: in CPU mode the plain
-    # kernel runs.
-    use_pdl = pdl and runtime.ON_GPU
+    rows_per_program, block, num_warps = tile(rows, width, **tiling)
     rmsnorm_fwd_kernel[(triton.cdiv(rows, rows_per_program),)](
         x2d,
         w,
         y2d,
-        rstd if rstd is not None else y2d,
+        rstd if rstd is not None else y2d,  # not written unless STORE_RSTD
         rows,
         width,
         x2d.stride(0),
@@ -131,7 +120,6 @@ def _forward(x, w, eps, out, x_scale, rstd, pdl=False, **tile):
         STORE_RSTD=rstd is not None,
         ACC=_acc(x.dtype),
         num_warps=num_warps,
-        **({"USE_PDL": True, "launch_pdl": True} if use_pdl else {}),
     )
     return out
 
@@ -144,21 +132,16 @@ def rms_norm(
     *,
     rows_per_program: int | None = None,
     num_warps: int | None = None,
-    pdl: bool = False,
 ) -> torch.Tensor:
     """y = x / sqrt(mean(x^2, -1) + eps) * w; x of any width, rows may be strided (stride > width).
 
-    `rows_per_program` (a power of two) and `num_warps` override the tiling, for sweeps. `pdl=True`
-    launches the kernel with programmatic dependent launch, to follow a kernel that triggers it
-    early (see triton_pdl.py): its programs load w, then wait for the previous kernel before reading
-    x. The result is the same bit for bit. On the CPU (the interpreter) `pdl` is ignored."""
+    `rows_per_program` (a power of two) and `num_warps` override the tiling, for sweeps.
+    (triton_pdl.rms_norm_pdl is this kernel launched to overlap the GEMM before it.)"""
     check_rmsnorm_args("rms_norm", x, w, eps, out, device_type=runtime.DEVICE)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
     if not x.numel():
         return out
-    return _forward(
-        x, w, eps, out, 1.0, None, pdl, rows_per_program=rows_per_program, num_warps=num_warps
-    )
+    return _forward(x, w, eps, out, rows_per_program=rows_per_program, num_warps=num_warps)
 
 
 def rms_norm_fp8(
@@ -191,7 +174,7 @@ def rms_norm_fp8(
         dtypes=FLOAT_DTYPES + FP8_DTYPES,
     )
     out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
-    return _forward(x, w, eps, out, float(x_scale), None) if x.numel() else out
+    return _forward(x, w, eps, out, x_scale=float(x_scale)) if x.numel() else out
 
 
 def fused_add_rms_norm(
@@ -227,7 +210,7 @@ def fused_add_rms_norm(
     if x.numel():
         width = x.shape[-1]
         rows = x.numel() // width
-        rows_per_program, block, num_warps = _tile(rows, width)
+        rows_per_program, block, num_warps = tile(rows, width)
         fused_add_rmsnorm_kernel[(triton.cdiv(rows, rows_per_program),)](
             x,
             residual,
@@ -300,12 +283,12 @@ def sum_partials_kernel(
     acc = tl.zeros([BLOCK_W], dtype=ACC)
     for p0 in range(0, n_partials, BLOCK_P):
         p = p0 + tl.arange(0, BLOCK_P)
-        tile = tl.load(
+        partials = tl.load(
             partial_ptr + p[:, None] * width + col[None, :],
             mask=(p[:, None] < n_partials) & (col[None, :] < width),
             other=0.0,
         )
-        acc += tl.sum(tile, axis=0)
+        acc += tl.sum(partials, axis=0)
     tl.store(out_ptr + col, acc.to(out_ptr.dtype.element_ty), mask=col < width)
 
 
@@ -385,7 +368,7 @@ class RMSNormFunction(torch.autograd.Function):
             device=x.device,
         )
         if x.numel():
-            _forward(x2d, w, eps, y, 1.0, rstd)
+            _forward(x2d, w, eps, y, rstd=rstd)
         ctx.save_for_backward(x2d, w, rstd)
         return y.view(x.shape)
 
