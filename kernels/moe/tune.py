@@ -9,8 +9,9 @@ wanders between 1300 and 1980 MHz
 7% between its 10th and 90th percentile, more than the configurations differ. In two runs the
 autotuner chose gate_up's tile flattened with GROUP_M 16, then not flattened with GROUP_M 8, and the
 layer went from 93.9% to 91.3% of dense cuBLAS, while in the second run the same layer with GROUP_M
-pinned at 4 ran at 95.8% (`explore/06_moe_layer_pinned.log`). `bench.benchmark` interleaves the
-candidates (A, B, C, A, B, C, ...), so the clock's wandering falls on each of them alike.
+pinned at 4 ran at 95.8% (`06_moe_layer_pinned.log`, in the same folder). `bench.benchmark`
+interleaves the candidates (A, B, C, A, B, C, ...), so the clock's wandering falls on each of them
+alike.
 
 The search is greedy, one parameter at a time: first every tile at GROUP_M 8,
 interleaved; then GROUP_M 4, 8 and 16 on the winning tile, interleaved again (8 included, so the
