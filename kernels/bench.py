@@ -210,8 +210,7 @@ def _benchmark_host(fns, *, reps: int, warmup: int, before, after) -> dict[str, 
 
 
 def host_loop_us(fn: Callable[[], object], *, iters: int = 2000, warmup: int = 10) -> float:
-    """Wall time per call of `fn` called back to back, synchronized only at the end (a host clock
-    around the whole loop).
+    """Wall time per call of `fn` called back to back, synchronized only at the end.
 
     For small work this measures how fast the host can launch, which is what an eager decode step
     pays.
@@ -228,8 +227,7 @@ def host_loop_us(fn: Callable[[], object], *, iters: int = 2000, warmup: int = 1
 
 
 def ratio(baseline: Timing, candidate: Timing) -> float:
-    """How many times faster `candidate` is than `baseline`: the median of the per-repetition
-    ratios.
+    """How many times faster `candidate` is than `baseline`: the median per-repetition ratio.
 
     Pairing repetition i of each removes drift that a ratio of two medians would keep.
     """
@@ -238,8 +236,7 @@ def ratio(baseline: Timing, candidate: Timing) -> float:
 
 
 def capture_graph(fn: Callable[[], object], *, warmup: int = 3) -> "torch.cuda.CUDAGraph":
-    """Capture `fn` (which may launch many kernels, PyTorch's, Triton's or CuPy's) in a CUDA
-    graph."""
+    """Capture `fn` in a CUDA graph (it may launch many kernels: PyTorch's, Triton's, CuPy's)."""
     if not runtime.ON_GPU:
         raise RuntimeError("CUDA graphs need a GPU")
     side = torch.cuda.Stream()
@@ -271,8 +268,7 @@ CACHE_DIR = Path(os.environ.get("KERNELS_CACHE_DIR", Path.home() / ".cache" / "g
 
 
 def measure_copy_gbps(nbytes: int = 2 * 2**30) -> float:
-    """Device-to-device copy bandwidth, counting bytes read plus bytes written (as every GB/s here
-    does)."""
+    """Device-to-device copy bandwidth, bytes read plus written (as every GB/s here counts)."""
     src = torch.randn(nbytes // 4, device="cuda")
     dst = torch.empty_like(src)
     t = benchmark({"copy": lambda: dst.copy_(src)}, reps=30, flush=False)["copy"]
@@ -280,8 +276,7 @@ def measure_copy_gbps(nbytes: int = 2 * 2**30) -> float:
 
 
 def measure_matmul_tflops(n: int = 8192, dtype: torch.dtype = torch.bfloat16) -> float:
-    """Dense n x n x n matrix product through cuBLAS, on random data (zeros run faster than real
-    data)."""
+    """Dense n x n x n matrix product through cuBLAS, on random data (zeros run faster)."""
     a = torch.randn(n, n, device="cuda", dtype=dtype)
     b = torch.randn(n, n, device="cuda", dtype=dtype)
     t = benchmark({"matmul": lambda: a @ b}, reps=20, flush=False)["matmul"]

@@ -44,8 +44,9 @@ def _site_packages_cuda_dirs() -> list[Path]:
 
 
 def cuda_include_dirs() -> list[str]:
-    """The course's shared headers, then the directories holding cuda_fp16.h and cuda_bf16.h, the
-    toolkit first."""
+    """The course's shared headers, then the directories of cuda_fp16.h and cuda_bf16.h.
+
+    The toolkit's directories come before the wheels'."""
     candidates = []
     for var in ("CUDA_PATH", "CUDA_HOME"):
         if os.environ.get(var):
@@ -99,8 +100,7 @@ def module_from_source(code: str, include_dir: Path | None = None):
 
 
 def load_kernel(relative: str, name: str):
-    """The `extern "C"` kernel `name` from the course's `.cu` file `relative` (compiled once,
-    cached)."""
+    """The `extern "C"` kernel `name` of the course's `.cu` file `relative`, compiled once."""
     runtime.require_cupy()
     return _module_from_file(source_path(relative)).get_function(name)
 

@@ -118,8 +118,7 @@ def require_cupy() -> None:
 
 
 def gpu_slug(name: str) -> str:
-    """Key of a GPU model in the expected-results tables: 'NVIDIA H100 80GB HBM3' ->
-    'h100-80gb-hbm3'."""
+    """A GPU model's key in the expected tables: 'NVIDIA H100 80GB HBM3' -> 'h100-80gb-hbm3'."""
     name = re.sub(r"^nvidia\s+", "", name.strip(), flags=re.IGNORECASE)
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
@@ -258,8 +257,7 @@ def _cupy_package() -> str | None:
 
 
 def setup_facts() -> dict:
-    """What the setup check looks at (a plain dict, so `setup_advice` can be tested with made-up
-    facts)."""
+    """What the setup check looks at: a plain dict, so `setup_advice` can take made-up facts."""
     import torch
 
     fp = _static_fingerprint()
@@ -285,8 +283,7 @@ def setup_facts() -> dict:
 
 
 def setup_advice(facts: dict) -> list[str]:
-    """One sentence per problem found, saying what to do; [] when everything the course uses can
-    run."""
+    """One sentence per problem found, saying what to do; [] when all the course uses can run."""
     advice = []
     if facts["triton"] is None:
         advice.append(
@@ -339,8 +336,7 @@ def setup_advice(facts: dict) -> list[str]:
 
 
 def setup_report(facts: dict | None = None) -> str:
-    """The setup check printed at the top of every notebook: mode, versions, TF32 flags, CuPy, and
-    advice."""
+    """The setup check atop every notebook: mode, versions, TF32 flags, CuPy, and advice."""
     f = setup_facts() if facts is None else facts
     lines = [describe() if facts is None else f"{f['mode'].upper()} mode"]
     if f["gpu"]:

@@ -189,8 +189,7 @@ def generator(seed: int, device) -> torch.Generator:
 
 
 def strided_view(t: torch.Tensor) -> torch.Tensor:
-    """A non-contiguous view with t's shape and values (every other element of a buffer twice as
-    wide)."""
+    """A non-contiguous view with t's shape and values: every other element of a wider buffer."""
     wide = (
         torch.empty(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=t.device)
         if t.dim()

@@ -78,8 +78,7 @@ MATMUL_DTYPES = (torch.bfloat16, torch.float16)
 def check_matmul_args(
     op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, *, device_type: str
 ) -> None:
-    """a (M, K) and b (K, N): contiguous, one dtype (bf16 or fp16), one device; out (M, N) like
-    them."""
+    """a (M, K) and b (K, N): contiguous, one dtype (bf16 or fp16), one device; out (M, N) alike."""
     for name, t in (("a", a), ("b", b)) + ((("out", out),) if out is not None else ()):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")

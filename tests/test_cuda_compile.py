@@ -1,5 +1,6 @@
-"""Every course .cu file compiles with nvcc for Ampere (sm_80) and Hopper (sm_90), spills nothing,
-and the vectorized kernels really issue 16-byte loads. No GPU needed: this is what CI checks of the
+"""Every course .cu file compiles with nvcc for sm_80 and sm_90 and spills nothing.
+
+The vectorized kernels really issue 16-byte loads. No GPU needed: this is what CI checks of the
 CUDA C."""
 
 import re

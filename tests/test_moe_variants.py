@@ -1,5 +1,4 @@
-"""The TMA / persistent grouped-GEMM variants (kernels/moe/triton_grouped_gemm_tma.py) against
-float64.
+"""The TMA / persistent grouped-GEMM variants (moe/triton_grouped_gemm_tma.py) against float64.
 
 The same checks as tests/test_moe.py's grouped-GEMM test, for every variant: skewed routing with an
 expert that gets no tokens, 100 tokens (not a multiple of the block), top-1 and top-2, bf16 and

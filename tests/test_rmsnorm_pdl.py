@@ -1,7 +1,8 @@
-"""The GEMM -> RMSNorm pair of triton_pdl.py: the GEMM against float64 on odd sizes, the pair
-against float64, bad arguments, and (on a GPU) programmatic dependent launch giving the same bits as
-the plain launch, eagerly and in a CUDA graph. In CPU mode `pdl=True` runs the plain kernels (no PDL
-there)."""
+"""The GEMM -> RMSNorm pair of triton_pdl.py.
+
+The GEMM against float64 on odd sizes, the pair against float64, bad arguments, and (on a GPU)
+programmatic dependent launch giving the same bits as the plain launch, eagerly and in a CUDA
+graph. In CPU mode `pdl=True` runs the plain kernels (no PDL there)."""
 
 import pytest
 import torch

@@ -1,6 +1,7 @@
-"""The setup check at the top of every notebook (`kernels.runtime.setup_report`): what it prints
-here, and the one sentence of advice it gives on each kind of misconfigured machine (facts made
-up)."""
+"""The setup check at the top of every notebook (`kernels.runtime.setup_report`).
+
+What it prints here, and the one sentence of advice it gives on each kind of misconfigured machine
+(facts made up)."""
 
 import pytest
 

@@ -1,5 +1,4 @@
-"""Execute notebooks in place with nbclient, keeping their outputs: how the committed GPU outputs
-are made.
+"""Execute notebooks in place with nbclient, keeping their outputs (the committed GPU outputs).
 
     python tools/execute_notebooks.py notebooks/01_elementwise_add.ipynb \
         solutions/01_elementwise_add_lab.ipynb

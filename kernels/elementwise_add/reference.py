@@ -20,8 +20,9 @@ def add_fp64(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def residual_add(x: torch.Tensor, attn: torch.Tensor, mlp: torch.Tensor) -> torch.Tensor:
-    """GPT-NeoX's parallel residual as Hugging Face writes it: `mlp_output + attn_output +
-    hidden_states`.
+    """GPT-NeoX's parallel residual as Hugging Face writes it.
+
+    `mlp_output + attn_output + hidden_states`.
 
     Python evaluates left to right, so this is (mlp + attn) + x, with the intermediate rounded to
     the tensor dtype: two kernels, one intermediate written to and read back from memory.

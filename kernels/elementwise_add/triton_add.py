@@ -83,8 +83,7 @@ def residual_add(
     block_size: int = BLOCK_SIZE,
     num_warps: int = NUM_WARPS,
 ) -> torch.Tensor:
-    """out = (mlp + attn) + x in one pass (see kernels.elementwise_add.cupy_add.residual_add for
-    `accumulate`)."""
+    """out = (mlp + attn) + x in one pass; `accumulate` as in cupy_add.residual_add."""
     if accumulate not in ("exact_order", "fp32"):
         raise ValueError(f"accumulate must be 'exact_order' or 'fp32', not {accumulate!r}")
     out = _prepare("residual_add", {"x": x, "attn": attn, "mlp": mlp}, out)

@@ -1,5 +1,6 @@
-"""A memory snapshot as a matplotlib timeline: live bytes over time, stacked and coloured by the
-Python frame that allocated them.
+"""A memory snapshot as a matplotlib timeline: live bytes over time, by allocating frame.
+
+The bytes are stacked and coloured by the Python frame that allocated them.
 
 A snapshot is the dictionary `torch.cuda.memory._snapshot()` returns (the format `torch/cuda/
 _memory_viz.py` reads, and pytorch.org/memory_viz opens when pickled): `device_traces[d]` is the

@@ -1,5 +1,4 @@
-"""Per-token cross-entropy of `x @ w.T` in one Triton kernel: the lab's "chunked cross-entropy
-forward".
+"""Per-token cross-entropy of `x @ w.T` in one Triton kernel (the lab's chunked forward).
 
 Flash attention's trick applied to the vocabulary: a program owns BLOCK_T tokens and walks the
 vocabulary in BLOCK_V chunks. For each chunk it computes the (BLOCK_T, BLOCK_V) logits with `tl.dot`

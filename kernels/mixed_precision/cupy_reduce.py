@@ -1,5 +1,4 @@
-"""The sums of reduce.cu (naive, pairwise, Kahan; float32, float16 or bfloat16 accumulator) through
-CuPy.
+"""The sums of reduce.cu (naive, pairwise, Kahan; fp32, fp16 or bf16 accumulator) through CuPy.
 
 Launch: chunks x rows blocks of 256 threads; while a row needs more than one block, each block
 writes a partial sum (and, for Kahan, minus its compensation) into a float32 buffer, and the same

@@ -1,3 +1,4 @@
-"""Mixture of experts: top-k routing, load balance, token permutation, a Triton grouped GEMM with
-the gather and SwiGLU fused in, and the weighted combine -- the pieces that together make one layer
-fast."""
+"""Mixture of experts: the pieces that together make one layer fast.
+
+Top-k routing, load balance, token permutation, a Triton grouped GEMM with the gather and SwiGLU
+fused in, and the weighted combine."""

@@ -1,5 +1,4 @@
-"""The MoE layer at the course's size against the naive loop, torch._grouped_mm and dense cuBLAS,
-all in one run.
+"""The MoE layer against the naive loop, torch._grouped_mm and dense cuBLAS, in one run.
 
 Run on a GPU: `python -m kernels.moe.benchmark` writes data/results/<gpu>/06_moe.json (with the
 environment fingerprint) and prints the module's targets. Configuration: 32 experts, top-2, hidden

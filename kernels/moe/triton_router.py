@@ -1,5 +1,4 @@
-"""The router in one launch: logits = x @ w_router.T, softmax over experts, top-k, renormalized
-weights.
+"""The router in one launch: logits = x @ w_router.T, softmax, top-k, renormalized weights.
 
 At decode sizes (tens to hundreds of tokens) PyTorch's router is five small kernels (matmul,
 softmax, topk, sum, divide), each a launch of a few microseconds around almost no work. Here one

@@ -1,5 +1,4 @@
-"""Argument checks of the MoE kernels: a wrong shape here would read other experts' weights
-silently."""
+"""Argument checks of the MoE kernels: a wrong shape would silently read other experts' weights."""
 
 from __future__ import annotations
 

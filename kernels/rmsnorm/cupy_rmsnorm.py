@@ -82,8 +82,7 @@ def rms_norm(
     staged: bool | None = None,
     unroll: int | None = None,
 ) -> torch.Tensor:
-    """y = x / sqrt(mean(x^2, -1) + eps) * w, over the last dimension. Rows may be strided (stride >
-    width).
+    """y = x / sqrt(mean(x^2, -1) + eps) * w over the last dimension; rows may be strided.
 
     `threads`, `staged` and `unroll` override the launch configuration (for sweeps and tests):
     `staged=True` stages the row in shared memory whatever its width (with `threads` threads and

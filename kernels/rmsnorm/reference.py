@@ -32,8 +32,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tenso
 
 
 def naive(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """One op at a time, as the formula reads: square, mean, add, rsqrt, multiply, multiply,
-    cast."""
+    """One op at a time, as the formula reads: square, mean, add, rsqrt, multiply twice, cast."""
     x32 = x.float()
     return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
 
@@ -48,8 +47,9 @@ def rms_norm_fp64(
 def fused_add_rms_norm_fp64(
     x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float = 1e-6
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """vLLM's fused_add_rms_norm: h = x + residual (rounded to the dtype, as the model stores it); y
-    = rmsnorm(h)."""
+    """vLLM's fused_add_rms_norm: h = x + residual, then y = rmsnorm(h).
+
+    h is rounded to the dtype first, as the model stores it."""
     h = (x.double() + residual.double()).to(x.dtype)
     return rms_norm_fp64(h, w, eps), h.double()
 

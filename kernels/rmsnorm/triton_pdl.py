@@ -1,5 +1,4 @@
-"""Programmatic dependent launch (PDL): an RMSNorm that starts while the GEMM before it is still
-running.
+"""Programmatic dependent launch (PDL): an RMSNorm that starts while the GEMM before it runs.
 
 In a model the norm's input is the output of a GEMM (the attention output projection, the MLP's down
 projection). Launched normally, the norm cannot start until the GEMM has finished and its writes are

@@ -1,5 +1,4 @@
-"""RMSNorm in Triton: forward (any width, strided rows, fp8 input), fused residual add, and
-backward.
+"""RMSNorm in Triton: forward (any width, strided rows, fp8 input), fused add, backward.
 
 Each program normalizes ROWS rows at once: a [ROWS, BLOCK] tile, BLOCK the width rounded up to a
 power of two and masked, so any width works (1000, 5120, ...). The tile is loaded once, reduced
@@ -27,8 +26,7 @@ TILE_ELEMENTS = runtime.pick(gpu=4096, cpu=65536)
 def tile(
     rows: int, width: int, rows_per_program: int | None = None, num_warps: int | None = None
 ) -> tuple[int, int, int]:
-    """(ROWS, BLOCK, num_warps) for rows of `width` elements (the arguments override the
-    defaults)."""
+    """(ROWS, BLOCK, num_warps) for rows of `width` elements; arguments override the defaults."""
     block = triton.next_power_of_2(width)
     if rows_per_program is None:
         rows_per_program = max(1, min(triton.next_power_of_2(rows), TILE_ELEMENTS // block))
@@ -151,8 +149,7 @@ def rms_norm_fp8(
     eps: float = 1e-6,
     out_dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
-    """RMSNorm of an fp8 (e4m3) tensor that represents x * x_scale; float32 math, `out_dtype`
-    output."""
+    """RMSNorm of an fp8 (e4m3) tensor that represents x * x_scale, in float32, to `out_dtype`."""
     if not isinstance(x, torch.Tensor) or x.dtype not in FP8_DTYPES:
         raise TypeError(
             f"rms_norm_fp8: x must be a float8_e4m3fn tensor, got "
