@@ -158,6 +158,14 @@ def _waits_forever(rank, world):
     return rank
 
 
+def test_spawned_ranks_run_the_ring_as_nccl_ranks_would():
+    """NCCL ranks are spawned, not forked (CUDA does not survive a fork): the same path, on gloo."""
+    results = launch.run(
+        _ring_against_all_reduce, 2, ((7, 1001),), backend="gloo", start_method="spawn"
+    )
+    assert results == [[], []]
+
+
 def test_launch_reports_a_failing_rank_with_its_traceback():
     with pytest.raises(RuntimeError, match="rank 1 of 2 failed(.|\n)*rank one is broken"):
         launch.run(_raises, 2, backend="gloo")

@@ -79,18 +79,19 @@ def run(
     backend: str | None = None,
     threads: int | None = None,
     timeout_s: float = TIMEOUT_S,
+    start_method: str | None = None,
 ) -> list:
     """worker(rank, world, *args) in `world` processes of one process group; its return values by
     rank. `threads`: torch threads per process (default: the cores shared out, at least 1).
     Raises RuntimeError with the failing rank's traceback, or TimeoutError naming the ranks still
-    waiting."""
+    waiting. `start_method`: "fork" or "spawn" (default: spawn for NCCL, fork otherwise)."""
     backend = backend or default_backend(world)
     # torch.optim imports torch._dynamo when the first optimizer is built (seconds): do it once
     # here, so that forked children share it instead of each importing it on its own core
     import torch._dynamo  # noqa: F401
 
     threads = threads or max(1, (os.cpu_count() or 1) // world)
-    ctx = mp.get_context("spawn" if backend == "nccl" else "fork")
+    ctx = mp.get_context(start_method or ("spawn" if backend == "nccl" else "fork"))
     port = free_port()
     pipes, procs = [], []
     for rank in range(world):
