@@ -536,6 +536,12 @@ def gluon_forward(dtypes=DTYPES, target_ms: float = 150.0) -> list[dict]:
                 fns = {
                     "ours (Triton)": lambda: triton_flash.flash_attention_forward(q, k, v, causal),
                     "ours (Gluon)": lambda: gluon_flash.gluon_attention_forward(q, k, v, causal),
+                    "ours (Gluon, no ping-pong)": lambda: gluon_flash.gluon_attention_forward(
+                        q, k, v, causal, pingpong=False
+                    ),
+                    "ours (Gluon, 2 stages)": lambda: gluon_flash.gluon_attention_forward(
+                        q, k, v, causal, stages=2
+                    ),
                     "sdpa flash": lambda: flash(q, k, v, causal),
                     "sdpa cudnn": lambda: cudnn(q, k, v, causal),
                 }
@@ -788,7 +794,7 @@ def report(results: dict) -> None:
             print(bench.table(rows, floatfmt=".2f"))
     if results.get("autotune"):
         print("\nautotuner choices:", json.dumps(results["autotune"], indent=1))
-    if results.get("seconds"):
+    if isinstance(results.get("seconds"), dict):
         print("seconds per section:", {k: round(v) for k, v in results["seconds"].items()})
 
 

@@ -24,20 +24,15 @@ the ordinary path.
 
 from __future__ import annotations
 
+from triton import knobs
 from triton.runtime.autotuner import Autotuner
+from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
 from kernels import runtime
 
-_PLAIN_RUN = "triton.runtime.jit.JITFunction.run"
 # False: every launch takes Triton's ordinary path (the benchmark's before-and-after comparison).
 ENABLED = True
-
-
-def int_facts(*values: int) -> tuple:
-    """What Triton specializes an integer argument on: equal to 1 (then a compile-time constant),
-    divisible by 16, and whether it fits in 32 bits (else it is passed as a 64-bit integer)."""
-    return tuple((v == 1, v % 16 == 0, -(2**31) <= v < 2**31) for v in values)
 
 
 def aligned(*tensors) -> tuple:
@@ -45,10 +40,20 @@ def aligned(*tensors) -> tuple:
     return tuple(t.data_ptr() % 16 == 0 for t in tensors)
 
 
-def launches_are_plain() -> bool:
-    """True unless someone wrapped Triton's launch path (profilers, launch counters)."""
+def _plain_run():
+    """Triton's own `JITFunction.run`, or None if something had already wrapped it at import."""
     run = JITFunction.run
-    return f"{run.__module__}.{run.__qualname__}" == _PLAIN_RUN
+    plain = f"{run.__module__}.{run.__qualname__}" == "triton.runtime.jit.JITFunction.run"
+    return run if plain else None
+
+
+_PLAIN_RUN = _plain_run()
+
+
+def launches_are_plain() -> bool:
+    """True unless someone wrapped Triton's launch path (profilers, launch counters) or set a
+    launch hook: then every launch goes through it."""
+    return JITFunction.run is _PLAIN_RUN and knobs.runtime.launch_enter_hook is None
 
 
 class LaunchCache:
@@ -63,20 +68,25 @@ class LaunchCache:
         self.entries.clear()
 
     def launch(self, key, grid, args: tuple, constants: dict) -> None:
-        """`kernel[grid](*args, **constants)`; after the first call per key, without Triton's
-        binding.
+        """`kernel[grid](*args, **constants)`; after the first call per key, the compiled kernel's
+        launcher directly (what `JITFunction.run` ends with), on the current stream.
 
-        grid(meta) -> (x, y, z), where meta holds `constants` and the autotuned configuration's
-        values; `args` are the leading (run-time) arguments, `constants` the constexpr keywords (and
+        The key must determine the grid, the configuration and everything Triton specializes on.
+        grid(meta) -> (x, y, z), meta holding `constants` and the autotuned configuration's values;
+        `args` are the leading (run-time) arguments, `constants` the constexpr keywords (and
         launch options such as num_warps)."""
         entry = self.entries.get(key)
         if entry is not None and ENABLED and launches_are_plain():
-            compiled, tail, meta = entry
-            compiled[grid(meta)](*args, *tail)
+            run, function, packed, tail, (x, y, z), device = entry
+            run(x, y, z, driver.active.get_current_stream(device), function, packed, None, None,
+                None, *args, *tail)  # fmt: skip
             return
         compiled = self.kernel[grid](*args, **constants)
         if runtime.ON_GPU and key is not None and launches_are_plain():
             config = getattr(self.kernel, "best_config", None)
             meta = {**constants, **(config.kwargs if config is not None else {})}
             tail = tuple(meta[name] for name in self.fn.arg_names[len(args) :])
-            self.entries[key] = (compiled, tail, meta)
+            compiled._init_handles()
+            device = driver.active.get_current_device()
+            self.entries[key] = (compiled.run, compiled.function, compiled.packed_metadata, tail,
+                                 grid(meta), device)  # fmt: skip

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from kernels import runtime
-from kernels.flash_attention.fast_launch import LaunchCache, aligned
+from kernels.flash_attention.fast_launch import LaunchCache
 from kernels.flash_attention.triton_flash import (
     LOG2E,
     check_inputs,
@@ -380,36 +380,40 @@ def flash_decode(
     run one at a time (one stream, or synchronized).
     """
     signature = check_inputs("flash_decode", q, k, v)
-    scale = softmax_scale(scale, q.shape[-1])
     options = (bool(causal), num_splits, block_n, num_stages, num_warps, bool(fuse_combine))
     plan = _PLANS.get((signature, options))
     if plan is None:
-        plan = _plan(q, k, v, *options)
-        if len(_PLANS) >= _MAX_PLANS:
-            _PLANS.clear()
-        _PLANS[(signature, options)] = plan
-    out, lse = output_buffers("flash_decode", q, out, lse)
-    if out.numel() == 0:
+        plan = _plan(signature, options, q, k, v)
+    qk_scale = plan.qk_scale if scale is None else softmax_scale(scale, q.shape[-1]) * LOG2E
+    # Outputs: new ones (contiguous, aligned: nothing to key on), or the caller's, checked. Without
+    # return_lse the log-sum-exp goes to the plan's scratch row instead of a new tensor.
+    if out is None and lse is None:
+        out_key = None
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else (
+            plan.lse_scratch)  # fmt: skip
+    else:
+        out, lse = output_buffers("flash_decode", q, out, lse)
+        out_key = (out.stride(), out.data_ptr() % 16, lse.data_ptr() % 16)
+    if plan.empty:
         return (out, lse) if return_lse else out
-    o_part, lse_part = _partials(q.device, plan)
-    # arrivals: unused without the fused combine (any tensor will do)
-    arrivals = _arrival_counters(q.device, plan.programs) if fuse_combine else lse_part
-    key = (signature, options, out.stride(), aligned(q, k, v, out, lse))
-    args = (q, k, v, o_part, lse_part, out, lse, arrivals, *plan.strides, *out.stride()[:3],
-            *plan.sizes, scale * LOG2E)  # fmt: skip
+    out_strides = plan.out_strides if out_key is None else out.stride()[:3]
+    key = (signature, options, out_key, q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16)
+    args = (q, k, v, plan.o_part, plan.lse_part, out, lse, plan.arrivals, *plan.strides,
+            *out_strides, *plan.sizes, qk_scale)  # fmt: skip
     SPLIT_LAUNCHES.launch(key, plan.grid, args, plan.constants)
     if not fuse_combine:
         rows = plan.partial_shape[0] * plan.partial_shape[1] * plan.partial_shape[2]
         flash_decode_combine_kernel[(triton.cdiv(rows, plan.constants["BLOCK_R"]),)](
-            o_part,
-            lse_part,
+            plan.o_part,
+            plan.lse_part,
             out,
             lse,
             rows,
             q.shape[1],
             q.shape[2],
             plan.splits,
-            *out.stride()[:3],
+            *out_strides,
             HEAD_DIM=plan.constants["HEAD_DIM"],
             HEAD_PAD=plan.constants["HEAD_PAD"],
             BLOCK_R=plan.constants["BLOCK_R"],
@@ -421,24 +425,37 @@ def flash_decode(
 
 @dataclass(frozen=True)
 class DecodePlan:
-    """What a flash_decode call needs beyond its tensors, worked out once per input signature."""
+    """What a flash_decode call needs beyond its tensors, worked out once per input signature,
+    with its scratch: the float32 partial outputs and log-sum-exps of the splits, a log-sum-exp
+    row for calls that do not return it, and the arrival counters. Scratch is reused by the next
+    call with the same signature, which runs after this one on the stream (like the counters)."""
 
+    empty: bool  # nothing to compute (a zero-sized dimension)
     splits: int
     programs: int  # (batch, KV head) groups: the grid's second axis
-    partial_shape: tuple  # (B, Hq, Nq, splits, D) float32 partial outputs
+    partial_shape: tuple  # (B, Hq, Nq, splits, D)
     strides: tuple  # q's, k's and v's (batch, head, seq) strides
+    out_strides: tuple  # (batch, head, seq) strides of a new contiguous output
     sizes: tuple  # n_kv_heads, group, n_q, n_k, split_len, splits
+    qk_scale: float  # the default scale 1/sqrt(D), times log2(e)
     constants: dict  # the kernel's constexprs and launch options
+    o_part: torch.Tensor
+    lse_part: torch.Tensor
+    lse_scratch: torch.Tensor
+    arrivals: torch.Tensor  # the arrival counters (the fused combine), or any tensor
 
     def grid(self, meta) -> tuple:
         return self.splits, self.programs, 1
 
 
 _PLANS: dict = {}
-_MAX_PLANS = 1024
+_MAX_PLANS = 64  # plans remembered (each holds its scratch); a growing KV cache adds one per step
 
 
-def _plan(q, k, v, causal, num_splits, block_n, num_stages, num_warps, fuse_combine) -> DecodePlan:
+def _plan(signature, options, q, k, v) -> DecodePlan:
+    """Work out a call's launch and allocate its scratch; remembered per (signature, options),
+    except during a CUDA-graph capture (scratch made then belongs to the graph's memory pool)."""
+    causal, num_splits, block_n, num_stages, num_warps, fuse_combine = options
     batch, n_heads, n_q, head_dim = q.shape
     n_kv_heads, n_k = k.shape[1], k.shape[2]
     group = n_heads // n_kv_heads
@@ -466,34 +483,30 @@ def _plan(q, k, v, causal, num_splits, block_n, num_stages, num_warps, fuse_comb
         "num_warps": num_warps or NUM_WARPS,
         "num_stages": num_stages or NUM_STAGES,
     }
-    return DecodePlan(
+    partial_shape = (batch, n_heads, n_q, splits, head_dim)
+    f32 = {"dtype": torch.float32, "device": q.device}
+    lse_part = torch.empty(partial_shape[:4], **f32)
+    programs = batch * n_kv_heads
+    plan = DecodePlan(
+        empty=q.numel() == 0,
         splits=splits,
-        programs=batch * n_kv_heads,
-        partial_shape=(batch, n_heads, n_q, splits, head_dim),
+        programs=programs,
+        partial_shape=partial_shape,
         strides=(*q.stride()[:3], *k.stride()[:3], *v.stride()[:3]),
+        out_strides=(n_heads * n_q * head_dim, n_q * head_dim, head_dim),
         sizes=(n_kv_heads, group, n_q, n_k, split_len, splits),
+        qk_scale=softmax_scale(None, head_dim) * LOG2E,
         constants=constants,
+        o_part=torch.empty(partial_shape, **f32),
+        lse_part=lse_part,
+        lse_scratch=torch.empty(q.shape[:3], **f32),
+        arrivals=_arrival_counters(q.device, programs) if fuse_combine else lse_part,
     )
-
-
-_PARTIALS: dict = {}
-
-
-def _partials(device: torch.device, plan: DecodePlan) -> tuple[torch.Tensor, torch.Tensor]:
-    """The float32 partial outputs and log-sum-exps of the splits: scratch, kept per (device, shape)
-    for the next call (which runs after this one on the stream, like the arrival counters). Inside a
-    CUDA-graph capture they are allocated fresh, from the graph's own memory pool."""
-    capturing = runtime.ON_GPU and torch.cuda.is_current_stream_capturing()
-    key = (device, plan.partial_shape)
-    buffers = None if capturing else _PARTIALS.get(key)
-    if buffers is None:
-        o_part = torch.empty(plan.partial_shape, dtype=torch.float32, device=device)
-        buffers = (o_part, torch.empty(plan.partial_shape[:4], dtype=torch.float32, device=device))
-        if not capturing:
-            if len(_PARTIALS) >= _MAX_PLANS:
-                _PARTIALS.clear()
-            _PARTIALS[key] = buffers
-    return buffers
+    if not (runtime.ON_GPU and torch.cuda.is_current_stream_capturing()):
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[(signature, options)] = plan
+    return plan
 
 
 def kv_bytes(k: torch.Tensor, v: torch.Tensor) -> int:

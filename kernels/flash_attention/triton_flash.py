@@ -37,13 +37,14 @@ tile of HEAD_PAD = next_power_of_2(head_dim) columns: the columns past head_dim 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from kernels import runtime
-from kernels.flash_attention.fast_launch import LaunchCache, aligned
+from kernels.flash_attention.fast_launch import LaunchCache
 from kernels.flash_attention.validate import check_attention_inputs
 from kernels.runtime import UPCAST
 
@@ -111,7 +112,7 @@ def _pruner(table):
 def reset_autotuning() -> None:
     for kernel in (flash_fwd_kernel, flash_bwd_dkdv_kernel, flash_bwd_dq_kernel):
         kernel.cache.clear()
-    FWD_LAUNCHES.clear()
+    FWD_LAUNCHES.clear()  # its entries hold the configurations the autotuner picked
 
 
 # Every entry below compiles for sm_90 with Triton 3.6 without register spills (ptxas, checked
@@ -548,35 +549,90 @@ def flash_attention_forward(
 
     `tma` picks how tiles reach shared memory: tensor descriptors (the Hopper TMA engine) or pointer
     arithmetic (cp.async); None follows USE_TMA, falling back to pointers for unaligned strides."""
-    signature = check_inputs("flash_attention", q, k, v)
-    scale = softmax_scale(scale, q.shape[-1])
+    return _forward(q, k, v, causal, scale, out, lse, tma, keep_lse=True)
+
+
+@dataclass(frozen=True)
+class ForwardPlan:
+    """What a forward call needs beyond its tensors, worked out once per input signature."""
+
+    empty: bool  # nothing to compute (a zero-sized dimension)
+    strides: tuple  # q's, k's and v's (batch, head, seq) strides
+    out_strides: tuple  # (batch, head, seq) strides of a new contiguous output
+    sizes: tuple  # n_heads, group, n_q, n_k
+    buckets: tuple  # the autotuner's length buckets of n_q and n_k
+    qk_scale: float  # the default scale 1/sqrt(D), times log2(e)
+    head_dim: int
+    head_pad: int  # head_tile(head_dim)
+    programs_bh: int  # batch x query heads: the grid's second axis
+    lse_scratch: torch.Tensor  # where the log-sum-exp goes when the caller does not keep it
+
+    def grid(self, meta) -> tuple:
+        return triton.cdiv(self.sizes[2], meta["BLOCK_M"]), self.programs_bh, 1
+
+
+_FWD_PLANS: dict = {}
+
+
+def _forward_plan(signature, q, k, v) -> ForwardPlan:
     batch, n_heads, n_q, head_dim = q.shape
     n_kv_heads, n_k = k.shape[1], k.shape[2]
-    out, lse = output_buffers("flash_attention", q, out, lse)
-    if out.numel() == 0:
+    plan = ForwardPlan(
+        empty=q.numel() == 0,
+        strides=(*q.stride()[:3], *k.stride()[:3], *v.stride()[:3]),
+        out_strides=(n_heads * n_q * head_dim, n_q * head_dim, head_dim),
+        sizes=(n_heads, n_heads // n_kv_heads, n_q, n_k),
+        buckets=(_bucket(n_q), _bucket(n_k)),
+        qk_scale=softmax_scale(None, head_dim) * LOG2E,
+        head_dim=head_dim,
+        head_pad=head_tile(head_dim),
+        programs_bh=batch * n_heads,
+        lse_scratch=torch.empty((batch, n_heads, n_q), dtype=torch.float32, device=q.device),
+    )
+    if not (runtime.ON_GPU and torch.cuda.is_current_stream_capturing()):
+        if len(_FWD_PLANS) >= _MAX_CHECKED:
+            _FWD_PLANS.clear()
+        _FWD_PLANS[signature] = plan
+    return plan
+
+
+def _forward(q, k, v, causal, scale, out, lse, tma, keep_lse: bool):
+    """The forward's launch. With keep_lse=False (and no lse given) the log-sum-exp goes to the
+    plan's scratch row (the next call with the same signature overwrites it)."""
+    signature = check_inputs("flash_attention", q, k, v)
+    plan = _FWD_PLANS.get(signature) or _forward_plan(signature, q, k, v)
+    qk_scale = plan.qk_scale if scale is None else softmax_scale(scale, plan.head_dim) * LOG2E
+    # Outputs: new ones (contiguous, aligned: nothing to key on), or the caller's, checked.
+    if out is None and lse is None:
+        out_key = None
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if keep_lse else (
+            plan.lse_scratch)  # fmt: skip
+    else:
+        out, lse = output_buffers("flash_attention", q, out, lse)
+        out_key = (out.stride(), out.data_ptr() % 16, lse.data_ptr() % 16)
+    if plan.empty:
         return out, lse
-
-    def grid(meta):
-        return triton.cdiv(n_q, meta["BLOCK_M"]), batch * n_heads, 1
-
     use_tma = USE_TMA if tma is None else bool(tma)
-    if use_tma and not tma_compatible(q, k, v, out):
-        if tma:
-            raise ValueError(
-                "flash_attention: tma=True needs 16-byte aligned data and strides (in bytes) for "
-                "q, k, v and out"
-            )
-        use_tma = False
     if use_tma:
-        _set_tma_allocator()
+        if not tma_compatible(q, k, v, out):
+            if tma:
+                raise ValueError(
+                    "flash_attention: tma=True needs 16-byte aligned data and strides (in bytes) "
+                    "for q, k, v and out"
+                )
+            use_tma = False
+        else:
+            _set_tma_allocator()
     # Everything Triton specializes on, or the autotuner keys on, follows from these (fast_launch).
-    key = (signature, out.stride(), aligned(q, k, v, out, lse), bool(causal), use_tma)
-    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3])
-    sizes = (n_heads, n_heads // n_kv_heads, n_q, n_k, scale * LOG2E, _bucket(n_q), _bucket(n_k))
-    args = (q, k, v, out, lse, *strides, *sizes)
-    constants = {"HEAD_DIM": head_dim, "HEAD_PAD": head_tile(head_dim), "CAUSAL": bool(causal),
+    causal = bool(causal)
+    key = (signature, out_key, causal, use_tma, q.data_ptr() % 16, k.data_ptr() % 16,
+           v.data_ptr() % 16)  # fmt: skip
+    out_strides = plan.out_strides if out_key is None else out.stride()[:3]
+    args = (q, k, v, out, lse, *plan.strides, *out_strides, *plan.sizes, qk_scale, *plan.buckets)
+    constants = {"HEAD_DIM": plan.head_dim, "HEAD_PAD": plan.head_pad, "CAUSAL": causal,
                  "UPCAST": UPCAST, "TMA": use_tma}  # fmt: skip
-    FWD_LAUNCHES.launch(key, grid, args, constants)
+    FWD_LAUNCHES.launch(key, plan.grid, args, constants)
     return out, lse
 
 
@@ -1170,9 +1226,8 @@ class FlashAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale):
-        check_inputs("FlashAttentionFunction", q, k, v)
+        out, lse = _forward(q, k, v, causal, scale, None, None, None, keep_lse=True)  # checks
         scale = softmax_scale(scale, q.shape[-1])
-        out, lse = flash_attention_forward(q, k, v, causal, scale)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.scale = causal, scale
         ctx.mark_non_differentiable(lse)
@@ -1204,9 +1259,7 @@ def flash_attention(
     """
     # Without gradients to record, skip the autograd.Function (its bookkeeping costs microseconds).
     if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v)):
-        check_inputs("flash_attention", q, k, v)
-        scale = softmax_scale(scale, q.shape[-1])
         out, lse = FlashAttentionFunction.apply(q, k, v, bool(causal), scale)
     else:
-        out, lse = flash_attention_forward(q, k, v, causal, scale)
+        out, lse = _forward(q, k, v, causal, scale, None, None, None, keep_lse=return_lse)
     return (out, lse) if return_lse else out
