@@ -27,9 +27,11 @@ setup:
 	@rm -f $(STAMP)
 	@$(MAKE) --no-print-directory $(STAMP)
 
-# Grade the labs in labs/ (your work): reports in grading-reports/.
+# Grade the labs in labs/ (your work): reports in grading-reports/, with benchmark.md (and, on a GPU,
+# benchmark.png): your kernels against the expected table for your GPU, a page to hand in.
 grade: $(STAMP)
 	$(BIN)/python -m grading labs --out grading-reports
+	$(BIN)/python -m grading.student_report grading-reports
 
 # ruff (rules and line length in pyproject.toml) over the course's Python.
 lint: $(STAMP)
