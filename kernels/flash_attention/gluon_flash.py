@@ -160,14 +160,36 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_read
 
 
 @gluon.jit
+def _softmax_step(s, j, m_i, l_i, acc, rows, cols0, n_k, qk_scale, unmasked_blocks, diagonal,
+                  BLOCK_N: gl.constexpr, dtype: gl.constexpr, p_layout: gl.constexpr,
+                  o_layout: gl.constexpr):  # fmt: skip
+    """The online softmax of key block j's scores s: masks (diagonal, keys past Nk), the new row
+    maximum, P (as the next product's register operand), the running sum, and O rescaled."""
+    if j >= unmasked_blocks:
+        cols = j * BLOCK_N + cols0
+        keep = (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1) + diagonal) & (
+            gl.expand_dims(cols < n_k, 0)
+        )
+        s = gl.where(keep, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+    m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw no key yet
+    p = gl.exp2(s * qk_scale - gl.expand_dims(m_shift, 1))
+    alpha = gl.exp2(m_i - m_shift)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+    p_op = gl.convert_layout(p.to(dtype), p_layout)  # P stays in registers: wgmma's A operand
+    return p_op, m_new, l_i, acc
+
+
+@gluon.jit
 def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready,
                        slot_free, turn, out_ptr, lse_ptr, q_row, m0, n_q, n_k, qk_scale, n_blocks,
                        unmasked_blocks, diagonal):  # fmt: skip
     """The same warpgroup loop in FlashAttention-3's ping-pong order.
 
-    Iteration j issues this warpgroup's two matrix products back to back, O += P_{j-1} V_{j-1} and
-    S_j = Q K_j^T, then hands the tensor cores to the other warpgroup (the `turn` barriers) and
-    runs the softmax of S_j while the other warpgroup's products run. The products of the two
+    Iteration j waits for its turn, queues this warpgroup's two matrix products, S_j = Q K_j^T and
+    O += P_{j-1} V_{j-1}, passes the turn to the other warpgroup (the `turn` barriers), then waits
+    for S_j and runs its softmax while the other warpgroup's products run. The products of the two
     warpgroups alternate instead of colliding, and each softmax hides behind the other's GEMMs."""
     dtype: gl.constexpr = q_smem.dtype
     STAGES: gl.constexpr = k_smem.shape[0]
@@ -189,37 +211,36 @@ def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_read
 
     mbarrier.wait(q_ready, 0)
     q = q_smem.index(WG)
-    for j in range(n_blocks):
+    # Turn parity: warpgroup 0 goes first (a fresh barrier passes parity 1), then they alternate.
+    if n_blocks > 0:  # block 0 has only its S = Q K^T: there is no P V yet
+        mbarrier.wait(turn.index(WG), 1 - WG)
+        mbarrier.wait(k_ready.index(0), 0)
+        s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False,
+                          is_async=True)  # fmt: skip
+        mbarrier.arrive(turn.index(1 - WG), count=1)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        mbarrier.arrive(slot_free.index(0), count=1)  # K_0 consumed
+        p_op, m_i, l_i, acc = _softmax_step(s, 0, m_i, l_i, acc, rows, cols0, n_k, qk_scale,
+                                            unmasked_blocks, diagonal, BLOCK_N, dtype,
+                                            p_layout, o_layout)  # fmt: skip
+    for j in range(1, n_blocks):
         slot = j % STAGES
-        prev = (j + STAGES - 1) % STAGES
-        # Warpgroup 0 goes first (a fresh barrier passes parity 1); then each waits for the other.
+        prev = (j - 1) % STAGES
         mbarrier.wait(turn.index(WG), (j & 1) ^ (1 - WG))
         mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
         s = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
                           is_async=True)  # fmt: skip
-        if j > 0:
-            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-            acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            mbarrier.arrive(slot_free.index(STAGES + prev), count=1)  # V_{j-1} consumed
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+        acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        # Both products are queued on the tensor cores: the other warpgroup may queue its own
+        # (they run after these), while this one waits for its S and runs the softmax.
+        mbarrier.arrive(turn.index(1 - WG), count=1)
+        s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s, acc))
         mbarrier.arrive(slot_free.index(slot), count=1)  # K_j consumed
-        mbarrier.arrive(turn.index(1 - WG), count=1)  # the other warpgroup's products may start
-
-        if j >= unmasked_blocks:
-            cols = j * BLOCK_N + cols0
-            keep = (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1) + diagonal) & (
-                gl.expand_dims(cols < n_k, 0)
-            )
-            s = gl.where(keep, s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-        m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p = gl.exp2(s * qk_scale - gl.expand_dims(m_shift, 1))
-        alpha = gl.exp2(m_i - m_shift)
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
-        m_i = m_new
+        mbarrier.arrive(slot_free.index(STAGES + prev), count=1)  # V_{j-1} consumed
+        p_op, m_i, l_i, acc = _softmax_step(s, j, m_i, l_i, acc, rows, cols0, n_k, qk_scale,
+                                            unmasked_blocks, diagonal, BLOCK_N, dtype,
+                                            p_layout, o_layout)  # fmt: skip
     if n_blocks > 0:  # the last block's P V
         last = (n_blocks - 1) % STAGES
         mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
