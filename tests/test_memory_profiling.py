@@ -80,8 +80,7 @@ def test_every_target_ignored_gives_nan_loss_and_zero_grads_like_pytorch():
 
 
 def test_off_by_one_chunk_would_be_caught():
-    """The test can fail: dropping the last chunk's tokens changes the loss by far more than the
-    tolerance."""
+    """The test can fail: dropping the last chunk's tokens moves the loss far past the tolerance."""
     x, w, t = _inputs(37, 48, 1500, torch.float32, ignore=())
     full = tce.linear_cross_entropy_with_grads(x, w, t, chunk=16)[0]
     short = tce.linear_cross_entropy_with_grads(x[:32], w, t[:32], chunk=16)[0]
@@ -121,8 +120,7 @@ def test_triton_token_losses_match_fp64(shape, dtype):
 
 
 def test_fused_extra_memory_is_one_chunk_not_the_logits():
-    """CPU or GPU: the fused loss's extra memory is dx, dw and one chunk, PyTorch's is several
-    logits."""
+    """CPU or GPU: the fused loss's extra memory is dx, dw and a chunk; PyTorch's, many logits."""
     x, w, t = _inputs(256, 32, 4096, torch.float32)
     _, ours = profiling.peak_bytes(tce.linear_cross_entropy_with_grads, x, w, t, chunk=32)
     logits = 256 * 4096 * 4
@@ -157,8 +155,7 @@ def _measured_phases(cfg, batch, seq, dtype=torch.float32):
 
 
 def test_estimator_predicts_measured_peaks():
-    """Exact on the CPU (requested bytes, no allocator); within 10% on a GPU (GPT-2 small, batch
-    4)."""
+    """Exact on the CPU (requested bytes, no allocator); within 10% on a GPU (GPT-2 small, B 4)."""
     cfg, batch, seq = (gpt.GPT2_SMALL, 4, 1024) if runtime.ON_GPU else (SMALL, 4, 64)
     est, peaks = _measured_phases(cfg, batch, seq)
     rtol = 0.10 if runtime.ON_GPU else 1e-4

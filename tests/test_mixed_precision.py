@@ -26,8 +26,7 @@ def needs_gpu(name):
 
 
 def relative_error(result, x):
-    """|sum - exact| / sum |x_i|, in float64, per row (the exact sum of x as the kernel reads
-    it)."""
+    """|sum - exact| / sum |x_i| in float64, per row (exact: of x as the kernel reads it)."""
     return (result.double() - reference.sum_fp64(x)).abs() / reference.abs_sum_fp64(x).clamp_min(
         1e-300
     )
@@ -188,8 +187,7 @@ FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 
 
 def fp8_input(numel, dtype, seed):
-    """Normal values with a spread of magnitudes (some blocks tiny, some large), an outlier, and a
-    block of zeros."""
+    """Normal values of spread magnitudes (blocks tiny and large), an outlier, a block of zeros."""
     g = generator(seed, DEVICE)
     x = random_tensor((numel,), torch.float32, DEVICE, g)
     exponents = torch.randint(-12, 12, (numel // 128 + 1,), generator=g, device=DEVICE)
@@ -242,8 +240,7 @@ def test_per_block_scales_beat_one_scale_when_magnitudes_vary():
 
 
 def test_clamp_matters_for_pow2_scales():
-    """An amax of 1.9 * 2**k puts the block's largest value at 1.9 * 256 = 486 > 448 in e4m3:
-    clamped."""
+    """An amax of 1.9 * 2**k puts the block's largest at 1.9 * 256 = 486 > 448 in e4m3: clamped."""
     x = torch.tensor([1.9, 0.5, -1.9] + [0.1] * 125, device=DEVICE)
     q, scales = triton_fp8.quantize(x, torch.float8_e4m3fn, 128, pow2=True)
     assert scales.item() == 2.0**-8

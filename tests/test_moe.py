@@ -200,8 +200,7 @@ def permuted_rows(perm):
 
 
 def check_h(h, x, w, perm, dtype, fused=True):
-    """h (permuted rows) against float64 SwiGLU of each real row's expert; padding rows must be
-    zeros."""
+    """h (permuted rows) against each real row's float64 SwiGLU; padding rows must be zeros."""
     real, token, expert, padding = permuted_rows(perm)
     xs = x.double()[token]
     wg, wu = w.gate.double()[expert], w.up.double()[expert]
@@ -283,8 +282,7 @@ def test_layer_matches_fp64(tokens, skew, top_k, dtype, poisoned_empty):
 
 
 def test_layer_check_can_fail(poisoned_empty):
-    """The layer check rejects a layer that forgets to renormalize, and one that skips the last
-    partial tile."""
+    """The layer check rejects a layer that skips renormalizing or the last partial tile."""
     x, w = make_problem(37, torch.bfloat16)
     _, ids, _ = reference.route(x, w.router, 2, fp64=True)
     probs = torch.softmax(x.double() @ w.router.double().T, -1)

@@ -152,8 +152,7 @@ def test_unknown_variant():
 
 
 def _launch_args(**overrides):
-    """The pruner's view of a launch: gate_up of the interleaved persistent variant at 32768
-    tokens."""
+    """The pruner's view of a launch: gate_up, interleaved persistent variant, 32768 tokens."""
     args = dict(
         BLOCK_M=128,
         SWIGLU=True,
@@ -211,8 +210,7 @@ def test_tuned_table_decides_its_key_and_only_its_key(tmp_path, monkeypatch):
 
 
 def test_tuned_choice_that_does_not_fit_the_launch_is_not_used(tmp_path, monkeypatch):
-    """A flattened tile for a launch without persistent programs (nothing to flatten) falls back to
-    autotuning."""
+    """A flattened tile for a non-persistent launch (nothing to flatten): autotuning instead."""
     m = triton_grouped_gemm_tma
     args = _launch_args(PERSISTENT=False)
     table = m.load_tuned(
@@ -246,8 +244,7 @@ def test_broken_tuned_table_is_refused_with_its_path(tmp_path, content, match):
 
 
 def test_committed_tuned_tables_load_and_fit_their_keys():
-    """Every table in kernels/moe/tuned/ reads back, and each choice fits the launch its key
-    describes."""
+    """Every table in kernels/moe/tuned/ reads back; each choice fits the launch its key names."""
     m = triton_grouped_gemm_tma
     paths = sorted(m.TUNED_DIR.glob("*.json"))
     assert paths, "no tuned table committed"
@@ -279,8 +276,7 @@ def test_committed_tuned_tables_load_and_fit_their_keys():
 @pytest.mark.parametrize("name", ["N128 K64 w8 s4 flatten G16", "N256 K64 w8 s3 G4"])
 @pytest.mark.usefixtures("poisoned_empty")
 def test_explicit_configuration_computes_the_same_products(name):
-    """The tuner's path past the autotuner: a named configuration, on the interpreter, still passes
-    the checks."""
+    """The tuner's path past the autotuner: a named configuration still passes the checks."""
     m = triton_grouped_gemm_tma
     c = {m.config_name(c): c for c in m.candidate_configs()}[name]
     dtype = torch.bfloat16
@@ -301,8 +297,7 @@ def test_explicit_configuration_that_does_not_fit_is_refused():
 
 
 def test_greedy_search_picks_the_tile_then_group_m():
-    """Stage 1 times every fitting tile at GROUP_M 8; stage 2 the winner again with 4 and 16, in one
-    run."""
+    """Stage 1 times every fitting tile at GROUP_M 8; stage 2 the winner with 4 and 16, one run."""
     m = triton_grouped_gemm_tma
     calls = []
 

@@ -190,8 +190,7 @@ def test_backward_matches_fp64_autograd(dtype, shape):
 
 
 def test_every_launch_configuration_fits_the_register_file(tmp_path):
-    """threads x registers <= 64K for every kernel the wrapper can pick, read off ptxas's report for
-    sm_90."""
+    """threads x registers <= 64K for every kernel the wrapper can pick (ptxas's sm_90 report)."""
     import re
     import subprocess
 

@@ -75,8 +75,9 @@ def bandwidth_sweep(
 def decode_residual_stream(
     layers: int = 32, width: int = 2560, dtype=torch.float16, seed: int = 0, progress: bool = True
 ) -> dict:
-    """A decode step's residual adds: `layers` updates h = mlp + attn + h of one token (1 x
-    width).
+    """A decode step's residual adds: `layers` updates h = mlp + attn + h of one token.
+
+    The token is a (1, width) row.
 
     Eager PyTorch (2 adds = 2 launches per layer), the fused kernels eager (1 launch per layer), and
     both captured in a CUDA graph (one launch for the whole stack). A decode step of one token is
@@ -232,8 +233,7 @@ def performance_targets(ceilings: dict, seed: int = 0, progress: bool = True) ->
 
 
 def log2_sizes(max_exp: int = 28, per_octave: int = 1) -> list[int]:
-    """1, 2, 4, ... 2**max_exp elements (256M by default), plus odd sizes in between if per_octave >
-    1."""
+    """1, 2, 4, ... 2**max_exp elements (256M by default); odd sizes between if per_octave > 1."""
     return sorted(
         {max(1, round(2 ** (e / per_octave))) for e in range(0, max_exp * per_octave + 1)}
     )

@@ -74,8 +74,7 @@ def torch_backed_allocator():
 
 
 def demo(nbytes: int = 256 * 2**20) -> list[tuple[str, PoolFigures]]:
-    """Allocate and free through both, and through CuPy on PyTorch's allocator: the figures after
-    each."""
+    """Allocate and free through both, and through CuPy on PyTorch's allocator: the figures."""
     runtime.require_cupy()
     import cupy
 

@@ -70,8 +70,7 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.d_model)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The mean next-token loss; the logits are not returned, so they are freed as soon as
-        possible."""
+        """The mean next-token loss; the logits are not returned, so they are freed at once."""
         t = idx.shape[1]
         x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
         for block in self.blocks:

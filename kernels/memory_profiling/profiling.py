@@ -55,8 +55,7 @@ def _cpu_profile():
 
 
 def _live_curve(prof) -> list[int]:
-    """Running sum of the bytes of CPU allocations (+) and frees (-) in a profile, in time order,
-    from 0."""
+    """Running sum of the bytes of a profile's CPU allocations (+) and frees (-), from 0."""
     events = sorted(
         (e.start_ns(), e.nbytes())
         for e in prof.profiler.kineto_results.events()
@@ -184,8 +183,7 @@ class PhaseRecorder:
 
 
 def peak_bytes(fn, *args, **kwargs) -> tuple[object, int]:
-    """(fn's result, the peak bytes allocated *above what was allocated before the call*) -- its
-    extra memory.
+    """(fn's result, its extra memory): the peak bytes allocated above those before the call.
 
     GPU: the caching allocator's peak; CPU: the peak of CPU tensors live during the call
     (torch.profiler).

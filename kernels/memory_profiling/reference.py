@@ -34,8 +34,7 @@ def token_losses_tolerance(dtype: torch.dtype) -> tuple[float, float]:
 def linear_cross_entropy(
     x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX
 ) -> torch.Tensor:
-    """What everyone writes: the full logits, then `F.cross_entropy` (mean over non-ignored
-    tokens)."""
+    """What everyone writes: the full logits, then `F.cross_entropy` (mean over kept tokens)."""
     return F.cross_entropy(x @ w.t(), targets, ignore_index=ignore_index)
 
 
@@ -49,8 +48,7 @@ def token_losses(
 def token_losses_fp64(
     x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX
 ) -> torch.Tensor:
-    """Per-token losses in float64 from the same (low-precision) inputs: the spec the checks compare
-    with."""
+    """Per-token losses in float64 from the same (low-precision) inputs: the checks' spec."""
     logits = x.double() @ w.double().t()
     return F.cross_entropy(logits, targets, ignore_index=ignore_index, reduction="none")
 
@@ -58,8 +56,7 @@ def token_losses_fp64(
 def loss_and_grads_fp64(
     x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(mean loss, d loss / d x, d loss / d w), all float64, by autograd on float64 copies of the
-    inputs."""
+    """(mean loss, d loss / d x, d loss / d w) in float64, by autograd on float64 copies."""
     x64 = x.detach().double().requires_grad_()
     w64 = w.detach().double().requires_grad_()
     loss = F.cross_entropy(x64 @ w64.t(), targets, ignore_index=ignore_index)
@@ -70,8 +67,7 @@ def loss_and_grads_fp64(
 def grad_scales_fp64(
     x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Magnitudes of the terms summed into each gradient element, for tolerances that survive
-    cancellation.
+    """Magnitudes of the terms summed into each gradient element: cancellation-proof tolerances.
 
     dx = P @ w / n and dw = P^T @ x / n with |P| <= |softmax| + onehot: bound each sum by the sum of
     |terms|.

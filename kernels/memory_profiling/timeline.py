@@ -45,8 +45,7 @@ def _frame_text(frame: dict) -> str:
 
 
 def allocation_frame(frames: list[dict]) -> str:
-    """The innermost frame that is not PyTorch's (or a library's): the line of user code that
-    allocated."""
+    """The innermost frame not PyTorch's (or a library's): the user code that allocated."""
     for frame in frames:
         where = f"{frame.get('filename', '')} {frame.get('name', '')}"
         if not any(marker in where for marker in _LIBRARY_MARKERS):
@@ -65,8 +64,9 @@ def device_trace(snapshot: dict, device: int | None = None) -> list[dict]:
 def timeline_arrays(
     snapshot: dict, device: int | None = None, top: int = 10
 ) -> tuple[np.ndarray, list[str]]:
-    """(bytes, labels): bytes[i, k] is the live bytes of category k after event i (alloc or
-    free_completed).
+    """(bytes, labels): bytes[i, k], the live bytes of category k after event i.
+
+    Events are alloc or free_completed.
 
     The categories are the `top` frames with the largest peak, then "other", then the memory that
     was already allocated when recording began (freed during it, so its size is known from the
@@ -128,8 +128,7 @@ def plot_timeline(
     unit: str = "MiB",
     legend: bool = True,
 ):
-    """Draw the snapshot's live memory over events, stacked by allocating frame; returns the
-    axes."""
+    """Draw the snapshot's live memory over events, stacked by allocating frame; return the axes."""
     import matplotlib.pyplot as plt
 
     scale = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[unit]

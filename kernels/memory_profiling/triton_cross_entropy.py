@@ -50,8 +50,9 @@ def _softmax_loss_grad_kernel(
     ignore_index,
     BLOCK_V: tl.constexpr,
 ):
-    """One program per row: loss = logsumexp(z) - z[target]; z <- (softmax(z) - onehot(target)) /
-    n_valid.
+    """One program per row: loss = logsumexp(z) - z[target], and the gradient in place:
+
+    z <- (softmax(z) - onehot(target)) / n_valid.
 
     Sweep 1 keeps a running maximum and a running sum of exponentials (rescaled when the maximum
     grows), so the row is read in BLOCK_V pieces and never held whole; sweep 2 reads it again and
@@ -89,8 +90,7 @@ def _softmax_loss_grad_kernel(
 
 
 def default_chunk(tokens: int, vocab: int, element_size: int) -> int:
-    """Rows per chunk: a power of two whose (chunk, vocab) buffer is about CHUNK_BYTES, at most
-    `tokens`."""
+    """Rows per chunk: a power of two, (chunk, vocab) about CHUNK_BYTES, at most `tokens`."""
     rows = max(1, CHUNK_BYTES // (vocab * element_size))
     return min(tokens, 1 << (rows.bit_length() - 1))
 
@@ -150,8 +150,7 @@ def linear_cross_entropy_with_grads(
 
 
 class LinearCrossEntropy(torch.autograd.Function):
-    """Autograd wrapper: the gradients are computed in the forward and scaled by d(output) in
-    backward."""
+    """Autograd wrapper: gradients computed in the forward, scaled by d(output) in backward."""
 
     @staticmethod
     def forward(ctx, x, w, targets, ignore_index=IGNORE_INDEX, chunk=None):
@@ -182,8 +181,9 @@ def linear_cross_entropy(
     ignore_index: int = IGNORE_INDEX,
     chunk: int | None = None,
 ) -> torch.Tensor:
-    """Drop-in for `F.cross_entropy(x @ w.T, targets, ignore_index=...)` (mean) that never holds all
-    logits.
+    """Drop-in for `F.cross_entropy(x @ w.T, targets, ignore_index=...)` (mean), chunked.
+
+    It never holds all the logits.
 
     The loss is float32 (PyTorch returns x's dtype). Call `.backward()` on it as usual.
     """

@@ -8,8 +8,7 @@ from kernels.validate import FLOAT_DTYPES
 
 
 def check_linear_ce_args(op: str, x, w, targets, *, device_type: str) -> None:
-    """x: (tokens, hidden) float, w: (vocab, hidden) of x's dtype, targets: (tokens,) int64; all on
-    one device."""
+    """x (tokens, hidden) float, w (vocab, hidden) alike, targets (tokens,) int64, one device."""
     for name, t in (("x", x), ("w", w), ("targets", targets)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")

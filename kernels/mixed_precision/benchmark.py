@@ -52,8 +52,7 @@ def sums(n: int = N) -> dict:
 
 
 def accumulators(n: int = N) -> dict:
-    """Each algorithm with each accumulator dtype (Triton and CUDA C): what explicit rounding
-    costs."""
+    """Each algorithm with each accumulator dtype (Triton, CUDA C): what explicit rounding costs."""
     x = _input(n, seed=1)
     fns = {}
     for acc in reference.ACC_DTYPES:

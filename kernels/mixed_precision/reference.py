@@ -49,8 +49,7 @@ def sequential_sum(x: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
 
 
 def _tree(v: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
-    """Adjacent pairs, level by level, along the last dimension (a power of two), rounded each
-    time."""
+    """Adjacent pairs, level by level, along the last dimension (a power of two), each rounded."""
     while v.shape[-1] > 1:
         v = round_to(v[..., 0::2] + v[..., 1::2], acc)
     return v[..., 0]

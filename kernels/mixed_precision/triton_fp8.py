@@ -58,8 +58,7 @@ def fp8_constants(dtype: torch.dtype, pow2: bool) -> dict:
 
 @triton.jit
 def round_to_fp8(v, MANT: tl.constexpr, MIN_NORMAL: tl.constexpr, MAGIC: tl.constexpr):
-    """v (float32, within the format's range) rounded to nearest even on the fp8 grid, as
-    float32."""
+    """v (float32, in the format's range) rounded to nearest even on the fp8 grid, as float32."""
     a = tl.abs(v)
     # normal numbers: keep MANT mantissa bits, rounding the dropped ones to nearest even
     bits = a.to(tl.uint32, bitcast=True)
@@ -120,8 +119,7 @@ def quantize_blocks_kernel(
     MAGIC: tl.constexpr,
     POW2: tl.constexpr,
 ):
-    """GROUPS blocks of BLOCK consecutive elements per program: amax per block, scale, quantize,
-    store."""
+    """GROUPS blocks of BLOCK elements per program: amax per block, scale, quantize, store."""
     blk = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
     offsets = blk[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
     mask = offsets < n
@@ -164,8 +162,7 @@ def fake_quantize_kernel(
 
 @triton.jit
 def amax_kernel(x_ptr, out_ptr, n, TILE: tl.constexpr):
-    """The largest |x| of each TILE elements; launched again on its own output until one value is
-    left."""
+    """The largest |x| of each TILE elements; relaunched on its output until one value is left."""
     offsets = tl.program_id(0).to(tl.int64) * TILE + tl.arange(0, TILE)
     x = tl.load(x_ptr + offsets, mask=offsets < n, other=0.0).to(tl.float32)
     tl.store(out_ptr + tl.program_id(0), tl.max(tl.abs(x), axis=0))
@@ -186,8 +183,7 @@ def quantize_tensor_kernel(
     MAGIC: tl.constexpr,
     POW2: tl.constexpr,
 ):
-    """One scale for the whole tensor, computed by every program from the amax in memory (no host
-    sync)."""
+    """One scale for the tensor, computed by every program from the amax in memory (no sync)."""
     offsets = tl.program_id(0).to(tl.int64) * TILE + tl.arange(0, TILE)
     mask = offsets < n
     scale = _scale_from_amax(tl.load(amax_ptr), FP8_MAX, EMAX, POW2)
@@ -258,8 +254,7 @@ def fake_quantize(
     pow2: bool = False,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """dequantize(quantize(x)) per block, in one pass, in x's dtype (written into `out` if
-    given)."""
+    """dequantize(quantize(x)) per block, in one pass, in x's dtype (into `out` if given)."""
     check_fp8_args("fake_quantize", x, dtype, block)
     out = torch.empty_like(x) if out is None else out
     if x.numel():

@@ -61,8 +61,7 @@ def _pair_sums(v, HALF: tl.constexpr):
 
 @triton.jit
 def _tree_sum(v, N: tl.constexpr, LOG2N: tl.constexpr, ACC: tl.constexpr):
-    """Sum of the N (a power of two) values of v: adjacent pairs, level by level, rounded each
-    time."""
+    """Sum of the N (a power of two) values of v: adjacent pairs, level by level, each rounded."""
     for level in tl.static_range(LOG2N):
         v = _round(_pair_sums(v, N >> (level + 1)), ACC)
     return tl.sum(v, axis=0)  # one value left: exact

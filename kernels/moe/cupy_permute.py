@@ -18,8 +18,7 @@ SCAN_THREADS = 1024
 
 
 def permute(ids: torch.Tensor, experts: int, block_m: int) -> Permutation:
-    """Sort the assignments of `ids` (tokens, k) int32 by expert, rows padded to `block_m`; no host
-    sync."""
+    """Sort the assignments of `ids` (tokens, k) by expert, rows padded to `block_m`; no sync."""
     runtime.require_cupy()
     check_ids("cupy permute", ids, experts)
     if ids.dtype != torch.int32 or ids.device.type != "cuda":

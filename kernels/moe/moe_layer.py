@@ -43,8 +43,7 @@ def grouped_gemm_for(tokens: int, experts: int, top_k: int) -> str:
 
 
 def grouped_gemm_functions(variant: str):
-    """(gate_up_swiglu, down) of a grouped-GEMM variant, each called as the pointer kernel's
-    functions are."""
+    """(gate_up_swiglu, down) of a grouped-GEMM variant, called as the pointer kernel's are."""
     if variant == "pointer":
         return triton_grouped_gemm.gate_up_swiglu, triton_grouped_gemm.down
     if variant not in triton_grouped_gemm_tma.VARIANTS:

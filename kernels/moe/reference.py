@@ -44,16 +44,14 @@ class MoEWeights:
         return self.gate.shape[1]
 
     def expert_bytes(self) -> int:
-        """Bytes of the three expert matrices of all experts: what a small batch must read at
-        least."""
+        """Bytes of all experts' three matrices: what a small batch must read at least."""
         return sum(t.numel() * t.element_size() for t in (self.gate, self.up, self.down))
 
 
 def init_weights(
     experts: int, hidden: int, inter: int, dtype, device, generator=None
 ) -> MoEWeights:
-    """Random weights scaled like nn.Linear's (std 1/sqrt(fan_in)), so activations stay near unit
-    size."""
+    """Random weights scaled like nn.Linear's (std 1/sqrt(fan_in)): activations near unit size."""
 
     def randn(*shape, fan_in):
         return (torch.randn(shape, device=device, generator=generator) / fan_in**0.5).to(dtype)
@@ -67,8 +65,7 @@ def init_weights(
 
 
 def route(x: torch.Tensor, w_router: torch.Tensor, top_k: int, *, fp64: bool = False):
-    """(probs (tokens, experts), ids (tokens, k) int64, weights (tokens, k)): softmax, top-k,
-    renormalize.
+    """Softmax, top-k, renormalize: (probs (tokens, experts), ids (tokens, k) int64, weights).
 
     Logits and softmax in float32 (the kernels' accumulator), or float64 for checks.
     """
@@ -201,8 +198,7 @@ def load_balancing_loss(probs: torch.Tensor, counts: torch.Tensor, top_k: int) -
 
 
 def capacity(tokens: int, experts: int, top_k: int, capacity_factor: float) -> int:
-    """Rows an expert may take in a capacity-limited layer (GShard): ceil(factor * tokens * k /
-    experts)."""
+    """Rows an expert may take in a capacity-limited layer (GShard): ceil(factor * T * k / E)."""
     return int(-(-capacity_factor * tokens * top_k // experts))
 
 

@@ -52,8 +52,7 @@ def combine_kernel(
 
 
 def combine(y: torch.Tensor, weights: torch.Tensor, perm: Permutation) -> torch.Tensor:
-    """(tokens, hidden) in y's dtype from the expert outputs y (rows, hidden) and weights (tokens,
-    k)."""
+    """(tokens, hidden) in y's dtype from expert rows y (rows, hidden) and weights (tokens, k)."""
     tokens, top_k = weights.shape
     if top_k != perm.top_k or weights.dtype != torch.float32:
         raise ValueError(

@@ -145,8 +145,7 @@ def grouped_gemm_kernel(
     EVEN_K: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    """c[rows, n] = A[rows] @ w1[expert].T (or silu(A @ w1.T) * (A @ w2.T)), w1, w2: (experts, N,
-    K)."""
+    """c[rows, n] = A[rows] @ w1[expert].T, or silu(A @ w1.T) * (A @ w2.T); w1, w2: (E, N, K)."""
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(N, BLOCK_N)
     per_group = GROUP_M * n_tiles
@@ -249,8 +248,7 @@ def gate_up_swiglu(
 def gate_up_unfused(
     x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, perm: Permutation
 ) -> torch.Tensor:
-    """The same h without the fusion: two grouped GEMMs and an element-wise SwiGLU (the lab's base
-    task)."""
+    """The same h unfused: two grouped GEMMs and an element-wise SwiGLU (the lab's base task)."""
     gate = grouped_gemm(x, w_gate, w_gate, perm, gather=True, swiglu=False)
     up = grouped_gemm(x, w_up, w_up, perm, gather=True, swiglu=False)
     return (torch.nn.functional.silu(gate.float()) * up.float()).to(x.dtype)

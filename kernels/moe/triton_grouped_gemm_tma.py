@@ -105,8 +105,7 @@ GROUP_M_CHOICES = (8, 4, 16)
 
 
 def set_block_shapes(nargs):
-    """A descriptor's block shape is part of its type: set it from the configuration being
-    launched."""
+    """A descriptor's block shape is part of its type: set it from the launched configuration."""
     block_m, block_n, block_k = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
     nargs["a_desc"].block_shape = [block_m, block_k]
     nargs["w1_desc"].block_shape = [block_n * (2 if nargs["INTERLEAVED"] else 1), block_k]
@@ -354,8 +353,7 @@ def gather_rows_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """out[row] = x[sorted_ids[row] // TOP_K] for the rows of tiles in use; padding rows get
-    zeros."""
+    """out[row] = x[sorted_ids[row] // TOP_K] for rows of tiles in use; padding rows get zeros."""
     tile = tl.program_id(0)
     if tl.load(tile_expert_ptr + tile) >= 0:
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -395,8 +393,7 @@ def gather_rows(x: torch.Tensor, perm: Permutation) -> torch.Tensor:
 
 @functools.cache
 def _programs_per_launch() -> int:
-    """Persistent programs: one per SM on the GPU; two in the interpreter, which is enough to
-    interleave."""
+    """Persistent programs: one per SM on the GPU; two in the interpreter (enough to interleave)."""
     return torch.cuda.get_device_properties(0).multi_processor_count if runtime.ON_GPU else 2
 
 

@@ -42,8 +42,7 @@ BLOCK_TILES = runtime.pick(gpu=256, cpu=64)  # tiles per step of the tile -> exp
 
 @dataclass
 class Permutation:
-    """Where every assignment goes. Rows not holding an assignment (padding) have sorted_ids ==
-    -1."""
+    """Where every assignment goes; padding rows (no assignment) have sorted_ids == -1."""
 
     counts: torch.Tensor  # (E,) int32: assignments per expert
     padded_offsets: torch.Tensor  # (E + 1,) int32: first row of each expert; [E] = rows in use
@@ -61,8 +60,7 @@ class Permutation:
 
 
 def max_tiles(assignments: int, experts: int, block_m: int) -> int:
-    """Tiles the padded rows can need at most: sum_e ceil(c_e / B) <= (sum_e c_e + E * (B - 1)) /
-    B."""
+    """Tiles the padded rows need at most: sum_e ceil(c_e / B) <= (sum_e c_e + E (B - 1)) / B."""
     return (assignments + experts * (block_m - 1)) // block_m
 
 
@@ -222,8 +220,7 @@ def permute(ids: torch.Tensor, experts: int, block_m: int) -> Permutation:
 
 
 def permute_reference(ids: torch.Tensor, experts: int, block_m: int) -> Permutation:
-    """The same permutation by PyTorch ops (stable sort by expert); syncs with the host. The spec
-    for tests."""
+    """The same permutation by PyTorch ops (stable sort by expert; syncs): the tests' spec."""
     flat = ids.flatten().long()
     n = flat.numel()
     counts = torch.bincount(flat, minlength=experts)

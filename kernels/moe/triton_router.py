@@ -90,8 +90,7 @@ def router_kernel(
 
 
 def route(x: torch.Tensor, w_router: torch.Tensor, top_k: int):
-    """(probs (tokens, experts) float32, ids (tokens, k) int32, weights (tokens, k) float32), one
-    launch."""
+    """(probs (tokens, experts) fp32, ids (tokens, k) int32, weights (tokens, k) fp32) at once."""
     check_router_args("route", x, w_router, top_k)
     tokens, hidden = x.shape
     experts = w_router.shape[0]
@@ -126,8 +125,7 @@ def route(x: torch.Tensor, w_router: torch.Tensor, top_k: int):
 def routing_stats(
     probs: torch.Tensor, counts: torch.Tensor, top_k: int, capacity_factor: float = 1.25
 ) -> dict:
-    """Load-balancing loss and utilization from the router's probs and the permutation's counts
-    (tensors)."""
+    """Load-balancing loss and utilization from the router's probs and the counts (tensors)."""
     stats = reference.utilization(counts, probs.shape[0], top_k, capacity_factor)
     stats["load_balancing_loss"] = reference.load_balancing_loss(probs, counts, top_k)
     return stats

@@ -50,8 +50,7 @@ def greedy_search(
     time_configs: Callable[[list[triton.Config]], dict[str, float]],
     fits: Callable[[triton.Config], bool],
 ) -> tuple[triton.Config, dict[str, dict[str, float]]]:
-    """The configuration to keep, and each stage's medians in ms. `time_configs` times its list
-    interleaved."""
+    """The configuration to keep, and each stage's medians in ms (`time_configs`, interleaved)."""
     first, *others = tma.GROUP_M_CHOICES
     tiles = [c for c in (tma.tile_config(*tile, first) for tile in tma.GPU_TILES) if fits(c)]
     if not tiles:
@@ -72,8 +71,7 @@ def greedy_search(
 
 
 def tune_layer_products(tokens: int, w: reference.MoEWeights, variant: str) -> dict[str, dict]:
-    """Table entries for `variant`'s gate_up and down at `tokens`, on the router's own routing of
-    random tokens."""
+    """Table entries for `variant`'s gate_up and down at `tokens`, routing random tokens."""
     options = tma.VARIANTS[variant]
     g = generator(tokens, runtime.DEVICE)
     x = torch.randn(tokens, HIDDEN, device=runtime.DEVICE, generator=g).to(DTYPE)

@@ -47,16 +47,14 @@ def check_router_args(op: str, x, w_router, top_k) -> None:
 
 
 def check_ids(op: str, ids, experts: int) -> None:
-    """Expert ids (tokens, k): int32 or int64; values are trusted to lie in [0, experts) (checking
-    would sync)."""
+    """Expert ids (tokens, k), int32 or int64; values trusted in [0, experts) (a check syncs)."""
     check_tensor(op, "ids", ids, dim=2, dtypes=(torch.int32, torch.int64))
     if experts < 1:
         raise ValueError(f"{op}: experts must be >= 1, got {experts}")
 
 
 def check_expert_weights(op: str, x, gate, up, down) -> None:
-    """x (tokens, hidden); gate, up (experts, inter, hidden); down (experts, hidden, inter); one
-    dtype."""
+    """x (tokens, hidden); gate, up (E, inter, hidden); down (E, hidden, inter); one dtype."""
     check_tensor(op, "x", x, dim=2, dtypes=MOE_DTYPES)
     for name, t in (("w_gate", gate), ("w_up", up), ("w_down", down)):
         check_tensor(op, name, t, dim=3, dtypes=(x.dtype,), device=x.device)

@@ -42,8 +42,7 @@ def _inputs(shape, dtype=DTYPE, seed=0):
 
 
 def forward(shape=SHAPE, dtype=DTYPE, compiled: bool = True) -> dict:
-    """Every forward implementation at one shape, interleaved: median us and GB/s (x read, y
-    written)."""
+    """Every forward implementation at one shape, interleaved: median us, GB/s (x read, y out)."""
     x, w = _inputs(shape, dtype)
     fns = {name: (lambda fn=fn: fn(x, w, 1e-6)) for name, fn in forward_implementations().items()}
     if compiled:
@@ -120,8 +119,7 @@ def forward_backward(shape=SHAPE, dtype=DTYPE) -> dict:
 
 
 def decode_in_graph(width: int = 4096, calls: int = 32, dtype=DTYPE) -> dict:
-    """`calls` RMSNorms of one token (1 x width) captured in one CUDA graph: the device time per
-    call."""
+    """`calls` RMSNorms of one token (1 x width) in one CUDA graph: device time per call."""
     x, w = _inputs((1, width), dtype)
     outs = {}
     impls = {"F.rms_norm": reference.rms_norm, "triton": triton_rmsnorm.rms_norm}

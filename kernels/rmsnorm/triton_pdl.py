@@ -64,8 +64,7 @@ def matmul_kernel(
     UPCAST: tl.constexpr,
     LAUNCH_DEPENDENTS: tl.constexpr,
 ):
-    """c (M, N) = a (M, K) @ b (K, N), row-major; float32 accumulation, rounded once to c's
-    dtype."""
+    """c (M, N) = a (M, K) @ b (K, N), row-major; float32 accumulation, rounded once to c's type."""
     pid = tl.program_id(0)
     # Grouped order: GROUP_M row tiles walk the column tiles together, so their rows of a stay in
     # L2.
@@ -260,8 +259,7 @@ def gemm_rms_norm(
 def check_pair(
     a: torch.Tensor, b: torch.Tensor, w: torch.Tensor, eps: float, h: torch.Tensor, y: torch.Tensor
 ) -> dict[str, Comparison]:
-    """The pair's outputs against float64: h against a @ b, y against the float64 RMSNorm of the h
-    returned.
+    """The pair's outputs against float64: h against a @ b, y against the RMSNorm of h returned.
 
     h: float32 accumulation over K products may be off by K float32 roundings of sum |a||b| (per
     element), then one rounding to the dtype. y normalizes the rounded h, as the next kernel of a
