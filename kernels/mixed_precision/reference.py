@@ -5,8 +5,8 @@
   this: an fp16/bf16 operation computed in float32 and rounded once is the correctly rounded
   fp16/bf16 result (float32 has more than 2p + 2 bits for p = 11 or 8), so CPU and GPU agree bit for
   bit.
-* `sequential_sum`: s = s + x[i], one element at a time, rounded to `acc` after each step (seed
-  004).
+* `sequential_sum`: s = s + x[i], one element at a time, rounded to `acc` after each step (the
+  accumulation experiment of the CS336 assignment 2 handout, "mixed_precision_accumulation").
 * `sum_fp64`, `abs_sum_fp64`: the exact answer and the condition scale sum |x_i| of a row.
 * fp8: ranges, per-tensor and per-block scales from amax, and the fp64 quantize -> dequantize round
   trip.
