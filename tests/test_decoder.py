@@ -440,3 +440,25 @@ def test_benchmark_helpers_run_on_the_tiny_model(monkeypatch):
         [{"batch": 1, "context": 9, "ours (graph) ms": 1.0, "ours % of floor": 90.0,
           "ours vs HF static compiled": 2.0}], merged, None)
     assert [t["met"] for t in targets][:2] == [True, True]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not runtime.ON_GPU, reason="needs a GPU")
+def test_graph_survives_other_graphs_and_cleared_cublas_workspaces():
+    """Graphs captured one after another, the earlier ones freed, then cuBLAS's workspaces cleared
+    and the cache emptied (what torch.compile's CUDA graphs do around each recording): the last
+    graph must still replay correctly. A graph that inherited a workspace from an earlier graph's
+    memory pool reads freed memory here."""
+    hf = hf_reference.random_llama(TINY, seed=14, device="cuda")
+    model = Decoder(DecoderWeights.from_hf(hf), max_batch=2, max_seq=32)
+    for batch in (1, 2, 1):
+        step = model.capture_decode_graph(batch)
+    tokens = prompt(TINY, 1, 5).cuda()
+    want = model.generate(tokens, 6, graph=False)
+    torch._C._cuda_clearCublasWorkspaces()
+    torch.cuda.empty_cache()
+    model.prefill(tokens)
+    step.start(want[:, 5], 5)
+    got = [step.replay().clone() for _ in range(5)]
+    torch.cuda.synchronize()
+    assert torch.equal(torch.stack(got, 1), want[:, 6:])

@@ -286,8 +286,12 @@ def check_decode_step(decode_step) -> bool:
         with torch.cuda.stream(side):
             decode_step(model, tokens, positions)  # warm-up: compiles outside the capture
         torch.cuda.current_stream().wait_stream(side)
+        # cuBLAS's workspace made in this graph's own memory pool (kernels/decoder/model.py,
+        # DecodeGraph, says why)
+        torch._C._cuda_clearCublasWorkspaces()
         with torch.cuda.graph(graph):
             captured = decode_step(model, tokens, positions)
+        torch._C._cuda_clearCublasWorkspaces()
     except Exception as exc:  # noqa: BLE001 - whatever the forbidden host sync raised
         print(f"FAIL  decode_step cannot be captured in a CUDA graph ({type(exc).__name__}: "
               f"{exc}): a host sync (.item(), .cpu(), int(tensor), a size read from a tensor)?")

@@ -501,8 +501,8 @@ class DecodeGraph:
         self.positions = torch.zeros(batch, dtype=torch.int32, device=model.device)
         saved = model.cache.length
         # Warm up (compiles and autotunes every kernel) at positions 0 and 1, then restore the
-        # cache's
-        # length: the warm-up writes those positions of the cache, so capture before a prefill.
+        # cache's length: the warm-up writes those positions of the cache, so capture before a
+        # prefill.
         self.logits = None
         self.graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream()
@@ -511,8 +511,17 @@ class DecodeGraph:
             for _ in range(2):
                 self._step()
         torch.cuda.current_stream().wait_stream(stream)
+        # cuBLAS keeps one workspace per stream, and every capture runs on the same capture stream:
+        # a workspace made in an earlier graph's memory pool would be baked into this graph, and
+        # freed under it when that graph goes or when anyone clears the workspaces (torch.compile's
+        # CUDA graphs do, before and after each recording): the replay then reads freed memory.
+        # Cleared before the capture, the GEMMs allocate their workspace in this graph's own pool,
+        # which lives as long as the graph; cleared after, no later capture inherits it. (The same
+        # rule as torch._inductor.cudagraph_trees.clear_cublas_manager.)
+        torch._C._cuda_clearCublasWorkspaces()
         with torch.cuda.graph(self.graph):
             self._step()
+        torch._C._cuda_clearCublasWorkspaces()
         model.cache.length = saved
 
     def _step(self) -> None:
