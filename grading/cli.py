@@ -187,7 +187,20 @@ def grade_paths(args, opts: Options, jobs: int) -> int:
         print("grading: no *_lab.ipynb notebooks found", file=sys.stderr)
         return 1
     tasks = [(i, nb, lab_id_of(nb, LAB_MODULES), _seed(args)) for i, nb in enumerate(notebooks)]
-    results, interrupted = run_tasks(tasks, opts, jobs)
+    # A report marked partial exists from the start and after every lab: a run killed outright
+    # (SIGKILL, a lost machine) leaves it, every lab not yet graded marked interrupted.
+    sofar = {i: interrupted_lab(nb, lab_id, seed) for i, nb, lab_id, seed in tasks}
+
+    def write_partial(key=None, lab=None) -> None:
+        if key is not None:
+            sofar[key] = lab
+        labs = [dict(sofar[i]) for i in range(len(tasks))]
+        for lab in labs:
+            lab["score"] = report_mod.score_lab(lab)
+        write_report(args.out, _report(labs, opts, True))
+
+    write_partial()
+    results, interrupted = run_tasks(tasks, opts, jobs, on_result=write_partial)
     labs = [results[i] for i in range(len(tasks))]
     for lab in labs:
         lab["score"] = report_mod.score_lab(lab)

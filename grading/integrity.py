@@ -118,12 +118,20 @@ class GraderGuard:
 
     @staticmethod
     def _take(modules) -> dict[str, int]:
+        """The identity of every module attribute (functions, classes, the frozen sets and tuples
+        the checks read), and of every method of the classes the module defines."""
         seen = {}
         for name in modules:
             mod = importlib.import_module(name)
             for attr, value in vars(mod).items():
-                if isinstance(value, (types.FunctionType, type)) and not attr.startswith("__"):
-                    seen[f"{name}.{attr}"] = id(value)
+                if attr.startswith("__") or isinstance(value, types.ModuleType):
+                    continue
+                seen[f"{name}.{attr}"] = id(value)
+                if isinstance(value, type) and value.__module__ == name:
+                    for method in vars(value):
+                        found = getattr(value, method, None)
+                        if callable(found) and found is getattr(value, method, None):
+                            seen[f"{name}.{attr}.{method}"] = id(found)
         for dotted in GUARDED_OBJECTS:
             try:
                 seen[dotted] = id(_resolve(dotted))

@@ -128,6 +128,30 @@ def cpu_seconds(pid: int) -> float | None:
         return None
 
 
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every process below it (Linux /proc; in a sandbox, `pid` is bwrap's init and
+    the worker its child)."""
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        try:
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            pass
+    return found
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    return sum(cpu_seconds(p) or 0.0 for p in process_tree(pid))
+
+
+def tree_rss_bytes(pid: int) -> int | None:
+    sizes = [rss_bytes(p) for p in process_tree(pid)]
+    return sum(s for s in sizes if s is not None) if any(s is not None for s in sizes) else None
+
+
 def _memory_cap(limits: dict | None, opts: Options) -> int:
     """Resident bytes above which the parent stops a worker. With RLIMIT_AS in force (CPU mode)
     the cap sits above anything the limit allows, so the worker's own MemoryError comes first."""
@@ -190,7 +214,7 @@ class WorkerProcess:
 
     def __init__(self, cmd: list[str], cwd: Path, deadline: float, opts: Options,
                  env: dict | None = None, sandbox: bool = False):
-        self.opts, self.deadline = opts, deadline
+        self.opts, self.deadline, self.sandboxed = opts, deadline, sandbox
         req_r, self._req_w = os.pipe()
         self._rep_r, rep_w = os.pipe()
         fds = [req_r, rep_w]
@@ -252,6 +276,8 @@ class WorkerProcess:
         if self.proc.poll() is None:
             _kill(self.proc)
         self.attempt.returncode = self.proc.wait()
+        if self.sandboxed and self.attempt.returncode > 128 and not self.attempt.stopped:
+            self.attempt.returncode = 128 - self.attempt.returncode  # bwrap: 128 + signal
         self.drain.join(timeout=5)
         self.attempt.step = self.step
         self.attempt.output_bytes, self.attempt.output_tail = self.drain.total, self.drain.text()
@@ -259,7 +285,7 @@ class WorkerProcess:
 
     def receive(self) -> dict:
         """The next reply line, watching the worker while it works; raises WorkerGone."""
-        started, cpu_start = time.monotonic(), cpu_seconds(self.pid) or 0.0
+        started, cpu_start = time.monotonic(), tree_cpu_seconds(self.pid)
         while b"\n" not in self._buffer:
             ready, _, _ = select.select([self._rep_r], [], [], POLL_S)
             if ready:
@@ -287,14 +313,14 @@ class WorkerProcess:
             self._stop("interrupted")
         elif now > self.deadline:
             self._stop("lab-timeout")
-        elif step is not None and (cpu_seconds(self.pid) or 0.0) - cpu_start > step["limit_s"]:
+        elif step is not None and tree_cpu_seconds(self.pid) - cpu_start > step["limit_s"]:
             self._stop("step")
         elif step is not None and now - started > WALL_FACTOR * step["limit_s"]:
             self._stop("step", wall=True)
         elif self.drain.total > self.opts.output_limit_mib * 2**20:
             self._stop("output")
         else:
-            rss = rss_bytes(self.pid)
+            rss = tree_rss_bytes(self.pid)
             if rss is not None and rss > self.attempt.memory_cap:
                 self._stop("memory")
         if self.attempt.stopped:
@@ -609,7 +635,8 @@ def grade_lab(notebook: Path, lab_id: str, seed: int, opts: Options,
     started = time.monotonic()
     deadline = started + opts.timeout
     env = _worker_env(opts)
-    cmd = [sys.executable, "-m", "grading.worker", "--lab", lab_id, *opts.worker_args()]
+    cmd = [sys.executable, "-m", "grading.worker", "--lab", lab_id, "--notebook", str(notebook),
+           *opts.worker_args()]
     with tempfile.TemporaryDirectory(prefix=f"grading-{lab_id}-") as tmp:
         folder = Path(tmp)
         while len(done) < len(spec.functions):

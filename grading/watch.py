@@ -10,6 +10,7 @@ happens inside a launch (the interpreter's own copies) is not the student's PyTo
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import warnings
@@ -24,7 +25,7 @@ from kernels import runtime
 
 _aten = torch.ops.aten
 # Ops that allocate, describe or move memory without computing: a wrapper may use these freely.
-ALLOWED_OPS = {
+ALLOWED_OPS = frozenset({
     _aten.empty.memory_format, _aten.empty_like.default, _aten.empty_strided.default,
     _aten.new_empty.default, _aten.zeros.default, _aten.zeros_like.default, _aten.fill_.Scalar,
     _aten.zero_.default, _aten.view.default, _aten._unsafe_view.default, _aten.reshape.default,
@@ -35,7 +36,7 @@ ALLOWED_OPS = {
     _aten.copy_.default, _aten._to_copy.default, _aten.lift_fresh.default,
     _aten.is_same_size.default, _aten.sym_size.int, _aten.sym_stride.int, _aten.sym_numel.default,
     _aten.sym_storage_offset.default,
-}
+})
 # Everything else is forbidden outside the student's own kernel launches -- in particular the
 # PyTorch
 # references of the labs: torch.add (lab 01), F.rms_norm (02), F.scaled_dot_product_attention (03),
@@ -164,33 +165,43 @@ class _AllThreads:
             self.events = list(_disable_profiler().events())
 
     def findings(self, allowed: set[str]) -> tuple[list[str], list[str]]:
-        """(forbidden ops, host reads); a stopped profiler is a finding of its own."""
+        """(forbidden ops, host reads); a stopped profiler is a finding of its own. Skipped: ops
+        inside a launch, allowed ops and what runs inside them, and composites (`aten::to`,
+        `aten::rms_norm`: their parts are recorded, and judged, on their own)."""
         if not any(e.name() == CALL_RANGE for e in self.events):
             return ["the grader's profiler was stopped inside the call"], []
-        spans: dict[int, list] = {}
-        aten: dict[int, list] = {}
+        excused: dict[int, list] = {}  # per thread: launches and allowed ops, as (start, end)
+        candidates = []
         for e in self.events:
-            thread = e.start_thread_id()
-            if e.name() == LAUNCH_RANGE:
-                spans.setdefault(thread, []).append((e.start_ns(), e.end_ns()))
-            elif e.name().startswith("aten::"):
-                aten.setdefault(thread, []).append(e)
+            name = e.name()
+            if name != LAUNCH_RANGE and not name.startswith("aten::"):
+                continue
+            op = f"aten.{name[6:]}.{e.overload_name() or 'default'}"
+            span = (e.start_ns(), e.end_ns())
+            if name == LAUNCH_RANGE or op in allowed:
+                excused.setdefault(e.start_thread_id(), []).append(span)
+            elif not _composite(name, e.overload_name()):
+                candidates.append((e.start_thread_id(), span, op))
         forbidden: list[str] = []
         reads: list[str] = []
-        for thread, ops in aten.items():
-            launches = spans.get(thread, [])
-            for e in ops:
-                op = f"aten.{e.name()[6:]}.{e.overload_name() or 'default'}"
-                start, end = e.start_ns(), e.end_ns()
-                if op in allowed or any(a <= start and end <= b for a, b in launches):
-                    continue
-                if any(o is not e and start <= o.start_ns() and o.end_ns() <= end
-                       and (o.start_ns(), o.end_ns()) != (start, end) for o in ops):
-                    continue  # a composite: its parts were judged
-                seen = reads if op == "aten._local_scalar_dense.default" else forbidden
-                if op not in seen:
-                    seen.append(op)
+        for thread, (start, end), op in candidates:
+            if any(a <= start and end <= b for a, b in excused.get(thread, ())):
+                continue
+            seen = reads if op == "aten._local_scalar_dense.default" else forbidden
+            if op not in seen:
+                seen.append(op)
         return forbidden, reads
+
+
+@functools.cache
+def _composite(name: str, overload: str) -> bool:
+    """An op PyTorch implements by calling other ops (CompositeImplicitAutograd)."""
+    qualified = f"{name}.{overload}" if overload else name
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(qualified,
+                                                              "CompositeImplicitAutograd")
+    except RuntimeError:
+        return False
 
 
 def course_kernel_name(kernel) -> str | None:
@@ -294,8 +305,8 @@ def torch_name(func) -> str:
 
 # Torch functions that hand a tensor's values to the host or take them back from NumPy: a result
 # computed there (NumPy, Python) is not the student's kernel.
-HOST_ROUND_TRIPS = {torch.Tensor.numpy, torch.Tensor.__array__, torch.Tensor.tolist,
-                    torch.from_numpy, torch.Tensor.__array_wrap__}
+HOST_ROUND_TRIPS = frozenset({torch.Tensor.numpy, torch.Tensor.__array__, torch.Tensor.tolist,
+                              torch.from_numpy, torch.Tensor.__array_wrap__})
 
 
 class _FunctionWatcher(TorchFunctionMode):

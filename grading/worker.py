@@ -221,6 +221,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lab", required=True)
+    parser.add_argument("--notebook", help="the graded notebook (for process listings only: the "
+                                           "worker never reads it)")
     parser.add_argument("--requests", type=int, required=True, help="file descriptor to read")
     parser.add_argument("--replies", type=int, required=True, help="file descriptor to write")
     parser.add_argument("--cpu", action="store_true")

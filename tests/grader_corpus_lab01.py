@@ -199,10 +199,10 @@ CORPUS: dict[str, Submission] = {
                                   {"add": ("fail", "computes with PyTorch instead of its own kernel: torch.add (aten.add.out)")}),
     "calls_plus_operator": Submission({"add": add_cell(wrapper_body="    out.copy_(a + b)")},
                                       {"add": ("fail", "computes with PyTorch instead of its own kernel: Tensor.add (aten.add.Tensor)")}),
-    # Right values, computed by NumPy on the host: no kernel of its own.
+    # Right values, computed by NumPy on the host: no kernel of its own, and a host round trip.
     "computes_on_host": Submission(
         {"add": add_cell(wrapper_body="    out.copy_(torch.from_numpy(a.cpu().numpy() + b.cpu().numpy()))")},
-        {"add": ("fail", "1 float32: launched no Triton kernel")}),
+        {"add": ("fail", "1 float32: moves tensors to the host inside the call (Tensor.numpy)")}),
     # ---- state between calls, inputs, streams --------------------------------------------------
     "caches_outputs": Submission(
         {"add": add_cell(prelude="_CACHE = {}\n", wrapper_body='''    key = (tuple(out.shape), out.dtype)
@@ -272,6 +272,130 @@ CORPUS: dict[str, Submission] = {
     "residual_wrong_order": Submission({"residual_add": RESIDUAL_WRONG_ORDER},
                                        {"residual_add": ("fail", "not bit-identical to PyTorch"), "add": PASS}),
 }
+
+# ---- issue 19: submissions written to cheat, and honest code the grader once failed ------------
+# One no-op launch beside the hidden PyTorch (a function must launch a kernel of its own).
+NOOP_LAUNCH = "    add_kernel[(1,)](a, b, out, 0, BLOCK=BLOCK)\n"
+THREAD_ADD = ("    import threading\n"
+              "    worker = threading.Thread(target=lambda: torch.add(a, b, out=out))\n"
+              "    worker.start()\n    worker.join()\n") + NOOP_LAUNCH
+POOL_ADD = ("    from concurrent.futures import ThreadPoolExecutor\n"
+            "    with ThreadPoolExecutor(1) as pool:\n"
+            "        pool.submit(torch.add, a, b, out=out).result()\n") + NOOP_LAUNCH
+UNWATCHED_ADD = ("    from torch.utils._python_dispatch import _disable_current_modes\n"
+                 "    with _disable_current_modes():\n"
+                 "        torch.add(a, b, out=out)\n") + NOOP_LAUNCH
+# A pre-run hook adds; the launch itself (n = 0) writes nothing.
+HOOK_ADD = ("    add_kernel.pre_run_hooks[:] = [lambda *args, **kwargs: torch.add(a, b, out=out)]\n"
+            + NOOP_LAUNCH + "    add_kernel.pre_run_hooks[:] = []\n")
+NUMPY_ADD = ("    import numpy\n"
+             "    out.copy_(torch.from_numpy(numpy.add(a.numpy(), b.numpy())))\n") + NOOP_LAUNCH
+# Returns a tensor subclass: a lazy result could compute its values when the grader reads them.
+LAZY = "class Lazy(torch.Tensor):\n    pass\n"
+LAZY_RETURN = CORRECT_LAUNCH + "\n    return torch.Tensor._make_subclass(Lazy, out)"
+# A thread finishes the second half after the call returned (the old grader crashed diagnosing it).
+LATE_HALF = '''    n = out.numel()
+    half = n // 2
+    if half:
+        add_kernel[(triton.cdiv(half, BLOCK),)](a, b, out, half, BLOCK=BLOCK)
+
+    def rest():
+        import time
+        time.sleep(0.05)
+        if n - half:
+            add_kernel[(triton.cdiv(n - half, BLOCK),)](a.view(-1)[half:], b.view(-1)[half:],
+                                                     out.view(-1)[half:], n - half, BLOCK=BLOCK)
+
+    import threading
+    threading.Thread(target=rest).start()'''
+# Wrong kernels that a fixed list of odd sizes did not catch.
+SMALL_N_ONLY = CORRECT_LAUNCH.replace("triton.cdiv(n, BLOCK)", "triton.cdiv(min(n, 100_000), BLOCK)")
+EVEN_LAST = CORRECT_LAUNCH.replace("(a, b, out, n,", "(a, b, out, n - (n % 2 == 0),")
+SKIPS_LAST_FULL_BLOCK = CORRECT_LAUNCH.replace("triton.cdiv(n, BLOCK)",
+                                               "triton.cdiv(n, BLOCK) - (n % 1024 == 0)")
+THREE_D = CORRECT_LAUNCH.replace("n = out.numel()",
+                                 "n = out.shape[0] * out.shape[1] if out.dim() == 3 else out.numel()")
+PAST_END = CORRECT_STORE.replace("mask=mask", "mask=offsets <= n")
+ALLOCATES = "out = torch.empty_like(a) if out is None else out"
+FLOAT64 = "out = torch.empty_like(a, dtype=torch.float64) if out is None else out"
+A_ITSELF = "out = (a if a.element_size() == 2 else torch.empty_like(a)) if out is None else out"
+# A continuation line that starts with %: Python, not a magic.
+MODULO_CONTINUED = CORRECT_LAUNCH.replace("n = out.numel()", "n = (out.numel()\n         % (1 << 62))")
+GRADER_SETS = ("import grading.watch\ngrading.watch.ALLOWED_OPS = grading.watch.ALLOWED_OPS | "
+               "{torch.ops.aten.add.out}\n")
+TENSOR_NE = "torch.Tensor.__ne__ = lambda self, other: torch.zeros_like(self, dtype=torch.bool)\n"
+RANDN_ZEROS = "torch.randn = lambda *args, generator=None, **kwargs: torch.zeros(*args, **kwargs)\n"
+# At import: forged replies on every descriptor the worker may answer on, then the process ends.
+# The parent takes the forged "import went fine" and "function found" at their word (they can only
+# lose the student points), but a forged call reply names no record it could read and judge.
+FORGED_REPLIES = '''import json, os
+for fd in range(3, 64):
+    for i in range(1, 40):
+        reply = {"id": i, "import_error": None, "changed": [], "kind": "function"}
+        try:
+            os.write(fd, (json.dumps(reply) + "\\n").encode())
+        except OSError:
+            break
+os._exit(0)
+'''
+
+ATTACKS: dict[str, Submission] = {
+    "forged_replies_then_exit": Submission(
+        {"add": add_cell(prelude=FORGED_REPLIES)},
+        {"add": ("error", "case 1 float32: the worker's reply could not be read (does the code write "
+                 "to the grader's channel?)"),
+         "residual_add": ("error", "case 1 float32: the worker's reply could not be read")}),
+    "torch_in_a_thread": Submission(
+        {"add": add_cell(wrapper_body=THREAD_ADD)},
+        {"add": ("fail", "computes with PyTorch instead of its own kernel: aten.add.out (outside "
+                 "this thread's watch")}),
+    "torch_in_a_thread_pool": Submission(
+        {"add": add_cell(wrapper_body=POOL_ADD)},
+        {"add": ("fail", "computes with PyTorch instead of its own kernel: aten.add.out")}),
+    "torch_with_modes_disabled": Submission(
+        {"add": add_cell(wrapper_body=UNWATCHED_ADD)},
+        {"add": ("fail", "computes with PyTorch instead of its own kernel: aten.add.out")}),
+    "torch_in_a_pre_run_hook": Submission(
+        {"add": add_cell(wrapper_body=HOOK_ADD)},
+        {"add": ("fail", "computes with PyTorch instead of its own kernel: torch.add (aten.add.out)")}),
+    "numpy_round_trip": Submission(
+        {"add": add_cell(wrapper_body=NUMPY_ADD)},
+        {"add": ("fail", "moves tensors to the host inside the call (")}),
+    "lazy_subclass": Submission(
+        {"add": add_cell(prelude=LAZY, wrapper_body=LAZY_RETURN)},
+        {"add": ("fail", "returned a Lazy, not a plain torch.Tensor")}),
+    "patches_grader_sets": Submission(
+        {"add": add_cell(prelude=GRADER_SETS, wrapper_body="    torch.add(a, b, out=out)")},
+        {"add": ("error", "replaced part of the grader (grading.watch.ALLOWED_OPS)")}),
+    "patches_tensor_ne_writes_nothing": Submission(
+        {"add": add_cell(prelude=TENSOR_NE, wrapper_body="    pass")},
+        {"add": ("error", "replaced part of the grader (torch.Tensor.__ne__)")}),
+    "patches_randn_writes_zeros": Submission(
+        {"add": add_cell(prelude=RANDN_ZEROS, wrapper_body="    out.zero_()")},
+        {"add": ("fail", "elements wrong")}),
+    "correct_only_up_to_100000": Submission(
+        {"add": add_cell(wrapper_body=SMALL_N_ONLY)}, {"add": ("fail", "elements wrong")}),
+    "last_element_unwritten_for_even_n": Submission(
+        {"add": add_cell(wrapper_body=EVEN_LAST)}, {"add": ("fail", "elements wrong")}),
+    "last_block_skipped_for_multiples_of_1024": Submission(
+        {"add": add_cell(wrapper_body=SKIPS_LAST_FULL_BLOCK)}, {"add": ("fail", "elements wrong")}),
+    "three_dimensions_mishandled": Submission(
+        {"add": add_cell(wrapper_body=THREE_D)}, {"add": ("fail", "elements wrong")}),
+    "mask_writes_one_past_the_end": Submission(
+        {"add": add_cell(PAST_END)}, {"add": ("fail", "wrote past the end of out")}),
+    "float64_result_without_out": Submission(
+        {"add": add_cell().replace(ALLOCATES, FLOAT64)},
+        {"add": ("fail", "called without out=: returned float64")}),
+    "returns_a_itself_for_16_bit": Submission(
+        {"add": add_cell().replace(ALLOCATES, A_ITSELF)},
+        {"add": ("fail", "called without out=: returned one of its inputs")}),
+    # honest code
+    "continuation_line_starting_with_percent": Submission(
+        {"add": add_cell(wrapper_body=MODULO_CONTINUED)}, {"add": PASS}),
+    "finishes_writing_after_returning": Submission(
+        {"add": add_cell(wrapper_body=LATE_HALF)}, {"add": ("fail", "elements wrong")}),
+}
+CORPUS.update(ATTACKS)
 
 # Graded with performance measurement (tests/test_grader_lab01.py::test_performance_*): only the timed
 # repetitions, with inputs that change before each one, can catch these.

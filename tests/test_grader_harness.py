@@ -265,3 +265,51 @@ def test_allowed_ops_are_named_per_function():
         torch.matmul(x, x)
         torch.softmax(x, -1)
     assert seen.forbidden_ops == ["torch.softmax (aten._softmax.default)"]
+
+
+def _hidden(how: str, compute):
+    """A graded function that computes with PyTorch where the calling thread's watcher cannot see
+    it: in another thread, a thread pool, or under disabled dispatch modes."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    def fn(*args, out=None, **kwargs):
+        if how == "thread":
+            worker = threading.Thread(target=lambda: compute(*args, out=out, **kwargs))
+            worker.start()
+            worker.join()
+        elif how == "pool":
+            with ThreadPoolExecutor(1) as pool:
+                pool.submit(lambda: compute(*args, out=out, **kwargs)).result()
+        else:
+            with _disable_current_modes():
+                compute(*args, out=out, **kwargs)
+        return out
+    return fn
+
+
+def _rms_norm(x, w, eps=1e-6, out=None):
+    return out.copy_(F.rms_norm(x, (x.shape[-1],), w, eps))
+
+
+@pytest.mark.parametrize("how", ["thread", "pool", "disabled_modes"])
+@pytest.mark.parametrize("lab, name, compute", [
+    ("01_elementwise_add", "add", lambda a, b, out=None: torch.add(a, b, out=out)),
+    ("02_rmsnorm", "rms_norm", _rms_norm),
+])
+def test_pytorch_out_of_the_watchers_sight_is_caught(lab, name, compute, how):
+    """The profiler sees every thread: F.rms_norm (a composite) is caught by its parts."""
+    result = check_function(get_lab(lab), name, _hidden(how, compute), seed=3, perf=False)
+    assert result.status == "fail", result.message
+    assert "computes with PyTorch instead of its own kernel: aten." in result.message, result.message
+    assert "outside this thread's watch" in result.message
+
+
+def test_composite_conversions_are_not_computing():
+    """`x.to(x.dtype)`, `.contiguous()`, `.flatten()`: composites whose parts (if any) are allowed."""
+    x = torch.randn(4, 8, device=DEVICE)
+    with watch() as seen:
+        x.to(x.dtype).contiguous().flatten().reshape(8, 4).to(torch.float16)
+    assert seen.forbidden_ops == [], seen.forbidden_ops

@@ -10,6 +10,7 @@ whole corpus.
 """
 import hashlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -20,9 +21,10 @@ import jsonschema
 import nbformat
 import pytest
 
+from grading import sandbox
 from grading.notebooks import LABS_DIR, SOLUTIONS_DIR, grade_id, role
 from kernels import runtime
-from tests.grader_corpus_lab01 import CORPUS, PERF_CORPUS, Submission
+from tests.grader_corpus_lab01 import CORPUS, PERF_CORPUS, Submission, add_cell
 
 LAB = "01_elementwise_add_lab.ipynb"
 LAB_ID = "01_elementwise_add"
@@ -167,7 +169,7 @@ def test_markdown_report_lists_failures_with_worst_index(graded):
 
 def test_explain_prints_the_inputs_and_worst_elements(graded):
     out = graded["stdout"]
-    start = out.index("01_elementwise_add / add: FAIL -- 3 of 20 cases fail; first: 98765 float32")
+    start = out.index("cases fail; first: 98765 float32")
     block = out[start:start + 2000]
     assert "input a: float32 shape (98765,) stride (1,)" in block
     assert "worst elements:" in block and "first wrong elements:" in block
@@ -294,6 +296,33 @@ def test_interrupted_run_writes_a_partial_report(tmp_path, how):
     assert not list(out.rglob("*.tmp"))
 
 
+def test_killed_run_leaves_a_partial_report_and_no_process(tmp_path):
+    """SIGKILL cannot be caught: the report marked partial was written before the labs started,
+    and the worker (in bubblewrap: --die-with-parent; else PR_SET_PDEATHSIG) dies with the CLI."""
+    hang = write_submission(tmp_path / "hang", CORPUS["infinite_loop_python"])
+    out = tmp_path / "report"
+    proc = subprocess.Popen([sys.executable, "-m", "grading", str(hang), "--out", str(out),
+                             "--call-timeout", "300"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not _worker_pids(str(hang)):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    time.sleep(1)
+    proc.kill()
+    proc.communicate(timeout=60)
+    for _ in range(50):
+        if not _worker_pids(str(hang)):
+            break
+        time.sleep(0.1)
+    assert not _worker_pids(str(hang))
+    report = strict_json(out / "report.json")
+    jsonschema.validate(report, SCHEMA)
+    assert report["partial"] is True
+    [lab] = report["labs"]
+    assert lab["interrupted"] and lab["score"]["grade"] == "interrupted"
+
+
 def test_interrupted_single_run_marks_the_report_partial(tmp_path):
     hang = write_submission(tmp_path / "hang", CORPUS["infinite_loop_python"])
     out = tmp_path / "report"
@@ -357,3 +386,48 @@ def test_reports_are_strict_json(graded):
     values = [c["comparison"]["actual_at_worst"] for lab in graded["report"]["labs"] for f in lab["functions"]
               for c in f["cases"] if c["comparison"] and isinstance(c["comparison"]["actual_at_worst"], str)]
     assert values and set(values) <= {"NaN", "Infinity", "-Infinity"}
+
+
+# --------------------------------------------------------------------------------------------------
+# The sandbox (bubblewrap): what a submission reaches from inside it
+
+
+@pytest.mark.skipif(not sandbox.status()[0], reason=f"no sandbox here: {sandbox.status()[1]}")
+def test_the_sandbox_contains_a_submission(tmp_path):
+    """At import the submission writes outside its folder, starts a process that leaves its
+    session and would outlive the run, and connects to a port of this machine: none of it works,
+    and its (correct) functions still get full marks."""
+    import socket
+
+    outside, marker = tmp_path / "outside.txt", f"sleep-{os.getpid()}-{time.monotonic_ns()}"
+    outside.write_text("untouched")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.settimeout(0.5)
+    port = listener.getsockname()[1]
+    escape = f'''
+import os, socket, subprocess
+escaped = []
+for attempt in (lambda: open({str(outside)!r}, "w").write("rewritten"),
+                lambda: socket.create_connection(("127.0.0.1", {port}), timeout=2)):
+    try:
+        attempt()
+        escaped.append(attempt)
+    except OSError:
+        pass
+subprocess.Popen(["setsid", "bash", "-c", "exec -a {marker} sleep 600"])
+'''
+    notebook = write_submission(tmp_path / "escape", Submission({"add": add_cell(prelude=escape)}))
+    proc = grade(notebook.parent, "--out", tmp_path / "report", "--seed", "5", "--sandbox", "require",
+                 *LIMITS)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [lab] = strict_json(tmp_path / "report" / "report.json")["labs"]
+    assert lab["sandbox"] == "bubblewrap"
+    assert functions(lab)["add"]["status"] == "pass" and functions(lab)["residual_add"]["status"] == "pass"
+    with pytest.raises(OSError):  # nobody connected
+        listener.accept()
+    assert outside.read_text() == "untouched"
+    alive = [p for p in Path("/proc").iterdir() if p.name.isdigit() and marker.encode()
+             in (p / "cmdline").read_bytes()] if Path("/proc").exists() else []
+    assert not alive
