@@ -52,8 +52,10 @@ _PLAIN_RUN = _plain_run()
 
 def launches_are_plain() -> bool:
     """True unless someone wrapped Triton's launch path (profilers, launch counters) or set a
-    launch hook: then every launch goes through it."""
-    return JITFunction.run is _PLAIN_RUN and knobs.runtime.launch_enter_hook is None
+    launch hook: then every launch goes through it. (Recent Triton releases keep the hook as a
+    chain of callables, empty by default; older ones as None.)"""
+    hook = knobs.runtime.launch_enter_hook
+    return JITFunction.run is _PLAIN_RUN and (hook is None or not getattr(hook, "calls", True))
 
 
 class LaunchCache:
@@ -63,6 +65,7 @@ class LaunchCache:
         self.kernel = kernel
         self.fn = kernel.fn if isinstance(kernel, Autotuner) else kernel
         self.entries: dict = {}
+        self.broken = False  # the direct launch was refused once: ordinary launches only
 
     def clear(self) -> None:
         self.entries.clear()
@@ -78,11 +81,17 @@ class LaunchCache:
         entry = self.entries.get(key)
         if entry is not None and ENABLED and launches_are_plain():
             run, function, packed, tail, (x, y, z), device = entry
-            run(x, y, z, driver.active.get_current_stream(device), function, packed, None, None,
-                None, *args, *tail)  # fmt: skip
-            return
+            try:
+                run(x, y, z, driver.active.get_current_stream(device), function, packed, None,
+                    None, None, *args, *tail)  # fmt: skip
+                return
+            except (TypeError, ValueError, SystemError):
+                # A launcher that takes other arguments (another Triton release) refuses them
+                # before launching anything: from now on take the ordinary path.
+                self.broken = True
+                self.entries.clear()
         compiled = self.kernel[grid](*args, **constants)
-        if runtime.ON_GPU and key is not None and launches_are_plain():
+        if runtime.ON_GPU and key is not None and not self.broken and launches_are_plain():
             config = getattr(self.kernel, "best_config", None)
             meta = {**constants, **(config.kwargs if config is not None else {})}
             tail = tuple(meta[name] for name in self.fn.arg_names[len(args) :])

@@ -52,6 +52,9 @@ BLOCK_N = runtime.pick(gpu=128, cpu=64)
 NUM_WARPS = runtime.pick(gpu=4, cpu=1)
 NUM_STAGES = runtime.pick(gpu=3, cpu=1)
 PROGRAMS_PER_SM = 1
+# Shared memory for the K/V pipeline: what the default (3 stages of 128-key K and V tiles at
+# head_dim 128, fp16) takes; wider head tiles get fewer stages, then shorter key blocks.
+PIPELINE_BYTES = runtime.pick(gpu=192 * 1024, cpu=1 << 40)
 # The combine's round: up to 64 (row, split) partials at once, a (64, D) float32 tile (64 registers
 # a thread at D 128 and 4 warps). Splits first, up to 32 (one round for every default split count),
 # then rows: at 16 splits the 4 rows of a GQA 4:1 group are one round.
@@ -448,6 +451,21 @@ class DecodePlan:
         return self.splits, self.programs, 1
 
 
+def _pipeline(head_pad: int, element_size: int) -> tuple[int, int]:
+    """(key block, stages) of the default pipeline, shrunk until its K and V tiles fit in
+    PIPELINE_BYTES of shared memory: 3 x 128 keys up to head tiles of 128; at 256 (head_dim 136 to
+    256), 2 stages of 64 keys (3 x 128 would need 384 KiB)."""
+    block_n, stages = BLOCK_N, NUM_STAGES
+    while stages * 2 * block_n * head_pad * element_size > PIPELINE_BYTES:
+        if stages > 2:
+            stages -= 1
+        elif block_n > 16:
+            block_n //= 2
+        else:
+            break
+    return block_n, stages
+
+
 _PLANS: dict = {}
 _MAX_PLANS = 64  # plans remembered (each holds its scratch); a growing KV cache adds one per step
 
@@ -464,6 +482,9 @@ def _plan(signature, options, q, k, v) -> DecodePlan:
             f"flash_decode: {n_q} queries x {group} query heads per KV head = {group * n_q} rows "
             f"per program, more than {MAX_ROWS}; use flash_attention for long queries"
         )
+    head_pad = head_tile(head_dim)
+    if block_n is None and num_stages is None:
+        block_n, num_stages = _pipeline(head_pad, q.element_size())
     block_n = block_n or BLOCK_N
     splits = num_splits or default_num_splits(batch, n_kv_heads, n_k, block_n)
     # Each split gets a whole number of key blocks; recount so no split is empty.
@@ -472,7 +493,7 @@ def _plan(signature, options, q, k, v) -> DecodePlan:
     block_s = min(MAX_COMBINE_SPLITS, triton.next_power_of_2(splits))
     constants = {
         "HEAD_DIM": head_dim,
-        "HEAD_PAD": head_tile(head_dim),
+        "HEAD_PAD": head_pad,
         "BLOCK_H": max(16, triton.next_power_of_2(group * n_q)),
         "BLOCK_N": block_n,
         "CAUSAL": causal,
