@@ -1,34 +1,15 @@
 """The warp-specialized Gluon forward (kernels/flash_attention/gluon_flash.py) against the float64
 reference, on the same edge cases as the Triton kernel, and compiled for sm_90 without a GPU.
 
-The CPU test compiles in a subprocess: this process runs the Triton interpreter (CPU mode), which
-cannot compile Gluon; the subprocess switches it off after `kernels` picked CPU mode.
+The CPU test compiles in a subprocess (`gluon_flash.compile_offline`): this process runs the Triton
+interpreter (CPU mode), which cannot compile Gluon.
 """
-
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
 
 from kernels import runtime
 from tests.test_flash_attention import check_forward, make, run_forward
-
-COMPILE = textwrap.dedent(
-    """
-    import os, sys
-    import kernels  # CPU mode; sets TRITON_INTERPRET=1 before Triton is imported
-    os.environ.pop("TRITON_INTERPRET", None)  # compile for real: nothing here launches a kernel
-    import torch
-    from kernels.flash_attention import gluon_flash
-    head_dim, dtype, causal = int(sys.argv[1]), getattr(torch, sys.argv[2]), sys.argv[3] == "1"
-    kernel = gluon_flash.compile_for_hopper(head_dim, dtype, causal)
-    ptx = kernel.asm["ptx"]
-    print(kernel.metadata.num_warps, kernel.metadata.shared, ptx.count("wgmma.mma_async"),
-          ptx.count("cp.async.bulk.tensor"), ptx.count("setmaxnreg"))
-    """
-)
 
 
 @pytest.mark.skipif(
@@ -42,13 +23,13 @@ COMPILE = textwrap.dedent(
 def test_compiles_for_hopper_without_a_gpu(head_dim, dtype, causal):
     """The whole pipeline down to a cubin for sm_90: 12 warps (two consumer warpgroups and the
     producer's), wgmma for both products, TMA copies, register reallocation between the roles."""
-    done = subprocess.run([sys.executable, "-c", COMPILE, str(head_dim), dtype, str(int(causal))],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    warps, shared, wgmma, tma_copies, setmaxnreg = map(int, done.stdout.split()[-5:])
-    assert warps == 12 and wgmma > 0 and tma_copies > 0 and setmaxnreg > 0
-    stages_kv = 2 * 2 * 128 * head_dim * 2  # K and V, 2 stages, 128 keys, 2 bytes
-    assert shared >= stages_kv + 2 * 64 * head_dim * 2  # plus Q for both warpgroups
+    from kernels.flash_attention import gluon_flash
+
+    made = gluon_flash.compile_offline(head_dim, dtype, causal)
+    assert made["warps"] == 12 and made["wgmma"] > 0 and made["tma_copies"] > 0
+    assert made["setmaxnreg"] > 0
+    stages_kv = gluon_flash.STAGES * 2 * 128 * head_dim * 2  # K and V, 128 keys, 2 bytes
+    assert made["shared_bytes"] >= stages_kv + 2 * 64 * head_dim * 2  # plus Q for both warpgroups
 
 
 # (B, Hq, Hkv, Nq, Nk, D): odd lengths, cross attention, Nq > Nk (rows that see no key with causal),

@@ -84,12 +84,10 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, 
         free_phase = ((j // STAGES) & 1) ^ 1
         mbarrier.wait(slot_free.index(slot), free_phase)
         mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-        tma_load(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(slot),
-                                        k_smem.index(slot))  # fmt: skip
+        tma_load(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
         mbarrier.wait(slot_free.index(STAGES + slot), free_phase)
         mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-        tma_load(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(slot),
-                                        v_smem.index(slot))  # fmt: skip
+        tma_load(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
 
 
 @gluon.jit
@@ -427,3 +425,32 @@ def compile_for_hopper(head_dim: int = 128, dtype: torch.dtype = torch.float16,
     constexprs = {(names.index(n),): value for n, value in constants.items()}
     source = GluonASTSource(gluon_fwd_kernel, signature, constexprs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+
+
+_OFFLINE = """
+import os, sys
+import kernels  # CPU mode sets TRITON_INTERPRET=1 before Triton is imported
+os.environ.pop("TRITON_INTERPRET", None)  # compile for real: nothing here launches a kernel
+import torch
+from kernels.flash_attention import gluon_flash
+head_dim, dtype, causal = int(sys.argv[1]), getattr(torch, sys.argv[2]), sys.argv[3] == "1"
+kernel = gluon_flash.compile_for_hopper(head_dim, dtype, causal)
+ptx = kernel.asm["ptx"]
+print(kernel.metadata.num_warps, kernel.metadata.shared, ptx.count("wgmma.mma_async"),
+      ptx.count("cp.async.bulk.tensor"), ptx.count("setmaxnreg"))
+"""
+
+
+def compile_offline(head_dim: int = 128, dtype: str = "float16", causal: bool = True) -> dict:
+    """`compile_for_hopper` in a fresh process (a process running Triton's interpreter cannot
+    compile Gluon): what the compiler emitted, counted in the PTX."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _OFFLINE, str(head_dim), dtype, str(int(causal))],
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError("compiling for sm_90 failed:\n" + done.stderr[-3000:])
+    warps, shared, wgmma, tma_copies, setmaxnreg = map(int, done.stdout.split()[-5:])
+    return {"warps": warps, "shared_bytes": shared, "wgmma": wgmma, "tma_copies": tma_copies,
+            "setmaxnreg": setmaxnreg}  # fmt: skip
