@@ -572,6 +572,7 @@ class ForwardPlan:
 
 
 _FWD_PLANS: dict = {}
+_MAX_PLANS = 64  # plans remembered (each holds an lse row of scratch)
 
 
 def _forward_plan(signature, q, k, v) -> ForwardPlan:
@@ -590,7 +591,7 @@ def _forward_plan(signature, q, k, v) -> ForwardPlan:
         lse_scratch=torch.empty((batch, n_heads, n_q), dtype=torch.float32, device=q.device),
     )
     if not (runtime.ON_GPU and torch.cuda.is_current_stream_capturing()):
-        if len(_FWD_PLANS) >= _MAX_CHECKED:
+        if len(_FWD_PLANS) >= _MAX_PLANS:
             _FWD_PLANS.clear()
         _FWD_PLANS[signature] = plan
     return plan
