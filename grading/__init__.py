@@ -1,10 +1,13 @@
 """The course's grader. In a notebook: `grading.check("01_elementwise_add", "add", add)`;
 from a shell: `python -m grading` (see grading/cli.py and grading/README.md).
 
-The notebook check cells print the grader's own result (`grading.harness.check_function`, the data behind
-the JSON and Markdown reports) as compact colour-coded tables: one row per dtype and one column per shape
+The notebook check cells print the grader's own result (`grading.harness.check_function`, the data
+behind
+the JSON and Markdown reports) as compact colour-coded tables: one row per dtype and one column per
+shape
 for correctness, then one row per configuration for performance (GPU only).
 """
+
 from __future__ import annotations
 
 import re
@@ -25,22 +28,29 @@ def _width(text: str) -> int:
     return len(_ANSI.sub("", text))
 
 
-def _table(header: list[str], rows: list[list[str]], indent: str = "  ", left: tuple[int, ...] = (0,)) -> list[str]:
+def _table(
+    header: list[str], rows: list[list[str]], indent: str = "  ", left: tuple[int, ...] = (0,)
+) -> list[str]:
     """Columns in `left` left-aligned, the others right-aligned; widths ignore colour codes."""
     widths = [max(_width(r[i]) for r in [header, *rows]) for i in range(len(header))]
     left = {i % len(header) for i in left}
 
     def line(cells):
-        parts = [c + " " * (w - _width(c)) if i in left else " " * (w - _width(c)) + c
-                 for i, (c, w) in enumerate(zip(cells, widths))]
+        parts = [
+            c + " " * (w - _width(c)) if i in left else " " * (w - _width(c)) + c
+            for i, (c, w) in enumerate(zip(cells, widths))
+        ]
         return (indent + "  ".join(parts)).rstrip()
 
     return [line(header)] + [line(r) for r in rows]
 
 
 def _status_line(result) -> str:
-    colour = {"pass": GREEN, "not implemented": YELLOW, "needs a GPU": YELLOW}.get(result.status, RED)
-    head = f"{colour}{result.status.upper()}{RESET}  {result.name}: {result.points}/{result.max_points} points"
+    colour = {"pass": GREEN, "not implemented": YELLOW, "needs a GPU": YELLOW}.get(
+        result.status, RED
+    )
+    points = f"{result.points}/{result.max_points} points"
+    head = f"{colour}{result.status.upper()}{RESET}  {result.name}: {points}"
     return head + (f" -- {result.message}" if result.message else "")
 
 
@@ -58,7 +68,8 @@ def _fmt(value, spec: str) -> str:
 
 
 def correctness_lines(spec, result) -> list[str]:
-    """The correctness cases of `result` (a FunctionResult) as a dtype x shape table, then each failure
+    """The correctness cases of `result` (a FunctionResult) as a dtype x shape table, then each
+    failure
     with the error figures of the grader's report."""
     if not result.cases:
         return []
@@ -72,14 +83,20 @@ def correctness_lines(spec, result) -> list[str]:
         row = [dtype]
         for col in columns:
             res = grid.get((dtype, col))
-            row.append("-" if res is None else _paint(GREEN, "PASS") if res.ok else _paint(RED, "FAIL"))
+            row.append(
+                "-" if res is None else _paint(GREEN, "PASS") if res.ok else _paint(RED, "FAIL")
+            )
         rows.append(row)
     lines = _table([f"{result.name}: n", *columns], rows)
     failures = [c for c in result.cases if not c.ok]
     for c in failures[:MAX_FAILURES_SHOWN]:
         cmp = c.comparison or {}
-        figures = "" if cmp.get("max_abs_err") is None else \
-            f" [max abs err {_fmt(cmp['max_abs_err'], '.3g')}, max rel err {_fmt(cmp.get('max_rel_err'), '.3g')}]"
+        figures = (
+            ""
+            if cmp.get("max_abs_err") is None
+            else f" [max abs err {_fmt(cmp['max_abs_err'], '.3g')}, "
+            f"max rel err {_fmt(cmp.get('max_rel_err'), '.3g')}]"
+        )
         lines.append(f"  {_paint(RED, 'FAIL')}  {c.case}: {c.reason}{figures}")
     if len(failures) > MAX_FAILURES_SHOWN:
         lines.append(f"  ... and {len(failures) - MAX_FAILURES_SHOWN} more failing cases")
@@ -94,20 +111,42 @@ def performance_lines(result) -> list[str]:
         exp = p.expected
         spread = "-" if not p.spread_us else f"{p.spread_us[0]:.1f}-{p.spread_us[1]:.1f}"
         tier = p.tier or "-"
-        rows.append([p.config, _fmt(p.student_us, ".2f"), spread, _fmt(p.reference_us, ".2f"),
-                     _fmt(p.torch_us, ".2f"), _fmt(p.ratio_to_reference, ".2f") + "x", _fmt(p.gbps, ".0f"),
-                     _fmt(p.percent_of_floor, ".0f"), _paint(TIER_COLOUR.get(tier, RESET), tier),
-                     f"{exp['reference_us']:.2f} ({exp['status']})" if exp else "no row", p.note])
+        rows.append(
+            [
+                p.config,
+                _fmt(p.student_us, ".2f"),
+                spread,
+                _fmt(p.reference_us, ".2f"),
+                _fmt(p.torch_us, ".2f"),
+                _fmt(p.ratio_to_reference, ".2f") + "x",
+                _fmt(p.gbps, ".0f"),
+                _fmt(p.percent_of_floor, ".0f"),
+                _paint(TIER_COLOUR.get(tier, RESET), tier),
+                f"{exp['reference_us']:.2f} ({exp['status']})" if exp else "no row",
+                p.note,
+            ]
+        )
         notes = notes or bool(p.note)
-    header = ["config", "yours us", "p10-p90", "reference us", "torch us", "vs reference", "GB/s", "% floor",
-              "tier", f"expected ref us ({slug})", "note"]
+    header = [
+        "config",
+        "yours us",
+        "p10-p90",
+        "reference us",
+        "torch us",
+        "vs reference",
+        "GB/s",
+        "% floor",
+        "tier",
+        f"expected ref us ({slug})",
+        "note",
+    ]
     if not notes:
         header, rows = header[:-1], [r[:-1] for r in rows]
     return _table(header, rows, indent="", left=(0, -1) if notes else (0,))
 
 
 def check(lab_id: str, name: str, fn, *, seed: int | None = None) -> None:
-    """Run the grader's correctness checks for one function and print them (what the grader will say)."""
+    """Run the grader's correctness checks for one function and print them (as the grader will)."""
     from grading.harness import check_function
     from grading.labs import get_lab
 
@@ -119,7 +158,8 @@ def check(lab_id: str, name: str, fn, *, seed: int | None = None) -> None:
 
 
 def check_performance(lab_id: str, name: str, fn, *, seed: int | None = None) -> None:
-    """Time one function against the course's kernel and PyTorch, and print it against the expected table."""
+    """Time one function against the course's kernel and PyTorch, and print it against the
+    expected table."""
     from grading.harness import check_function
     from grading.labs import get_lab
 

@@ -1,6 +1,8 @@
-"""What the grader trusts, and how it checks it: cell checksums, the grader's own code, content hashes.
+"""What the grader trusts, and how it checks it: cell checksums, the grader's own code, content
+hashes.
 
-* **Cell checksums**, in nbgrader's format (`nbgrader.utils.compute_checksum`): `make_labs` writes one
+* **Cell checksums**, in nbgrader's format (`nbgrader.utils.compute_checksum`): `make_labs` writes
+one
   into every nbgrader cell of a generated lab, as `nbgrader generate_assignment` does. A locked cell
   whose text no longer matches its checksum (or the source notebook) was modified; the grader uses
   the source's copy anyway and says so in the report.
@@ -11,6 +13,7 @@
 * **Content hashes** decide whether an instructor's resumed run may reuse an earlier result: the
   student's notebook, its source, the grader's code and the options that change a result.
 """
+
 from __future__ import annotations
 
 import functools
@@ -48,7 +51,7 @@ def is_locked(cell) -> bool:
 
 
 def compute_checksum(cell) -> str:
-    """The checksum nbgrader stores in `metadata.nbgrader.checksum` (same algorithm, same digest)."""
+    """The checksum nbgrader stores in `metadata.nbgrader.checksum` (same algorithm and digest)."""
     m = hashlib.md5()
     m.update(cell["source"].encode("utf-8"))
     m.update(cell["cell_type"].encode("utf-8"))
@@ -64,7 +67,9 @@ def compute_checksum(cell) -> str:
 def add_checksums(nb) -> None:
     """Write nbgrader checksums into every graded, solution or locked cell (in place)."""
     for cell in nb["cells"]:
-        if "nbgrader" in cell.get("metadata", {}) and (is_grade(cell) or is_solution(cell) or is_locked(cell)):
+        if "nbgrader" in cell.get("metadata", {}) and (
+            is_grade(cell) or is_solution(cell) or is_locked(cell)
+        ):
             cell["metadata"]["nbgrader"]["checksum"] = compute_checksum(cell)
 
 
@@ -83,17 +88,44 @@ def checksum_status(cell) -> bool | None:
 # The grader's own code
 
 
-# Module attributes (every function and class in these modules) and single objects the checks rely on.
-GUARDED_MODULES = ("grading.harness", "grading.watch", "grading.correctness", "grading.diagnosis",
-                   "grading.graph", "grading.performance", "grading.results", "grading.spec",
-                   "kernels.testing", "kernels.bench", "kernels.validate")
+# Module attributes (every function and class in these modules) and single objects the checks rely
+# on.
+GUARDED_MODULES = (
+    "grading.harness",
+    "grading.watch",
+    "grading.correctness",
+    "grading.diagnosis",
+    "grading.graph",
+    "grading.performance",
+    "grading.results",
+    "grading.spec",
+    "kernels.testing",
+    "kernels.bench",
+    "kernels.validate",
+)
 GUARDED_OBJECTS = (
-    "torch.equal", "torch.isnan", "torch.isinf", "torch.where", "torch.nonzero", "torch.argmax",
-    "torch.Tensor.__eq__", "torch.Tensor.__ne__", "torch.Tensor.__le__", "torch.Tensor.abs",
-    "torch.Tensor.clone", "torch.Tensor.copy_", "torch.Tensor.fill_", "torch.Tensor.to",
-    "torch.Tensor.double", "torch.Tensor.sum", "torch.Tensor.item", "torch.Tensor.data_ptr",
-    "torch.cuda.synchronize", "triton.runtime.jit.JITFunction.run",
-    "triton.runtime.interpreter.InterpretedFunction.run", "kernels.cuda.launch",
+    "torch.equal",
+    "torch.isnan",
+    "torch.isinf",
+    "torch.where",
+    "torch.nonzero",
+    "torch.argmax",
+    "torch.Tensor.__eq__",
+    "torch.Tensor.__ne__",
+    "torch.Tensor.__le__",
+    "torch.Tensor.abs",
+    "torch.Tensor.clone",
+    "torch.Tensor.copy_",
+    "torch.Tensor.fill_",
+    "torch.Tensor.to",
+    "torch.Tensor.double",
+    "torch.Tensor.sum",
+    "torch.Tensor.item",
+    "torch.Tensor.data_ptr",
+    "torch.cuda.synchronize",
+    "triton.runtime.jit.JITFunction.run",
+    "triton.runtime.interpreter.InterpretedFunction.run",
+    "kernels.cuda.launch",
 )
 
 
@@ -162,9 +194,15 @@ def grader_version() -> str:
     """A hash of the code and tables a grade depends on: the grading package, the course kernels and
     the expected-results tables. Two runs with the same version grade the same way."""
     h = hashlib.sha256()
-    patterns = [("grading", ("*.py", "*.json")), ("kernels", ("*.py", "*.cu", "*.cuh")), ("data/expected", ("*.yaml",))]
+    patterns = [
+        ("grading", ("*.py", "*.json")),
+        ("kernels", ("*.py", "*.cu", "*.cuh")),
+        ("data/expected", ("*.yaml",)),
+    ]
     for folder, globs in patterns:
-        files = sorted({p for g in globs for p in (REPO / folder).rglob(g) if "__pycache__" not in p.parts})
+        files = sorted(
+            {p for g in globs for p in (REPO / folder).rglob(g) if "__pycache__" not in p.parts}
+        )
         for p in files:
             h.update(str(p.relative_to(REPO)).encode())
             h.update(p.read_bytes())
@@ -172,9 +210,13 @@ def grader_version() -> str:
 
 
 def content_hash(notebook: Path, source: Path, options: dict) -> str:
-    """What a lab's result depends on: the notebook, its source, the grader and the grading options."""
+    """What a lab's result depends on: the notebook, its source, the grader, the options."""
     h = hashlib.sha256()
-    for part in (notebook.read_bytes(), source.read_bytes() if source.exists() else b"",
-                 grader_version().encode(), repr(sorted(options.items())).encode()):
+    for part in (
+        notebook.read_bytes(),
+        source.read_bytes() if source.exists() else b"",
+        grader_version().encode(),
+        repr(sorted(options.items())).encode(),
+    ):
         h.update(hashlib.sha256(part).digest())
     return h.hexdigest()[:32]

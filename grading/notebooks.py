@@ -2,18 +2,24 @@
 
 Every code cell of a lab that matters carries nbgrader metadata (schema 3):
 
-* **solution** cells (`solution: true`): the student writes here. In `solutions/` they are complete, with
-  the parts to hide between `### BEGIN SOLUTION` and `### END SOLUTION`; in `labs/` those regions are
+* **solution** cells (`solution: true`): the student writes here. In `solutions/` they are complete,
+with
+  the parts to hide between `### BEGIN SOLUTION` and `### END SOLUTION`; in `labs/` those regions
+  are
   replaced by a `raise NotImplementedError()` stub.
-* **check** cells (`grade: true, locked: true`): call the grader's harness. The grader never runs the
+* **check** cells (`grade: true, locked: true`): call the grader's harness. The grader never runs
+the
   student's copy: it uses the lab spec, and reports a check cell whose text was changed.
 * **locked** cells (`locked: true`, not graded): read-only cells. Those whose grade_id starts with
-  `setup` hold what the solution cells depend on (imports, constants); the grader takes them from the
+  `setup` hold what the solution cells depend on (imports, constants); the grader takes them from
+  the
   source notebook, not from the student's copy, and runs no other locked cell.
 
 `solutions/` is the single source; `python -m grading.make_labs` writes `labs/` from it, with an
-nbgrader checksum in every nbgrader cell (`grading.integrity`), as `nbgrader generate_assignment` does.
+nbgrader checksum in every nbgrader cell (`grading.integrity`), as `nbgrader generate_assignment`
+does.
 """
+
 from __future__ import annotations
 
 import copy
@@ -77,7 +83,8 @@ def read_notebook(path: Path) -> dict:
     """A notebook as plain JSON, each cell's source joined into one string.
 
     The grader reads notebooks this way instead of with nbformat, whose import (it validates with
-    jsonschema) costs seconds in every worker process. A file that is not a notebook raises ValueError.
+    jsonschema) costs seconds in every worker process. A file that is not a notebook raises
+    ValueError.
     """
     nb = json.loads(Path(path).read_text(encoding="utf-8"))
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
@@ -97,7 +104,9 @@ def make_lab(solution_nb):
     for cell in lab.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
-            cell.metadata.pop("execution", None)  # when the solution was last run: not the student's
+            cell.metadata.pop(
+                "execution", None
+            )  # when the solution was last run: not the student's
         if role(cell) == "solution":
             cell.source = stub_solution_regions(cell.source)
     add_checksums(lab)
@@ -182,8 +191,16 @@ def locked_cell_status(student_nb, source_nb) -> list[dict]:
             status.append({"grade_id": gid, "status": "deleted", "checksum_ok": None})
             continue
         checksum_ok = checksum_status(mine)
-        modified = mine["source"] != cell["source"] or checksum_ok is False or role(mine) != role(cell)
-        status.append({"grade_id": gid, "status": "modified" if modified else "ok", "checksum_ok": checksum_ok})
+        modified = (
+            mine["source"] != cell["source"] or checksum_ok is False or role(mine) != role(cell)
+        )
+        status.append(
+            {
+                "grade_id": gid,
+                "status": "modified" if modified else "ok",
+                "checksum_ok": checksum_ok,
+            }
+        )
     return status
 
 
@@ -212,8 +229,12 @@ def solution_module(student_nb, source_nb) -> tuple[str, list[str]]:
             parts.append(mine["source"])
     for entry in locked_cell_status(student_nb, source_nb):
         if entry["status"] == "deleted":
-            notes.append(f"locked cell {entry['grade_id']} was deleted (the grader used the original)")
+            notes.append(
+                f"locked cell {entry['grade_id']} was deleted (the grader used the original)"
+            )
         elif entry["status"] == "modified":
             why = " (its nbgrader checksum does not match)" if entry["checksum_ok"] is False else ""
-            notes.append(f"locked cell {entry['grade_id']} was modified (the grader used the original){why}")
+            notes.append(
+                f"locked cell {entry['grade_id']} was modified (the grader used the original){why}"
+            )
     return "\n\n".join(_code_lines(p) for p in parts) + "\n", notes

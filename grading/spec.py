@@ -1,8 +1,12 @@
-"""What a lab asks for, as data: the graded functions, their correctness cases and performance configs.
+"""What a lab asks for, as data: the graded functions, their correctness cases and performance
+configs.
 
-One `LabSpec` per lab lives in `grading/labs/`; the notebook check cells and `python -m grading` both
-run it through `grading.harness`, so a student sees in the notebook exactly what the grader will say.
+One `LabSpec` per lab lives in `grading/labs/`; the notebook check cells and `python -m grading`
+both
+run it through `grading.harness`, so a student sees in the notebook exactly what the grader will
+say.
 """
+
 from __future__ import annotations
 
 import random
@@ -18,30 +22,43 @@ class Case:
 
     shape: tuple[int, ...]
     dtype: torch.dtype
-    # "contiguous" | "strided" (a non-contiguous view: must raise ValueError/TypeError or be right) | any
+    # "contiguous" | "strided" (a non-contiguous view: must raise ValueError/TypeError or be
+    # right) | any
     # other name, which the function's `prepare` turns into inputs (and which must be handled)
     layout: str = "contiguous"
-    params: tuple[tuple[str, object], ...] = ()  # keyword arguments of this case, e.g. (("eps", 0.5),)
+    params: tuple[
+        tuple[str, object], ...
+    ] = ()  # keyword arguments of this case, e.g. (("eps", 0.5),)
 
     @property
     def kwargs(self) -> dict:
         return dict(self.params)
 
     def as_json(self) -> dict:
-        return {"shape": list(self.shape), "dtype": str(self.dtype).removeprefix("torch."),
-                "layout": self.layout, "params": [list(p) for p in self.params]}
+        return {
+            "shape": list(self.shape),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "layout": self.layout,
+            "params": [list(p) for p in self.params],
+        }
 
     @staticmethod
     def from_json(d: dict) -> "Case":
-        return Case(tuple(int(s) for s in d["shape"]), getattr(torch, d["dtype"]), d["layout"],
-                    tuple((str(k), v) for k, v in d["params"]))
+        return Case(
+            tuple(int(s) for s in d["shape"]),
+            getattr(torch, d["dtype"]),
+            d["layout"],
+            tuple((str(k), v) for k, v in d["params"]),
+        )
 
     @property
     def label(self) -> str:
         size = "x".join(map(str, self.shape)) or "scalar"
-        return (f"{size} {str(self.dtype).removeprefix('torch.')}" + ("" if self.layout == "contiguous" else
-                                                                      f" {self.layout}")
-                + "".join(f" {k}={v}" for k, v in self.params))
+        return (
+            f"{size} {str(self.dtype).removeprefix('torch.')}"
+            + ("" if self.layout == "contiguous" else f" {self.layout}")
+            + "".join(f" {k}={v}" for k, v in self.params)
+        )
 
 
 @dataclass(frozen=True)
@@ -51,7 +68,9 @@ class PerfConfig:
     id: str
     shape: tuple[int, ...]
     dtype: torch.dtype
-    params: tuple[tuple[str, object], ...] = ()  # keyword arguments, as a Case's (e.g. (("top_k", 2),))
+    params: tuple[
+        tuple[str, object], ...
+    ] = ()  # keyword arguments, as a Case's (e.g. (("top_k", 2),))
 
 
 @dataclass(frozen=True)
@@ -62,34 +81,47 @@ class GradedFunction:
     * `reference_fp64(*inputs)` -> float64 result (the spec).
     * `tolerance(dtype)` -> (atol, rtol) against the fp64 reference; `scale(*inputs)` optional
       per-element magnitude the rtol multiplies (defaults to |reference|).
-    * `bit_exact(*inputs)` optional: the result must equal this tensor bit for bit (for `exact_dtypes`).
-    * `course_kernel` / `torch_native`: what performance is measured against (same process, same inputs).
+    * `bit_exact(*inputs)` optional: the result must equal this tensor bit for bit (for
+    `exact_dtypes`).
+    * `course_kernel` / `torch_native`: what performance is measured against (same process, same
+    inputs).
     * `bytes_moved(*inputs)`: for GB/s and the hardware floor; `flops(*inputs)` optional, for the
-      floor of compute-bound kernels (the floor is the larger of bytes / copy GB/s and flops / matmul rate).
+      floor of compute-bound kernels (the floor is the larger of bytes / copy GB/s and flops /
+      matmul rate).
     * `trials`: calls per correctness case; every call after the first gets new random values in the
       same input buffers, so a function that caches its previous output fails.
     * `input_names`: names of the inputs in reports and `--explain` (default: the course kernel's
       parameter names).
     * `prepare(layout, inputs)` optional: turns freshly made inputs into a case's layout (views with
       row strides, scaled values, ...) for layouts other than "contiguous" and "strided".
-    * `n_outputs`: with more than one, `out=` is a tuple of that many tensors (each of the case's shape
-      and dtype), the function returns them as a tuple, `reference_fp64` (and `scale`, `bit_exact`, whose
+    * `n_outputs`: with more than one, `out=` is a tuple of that many tensors (each of the
+    case's shape
+      and dtype), the function returns them as a tuple, `reference_fp64` (and `scale`,
+      `bit_exact`, whose
       entries may be None) return one per output; `output_names` names them in messages.
-    * `output_shapes(case_shape, dtype)` optional: ((shape, dtype), ...) of each output, for outputs that
+    * `output_shapes(case_shape, dtype)` optional: ((shape, dtype), ...) of each output, for
+    outputs that
       are not of the case's shape and dtype (attention's float32 lse beside its output; gradients of
       inputs of different shapes).
-    * `memory_budget(*inputs, **params)` optional: bytes of device memory one call may allocate beyond
+    * `memory_budget(*inputs, **params)` optional: bytes of device memory one call may allocate
+    beyond
       its inputs and outputs (its peak, from PyTorch's caching allocator; GPU only). A kernel that
-      materializes what it should stream (attention's N x N scores, cross-entropy's logits) fails it.
-    * `own_kernels_only`: launching a kernel of the course's package (`kernels/`) fails the call: set it
+      materializes what it should stream (attention's N x N scores, cross-entropy's logits)
+      fails it.
+    * `own_kernels_only`: launching a kernel of the course's package (`kernels/`) fails the
+    call: set it
       where the course has a kernel that does the graded job whole (lab 06's permutation and grouped
-      GEMM). Labs 01-05 leave it off: their self-tests grade the course's kernels as known-good submissions.
+      GEMM). Labs 01-05 leave it off: their self-tests grade the course's kernels as
+      known-good submissions.
     * `diagnose(output_name, result, want, bad, *inputs, **params)` optional: what a wrong output's
       pattern of bad elements (`bad`, a bool tensor of `want`'s shape) says in the lab's own terms
-      ("wrong for tokens not a multiple of the block (tokens=37, first bad token 32)"), or "" to let the
+      ("wrong for tokens not a multiple of the block (tokens=37, first bad token 32)"), or ""
+      to let the
       generic diagnosis speak.
-    * `graph_capture`: on a GPU, the call must be capturable in a CUDA graph (no host synchronization
-      inside it: `.item()`, `.cpu()`, a size read from a tensor), and the graph, replayed on new input
+    * `graph_capture`: on a GPU, the call must be capturable in a CUDA graph (no host
+    synchronization
+      inside it: `.item()`, `.cpu()`, a size read from a tensor), and the graph, replayed on
+      new input
       values, must compute them right. Not exercised without a GPU (the report says so).
     * `allowed_ops`: PyTorch ops (e.g. `"aten.mm.default"`) this function may call on top of the
       allocations and views every function may use: a lab whose lesson is elsewhere (chunked
@@ -100,8 +132,10 @@ class GradedFunction:
       `random.Random`) within size classes (an even size, a multiple of the block size, a size
       above 2**17, every rank the function accepts, the widest rows it promises), so that no fixed
       list of sizes can be learned; `cases_for(seed)` is the fixed cases and these.
-    * A case's (or performance configuration's) `params` are passed as keyword arguments to the function,
-      `reference_fp64`, `scale` and `bit_exact` (and, in timing, to the course kernel, PyTorch's version,
+    * A case's (or performance configuration's) `params` are passed as keyword arguments to the
+    function,
+      `reference_fp64`, `scale` and `bit_exact` (and, in timing, to the course kernel,
+      PyTorch's version,
       `bytes_moved` and `flops`).
     """
 
@@ -153,5 +187,7 @@ class LabSpec:
         for f in self.functions:
             if f.name == name:
                 return f
-        raise KeyError(f"lab {self.id} grades no function named {name!r}; it grades "
-                       f"{', '.join(f.name for f in self.functions)}")
+        raise KeyError(
+            f"lab {self.id} grades no function named {name!r}; it grades "
+            f"{', '.join(f.name for f in self.functions)}"
+        )

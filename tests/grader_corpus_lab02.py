@@ -1,6 +1,8 @@
-"""Known-wrong RMSNorm submissions (lab 02), as plain Triton functions, and what the grader must say.
+"""Known-wrong RMSNorm submissions (lab 02), as plain Triton functions, and what the grader must
+say.
 
 Each is the lab's `rms_norm` with one mistake a student makes."""
+
 import torch
 import triton
 import triton.language as tl
@@ -38,23 +40,30 @@ def submission(mistake: str):
             width = x2d.shape[1]
             block = triton.next_power_of_2(width)
             if mistake == "block_not_multiple" and block != width:
-                block //= 2  # rounds the width down: the last columns of a 1000-wide row are never touched
+                block //= 2  # the width rounded down: a 1000-wide row's last columns untouched
             if mistake == "wide_rows_cut" and block > 8192:
                 block = 8192  # rows up to 8192 wide are right; wider ones lose their last columns
-            _rmsnorm[(x2d.shape[0],)](x2d, w, y2d, width, x2d.stride(0), y2d.stride(0), eps,
-                                      BLOCK=block, MISTAKE=mistake)
+            _rmsnorm[(x2d.shape[0],)](
+                x2d, w, y2d, width, x2d.stride(0), y2d.stride(0), eps, BLOCK=block, MISTAKE=mistake
+            )
         return out
+
     return rms_norm
 
 
 CORPUS = {
     # the reduction misses the last columns (every y is off) and they are never written (NaN)
-    "block_not_multiple": "3x1000 float32: n=3000: 3000 of 3000 elements wrong; first bad index (0, 0)",
+    "block_not_multiple": "3x1000 float32: n=3000: 3000 of 3000 elements wrong; "
+    "first bad index (0, 0)",
     "bf16_accumulation": "1x1 float32: n=1: 1 of 1 elements wrong",
     # without eps a single element normalizes to exactly +-w; with eps=1e-6 it does not
     "missing_eps": "1x1 float32: n=1: 1 of 1 elements wrong",
     # every fixed case is at most 5120 wide: only the rows drawn wider than 16384 show it
     "wide_rows_cut": "elements wrong",
 }
-DIAGNOSIS = {"block_not_multiple": "(1464 NaN: elements never written", "bf16_accumulation": "ulp of float32 where",
-             "missing_eps": "ulp of float32 where", "wide_rows_cut": "NaN: elements never written"}
+DIAGNOSIS = {
+    "block_not_multiple": "(1464 NaN: elements never written",
+    "bf16_accumulation": "ulp of float32 where",
+    "missing_eps": "ulp of float32 where",
+    "wide_rows_cut": "NaN: elements never written",
+}

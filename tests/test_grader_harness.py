@@ -1,6 +1,7 @@
 """The checks of grading/harness.py, in this process: which PyTorch calls count as "calling the
 reference" (including the later labs' references), what a failure message says, the allocation path,
 and on a GPU, stream ordering and timing that covers side streams."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -22,25 +23,40 @@ def forbidden(fn) -> list[str]:
     with watch() as seen:
         try:
             fn()
-        except (RuntimeError, NotImplementedError):  # an op with no kernel here is still recorded first
+        except (
+            RuntimeError,
+            NotImplementedError,
+        ):  # an op with no kernel here is still recorded first
             pass
     return seen.forbidden_ops
 
 
-@pytest.mark.parametrize("call, name", [
-    (lambda x: torch.add(x, x), "torch.add (aten.add.Tensor)"),
-    (lambda x: x + x, "Tensor.add (aten.add.Tensor)"),
-    (lambda x: torch.ops.aten.add.Tensor(x, x), "torch.ops.aten.add.Tensor (aten.add.Tensor)"),
-    (lambda x: F.rms_norm(x, (x.shape[-1],)), "torch.nn.functional.rms_norm (aten."),  # lab 02
-    (lambda x: F.layer_norm(x, (x.shape[-1],)), "torch.nn.functional.layer_norm (aten."),
-    (lambda x: F.scaled_dot_product_attention(x[None, None], x[None, None], x[None, None]),  # lab 03
-     "torch.nn.functional.scaled_dot_product_attention (aten."),
-    (lambda x: torch.softmax(x, -1), "torch.softmax (aten._softmax.default)"),
-    (lambda x: torch.matmul(x, x.T), "torch.matmul (aten.mm.default)"),  # lab 06
-    (lambda x: torch._grouped_mm(x.bfloat16(), torch.stack([x.bfloat16()] * 2).transpose(-2, -1),
-                                 offs=torch.tensor([2, 4], dtype=torch.int32, device=x.device)),
-     "torch._grouped_mm (aten._grouped_mm.default)"),
-])
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda x: torch.add(x, x), "torch.add (aten.add.Tensor)"),
+        (lambda x: x + x, "Tensor.add (aten.add.Tensor)"),
+        (lambda x: torch.ops.aten.add.Tensor(x, x), "torch.ops.aten.add.Tensor (aten.add.Tensor)"),
+        (lambda x: F.rms_norm(x, (x.shape[-1],)), "torch.nn.functional.rms_norm (aten."),  # lab 02
+        (lambda x: F.layer_norm(x, (x.shape[-1],)), "torch.nn.functional.layer_norm (aten."),
+        (
+            lambda x: F.scaled_dot_product_attention(
+                x[None, None], x[None, None], x[None, None]
+            ),  # lab 03
+            "torch.nn.functional.scaled_dot_product_attention (aten.",
+        ),
+        (lambda x: torch.softmax(x, -1), "torch.softmax (aten._softmax.default)"),
+        (lambda x: torch.matmul(x, x.T), "torch.matmul (aten.mm.default)"),  # lab 06
+        (
+            lambda x: torch._grouped_mm(
+                x.bfloat16(),
+                torch.stack([x.bfloat16()] * 2).transpose(-2, -1),
+                offs=torch.tensor([2, 4], dtype=torch.int32, device=x.device),
+            ),
+            "torch._grouped_mm (aten._grouped_mm.default)",
+        ),
+    ],
+)
 def test_the_pytorch_references_are_forbidden_and_named(call, name):
     x = torch.randn(4, 8, device=DEVICE)
     ops = forbidden(lambda: call(x))
@@ -60,6 +76,7 @@ def _case_result(fn, case=Case((1025,), torch.float32), trials=2):
     spec = LAB.function("add")
     if trials != spec.trials:
         from dataclasses import replace
+
         spec = replace(spec, trials=trials)
     return run_case(LocalCaller(fn), spec, case, seed=11)
 
@@ -72,14 +89,17 @@ def _caching_add():
         if key not in cache:
             cache[key] = triton_add.add(a, b).clone()
         return out.copy_(cache[key])
+
     return add
 
 
 def test_a_cached_output_is_named():
     result = _case_result(_caching_add())
     assert not result.ok
-    assert result.reason.startswith("called again with new values in the same input buffers: returned the previous "
-                                    "call's result for new inputs: does it cache outputs between calls?")
+    assert result.reason.startswith(
+        "called again with new values in the same input buffers: returned the previous "
+        "call's result for new inputs: does it cache outputs between calls?"
+    )
     assert result.detail["trial"] == 2
     assert _case_result(_caching_add(), trials=1).ok  # one call per case could not have caught it
 
@@ -94,7 +114,8 @@ def test_an_unwritten_torch_empty_does_not_pass_by_luck():
 
     result = check_function(LAB, "add", add, seed=3, perf=False)
     if runtime.ON_GPU:
-        # Not defended on a GPU: PyTorch's caching allocator hands the block just freed straight back, so
+        # Not defended on a GPU: PyTorch's caching allocator hands the block just freed
+        # straight back, so
         # the uninitialized result holds the scratch's right values, every time (grading/README.md).
         assert result.status == "pass", result.message
         return
@@ -110,13 +131,16 @@ def test_diagnosis_of_a_missing_tail_and_of_low_precision():
     got[1024:] = float("nan")
     cmp = compare(got, want, atol=atol, rtol=rtol)
     assert diagnose(case, got, want, cmp, atol, rtol) == (
-        "wrong for n not a multiple of the block size (n=1025, first bad index 1024): the last 1 elements are wrong "
-        "(never written); mask the loads and stores of the last block")
+        "wrong for n not a multiple of the block size (n=1025, first bad index 1024): the last 1 "
+        "elements are wrong "
+        "(never written); mask the loads and stores of the last block"
+    )
     low = want.half().float()
     cmp = compare(low, want, atol=atol, rtol=rtol)
     assert diagnose(case, low, want, cmp, atol, rtol).startswith("rounding error up to ")
-    assert "ulp of float32 where 1 is allowed: is it computed in a lower precision?" in \
-        diagnose(case, low, want, cmp, atol, rtol)
+    assert "ulp of float32 where 1 is allowed: is it computed in a lower precision?" in diagnose(
+        case, low, want, cmp, atol, rtol
+    )
     nothing = torch.full((1025,), float("nan"))
     cmp = compare(nothing, want, atol=atol, rtol=rtol)
     assert diagnose(case, nothing, want, cmp, atol, rtol).startswith("no element was written")
@@ -128,7 +152,12 @@ def test_an_exception_is_reported_and_memory_errors_are_named():
 
     result = _case_result(add)
     assert not result.ok and result.reason.startswith("ran out of host memory")
-    assert result.detail["inputs"][0] == {"name": "a", "shape": [1025], "dtype": "float32", "stride": [1]}
+    assert result.detail["inputs"][0] == {
+        "name": "a",
+        "shape": [1025],
+        "dtype": "float32",
+        "stride": [1],
+    }
 
 
 def test_no_timing_without_a_gpu_and_stream_checks_only_on_one():
@@ -154,12 +183,15 @@ def _add_on_side_stream(synced: bool, side=None):
         if synced:
             torch.cuda.current_stream().wait_stream(side_stream)
         return out
+
     return add
 
 
 def test_side_streams_gpu_only():
-    """GPU: work left on a side stream fails correctness (every time: its launch is delayed), the same
-    code with the two waits passes, and the timing of a side-stream call covers its kernel. CPU: there
+    """GPU: work left on a side stream fails correctness (every time: its launch is delayed),
+    the same
+    code with the two waits passes, and the timing of a side-stream call covers its kernel. CPU:
+    there
     are no streams, which is asserted instead."""
     if not runtime.ON_GPU:
         assert runtime.MODE == "cpu" and runtime.DEVICE == "cpu"
@@ -168,16 +200,28 @@ def test_side_streams_gpu_only():
         assert seen.stream_snapshot is None and seen.side_streams == 0
         return
     for _ in range(3):
-        assert "not ready on PyTorch's current stream" in _case_result(_add_on_side_stream(False)).reason
+        assert (
+            "not ready on PyTorch's current stream"
+            in _case_result(_add_on_side_stream(False)).reason
+        )
     assert _case_result(_add_on_side_stream(True)).ok
     n = 32 * 2**20
-    a, b = torch.randn(n, device="cuda", dtype=torch.float16), torch.randn(n, device="cuda", dtype=torch.float16)
+    a, b = (
+        torch.randn(n, device="cuda", dtype=torch.float16),
+        torch.randn(n, device="cuda", dtype=torch.float16),
+    )
     outs = {"main": torch.empty_like(a), "side": torch.empty_like(a)}
-    unsynced = _add_on_side_stream(False, side=torch.cuda.Stream())  # one stream: creating one per call is host time
+    unsynced = _add_on_side_stream(
+        False, side=torch.cuda.Stream()
+    )  # one stream: creating one per call is host time
     timings, wrong = harness.timed_rounds(
-        {"main": lambda: triton_add.add(a, b, out=outs["main"]),
-         "side": lambda: unsynced(a, b, out=outs["side"])},
-        lambda: None, lambda: torch.zeros((), device="cuda", dtype=torch.int64))
+        {
+            "main": lambda: triton_add.add(a, b, out=outs["main"]),
+            "side": lambda: unsynced(a, b, out=outs["side"]),
+        },
+        lambda: None,
+        lambda: torch.zeros((), device="cuda", dtype=torch.int64),
+    )
     ratio = timings["side"].median_us / timings["main"].median_us
     assert 0.8 < ratio < 1.5, (timings["side"].median_us, timings["main"].median_us)
     assert wrong == [0] * len(wrong)
@@ -195,14 +239,28 @@ def _two_output_lab(fn_points=1):
         return triton_add.add(a, b, out=out[0]), triton_add.add(a, b, out=out[1])
 
     spec = GradedFunction(
-        name="twice", points=fn_points, backend="triton", description="out[0] = out[1] = a + b",
-        make_inputs=lambda shape, dtype, device, gen: tuple(torch.randn(shape, device=device, generator=gen)
-                                                            .to(dtype) for _ in range(2)),
-        reference_fp64=reference, tolerance=lambda dtype: tolerance(dtype), course_kernel=course,
-        torch_native=course, bytes_moved=lambda a, b: 4 * a.numel() * a.element_size(),
-        cases=(Case((1025,), torch.float32), Case((7,), torch.float16, "halved", params=(("flag", 1),))),
-        prepare=lambda layout, inputs: tuple(t * 0.5 for t in inputs) if layout == "halved" else inputs,
-        n_outputs=2, output_names=("s", "t"))
+        name="twice",
+        points=fn_points,
+        backend="triton",
+        description="out[0] = out[1] = a + b",
+        make_inputs=lambda shape, dtype, device, gen: tuple(
+            torch.randn(shape, device=device, generator=gen).to(dtype) for _ in range(2)
+        ),
+        reference_fp64=reference,
+        tolerance=lambda dtype: tolerance(dtype),
+        course_kernel=course,
+        torch_native=course,
+        bytes_moved=lambda a, b: 4 * a.numel() * a.element_size(),
+        cases=(
+            Case((1025,), torch.float32),
+            Case((7,), torch.float16, "halved", params=(("flag", 1),)),
+        ),
+        prepare=lambda layout, inputs: tuple(t * 0.5 for t in inputs)
+        if layout == "halved"
+        else inputs,
+        n_outputs=2,
+        output_names=("s", "t"),
+    )
     return LabSpec(id="xx_twice", title="two outputs", functions=(spec,))
 
 
@@ -219,7 +277,9 @@ def test_functions_with_several_outputs_parameters_and_layouts():
     assert result.status == "pass", result.message
     assert [c.case for c in result.cases] == ["1025 float32", "7 float16 halved flag=1"]
     flagged = [a for flag, a in seen if flag == 1]
-    assert flagged and all(float(a.abs().max()) < 3 for a in flagged)  # the "halved" layout was applied
+    assert flagged and all(
+        float(a.abs().max()) < 3 for a in flagged
+    )  # the "halved" layout was applied
 
     def forgets_t(a, b, flag=0, out=None):
         s, t = (torch.empty_like(a), torch.empty_like(a)) if out is None else out
@@ -228,33 +288,49 @@ def test_functions_with_several_outputs_parameters_and_layouts():
     result = check_function(lab, "twice", forgets_t, seed=2, perf=False)
     assert result.status == "fail"
     assert result.cases[0].reason.startswith("t: n=1025: 1025 of 1025 elements wrong")
-    assert "no element was written" in result.cases[0].reason and result.cases[0].detail["output"] == "t"
+    assert (
+        "no element was written" in result.cases[0].reason
+        and result.cases[0].detail["output"] == "t"
+    )
 
-    result = check_function(lab, "twice", lambda a, b, flag=0, out=None: triton_add.add(a, b, out=out[0]),
-                            seed=2, perf=False)
+    result = check_function(
+        lab,
+        "twice",
+        lambda a, b, flag=0, out=None: triton_add.add(a, b, out=out[0]),
+        seed=2,
+        perf=False,
+    )
     assert result.cases[0].reason == "returned Tensor, expected a tuple of 2 tensors (s, t)"
 
 
 def _wasteful_add(scratch_elements: int):
-    """Right answer, but it first fills a scratch buffer as large as an N x N score matrix would be."""
+    """Right answer, but it first fills a scratch buffer as large as N x N scores would be."""
+
     def add(a, b, out=None):
         scratch = torch.empty(scratch_elements, dtype=torch.float32, device=a.device)
         triton_add.add(scratch, scratch, out=scratch)
         return triton_add.add(a, b, out=out)
+
     return add
 
 
 def test_a_memory_budget_is_enforced_on_the_gpu_only():
     from dataclasses import replace
-    spec = replace(LAB.function("add"), memory_budget=lambda a, b: 4 * 2**20)  # 4 MiB beyond inputs/outputs
+
+    spec = replace(
+        LAB.function("add"), memory_budget=lambda a, b: 4 * 2**20
+    )  # 4 MiB beyond inputs/outputs
     case = Case((1025,), torch.float32)
     lean = run_case(LocalCaller(_wasteful_add(2**18)), spec, case, seed=5)  # 1 MiB of scratch
     assert lean.ok, lean.reason
     wasteful = run_case(LocalCaller(_wasteful_add(2**21)), spec, case, seed=5)  # 8 MiB
     if runtime.ON_GPU:
         assert not wasteful.ok
-        assert "allocated 8.0 MiB of device memory beyond its inputs and outputs at its peak; the budget is " \
-               "4.0 MiB" in wasteful.reason, wasteful.reason
+        assert (
+            "allocated 8.0 MiB of device memory beyond its inputs and outputs at its peak; "
+            "the budget is "
+            "4.0 MiB" in wasteful.reason
+        ), wasteful.reason
     else:  # PyTorch's CPU allocator keeps no peak: the budget is a GPU check, and says nothing here
         assert wasteful.ok, wasteful.reason
 
@@ -287,6 +363,7 @@ def _hidden(how: str, compute):
             with _disable_current_modes():
                 compute(*args, out=out, **kwargs)
         return out
+
     return fn
 
 
@@ -295,20 +372,25 @@ def _rms_norm(x, w, eps=1e-6, out=None):
 
 
 @pytest.mark.parametrize("how", ["thread", "pool", "disabled_modes"])
-@pytest.mark.parametrize("lab, name, compute", [
-    ("01_elementwise_add", "add", lambda a, b, out=None: torch.add(a, b, out=out)),
-    ("02_rmsnorm", "rms_norm", _rms_norm),
-])
+@pytest.mark.parametrize(
+    "lab, name, compute",
+    [
+        ("01_elementwise_add", "add", lambda a, b, out=None: torch.add(a, b, out=out)),
+        ("02_rmsnorm", "rms_norm", _rms_norm),
+    ],
+)
 def test_pytorch_out_of_the_watchers_sight_is_caught(lab, name, compute, how):
     """The profiler sees every thread: F.rms_norm (a composite) is caught by its parts."""
     result = check_function(get_lab(lab), name, _hidden(how, compute), seed=3, perf=False)
     assert result.status == "fail", result.message
-    assert "computes with PyTorch instead of its own kernel: aten." in result.message, result.message
+    assert "computes with PyTorch instead of its own kernel: aten." in result.message, (
+        result.message
+    )
     assert "outside this thread's watch" in result.message
 
 
 def test_composite_conversions_are_not_computing():
-    """`x.to(x.dtype)`, `.contiguous()`, `.flatten()`: composites whose parts (if any) are allowed."""
+    """`x.to(x.dtype)`, `.contiguous()`, `.flatten()`: composites whose parts are allowed."""
     x = torch.randn(4, 8, device=DEVICE)
     with watch() as seen:
         x.to(x.dtype).contiguous().flatten().reshape(8, 4).to(torch.float16)

@@ -1,13 +1,18 @@
-"""The grader grades itself: the reference solution gets full marks, the untouched lab gets zero, and
-every known-wrong submission in the corpus (tests/grader_corpus_lab01.py) is caught with the reason a student
+"""The grader grades itself: the reference solution gets full marks, the untouched lab gets zero,
+and
+every known-wrong submission in the corpus (tests/grader_corpus_lab01.py) is caught with the reason
+a student
 can act on -- in the mode this runs in. GPU-only failures are asserted as the CPU sees them on a CPU
 (see `Submission.cpu`), and as the GPU sees them on a GPU:
 
-    KERNELS_MODE=gpu python -m pytest tests/test_grader_lab01.py tests/test_grader_runner.py tests/test_grader_harness.py
+    KERNELS_MODE=gpu python -m pytest tests/test_grader_lab01.py tests/test_grader_runner.py
+    tests/test_grader_harness.py
 
-Everything is graded the way an instructor would: `python -m grading` in a subprocess, one run for the
+Everything is graded the way an instructor would: `python -m grading` in a subprocess, one run for
+the
 whole corpus.
 """
+
 import hashlib
 import json
 import os
@@ -29,14 +34,24 @@ from tests.grader_corpus_lab01 import CORPUS, PERF_CORPUS, Submission, add_cell
 LAB = "01_elementwise_add_lab.ipynb"
 LAB_ID = "01_elementwise_add"
 CUPY_STATUS = "pass" if runtime.cupy_status()[0] else "needs a GPU"
-SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "grading" / "report.schema.json").read_text())
-# Every correct step takes well under a second on a CPU once the worker has warmed up (a GPU step may
+SCHEMA = json.loads(
+    (Path(__file__).resolve().parents[1] / "grading" / "report.schema.json").read_text()
+)
+# Every correct step takes well under a second on a CPU once the worker has warmed up (a GPU step
+# may
 # compile a kernel or start the profiler): these limits are generous for it and short for the hangs.
 CALL_TIMEOUT = runtime.pick(gpu=30, cpu=10)
-# Host memory: 2 GiB on top of the worker's own on a CPU (RLIMIT_AS); on a GPU the parent watches the
+# Host memory: 2 GiB on top of the worker's own on a CPU (RLIMIT_AS); on a GPU the parent watches
+# the
 # resident size, which the profiler and kernel compilation raise, so it gets more room there.
-LIMITS = ["--call-timeout", str(CALL_TIMEOUT), "--memory-gib", str(runtime.pick(gpu=8, cpu=2)),
-          "--gpu-memory-fraction", "0.3"]
+LIMITS = [
+    "--call-timeout",
+    str(CALL_TIMEOUT),
+    "--memory-gib",
+    str(runtime.pick(gpu=8, cpu=2)),
+    "--gpu-memory-fraction",
+    "0.3",
+]
 
 
 def tree_hash(folder: Path) -> str:
@@ -49,11 +64,16 @@ def tree_hash(folder: Path) -> str:
 
 
 def write_submission(folder: Path, submission: Submission | None = None, name: str = LAB) -> Path:
-    """What a student hands in: the lab (with its nbgrader checksums) with the solution's code in the
+    """What a student hands in: the lab (with its nbgrader checksums) with the solution's code
+    in the
     solution cells, then the submission's edits."""
     submission = submission or Submission()
     lab = nbformat.read(LABS_DIR / LAB, as_version=4)
-    solution = {grade_id(c): c.source for c in nbformat.read(SOLUTIONS_DIR / LAB, as_version=4).cells if grade_id(c)}
+    solution = {
+        grade_id(c): c.source
+        for c in nbformat.read(SOLUTIONS_DIR / LAB, as_version=4).cells
+        if grade_id(c)
+    }
     lab.cells = [c for c in lab.cells if grade_id(c) not in submission.delete]
     for cell in lab.cells:
         gid = grade_id(cell)
@@ -68,13 +88,18 @@ def write_submission(folder: Path, submission: Submission | None = None, name: s
 
 
 def grade(*args, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "grading", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "grading", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def strict_json(path: Path):
     def reject(constant):
         raise ValueError(f"{path.name} is not strict JSON: {constant}")
+
     return json.loads(path.read_text(), parse_constant=reject)
 
 
@@ -92,13 +117,30 @@ def graded(tmp_path_factory):
     before = tree_hash(root)
     out = tmp_path_factory.mktemp("report")
     started = time.monotonic()
-    proc = grade(*folders.values(), "--out", out, "--seed", "1234", "--jobs", "2", "--no-perf", "--explain", *LIMITS)
+    proc = grade(
+        *folders.values(),
+        "--out",
+        out,
+        "--seed",
+        "1234",
+        "--jobs",
+        "2",
+        "--no-perf",
+        "--explain",
+        *LIMITS,
+    )
     elapsed = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = strict_json(out / "report.json")
     by_folder = {Path(lab["notebook"]).parent.name: lab for lab in report["labs"]}
-    return {"report": report, "labs": by_folder, "unchanged": before == tree_hash(root), "out": out,
-            "stdout": proc.stdout, "elapsed": elapsed}
+    return {
+        "report": report,
+        "labs": by_folder,
+        "unchanged": before == tree_hash(root),
+        "out": out,
+        "stdout": proc.stdout,
+        "elapsed": elapsed,
+    }
 
 
 def functions(lab):
@@ -122,7 +164,9 @@ def test_untouched_lab_gets_zero(graded):
     assert "solution cell add is unchanged from the lab (not attempted)" in lab["notes"]
 
 
-@pytest.mark.parametrize("name", sorted(CORPUS), ids=lambda n: n + ("[gpu-only]" if CORPUS[n].gpu_only else ""))
+@pytest.mark.parametrize(
+    "name", sorted(CORPUS), ids=lambda n: n + ("[gpu-only]" if CORPUS[n].gpu_only else "")
+)
 def test_corpus_submission_is_classified(graded, name):
     """Status and reason per function, in this mode. `[gpu-only]`: on a CPU this asserts what the
     interpreter shows instead (the submission's `cpu` expectations), on a GPU the real failure."""
@@ -170,18 +214,21 @@ def test_markdown_report_lists_failures_with_worst_index(graded):
 def test_explain_prints_the_inputs_and_worst_elements(graded):
     out = graded["stdout"]
     start = out.index("cases fail; first: 98765 float32")
-    block = out[start:start + 2000]
+    block = out[start : start + 2000]
     assert "input a: float32 shape (98765,) stride (1,)" in block
     assert "worst elements:" in block and "first wrong elements:" in block
-    assert [line.split()[:3] for line in block.splitlines() if line.strip().startswith("index")][0] == \
-        ["index", "a", "b"]
-    first_bad = block[block.index("first wrong elements:"):].splitlines()[2].split()
+    assert [line.split()[:3] for line in block.splitlines() if line.strip().startswith("index")][
+        0
+    ] == ["index", "a", "b"]
+    first_bad = block[block.index("first wrong elements:") :].splitlines()[2].split()
     assert first_bad[0] == "98304" and first_bad[-1] == "nan"
 
 
 def test_lab_timeout_costs_that_lab_only(tmp_path):
     """The wall-clock limit of a whole lab (here: hung while importing its solution cells)."""
-    hang = write_submission(tmp_path / "hang", Submission({"add": "import time\ntime.sleep(600)\n"}))
+    hang = write_submission(
+        tmp_path / "hang", Submission({"add": "import time\ntime.sleep(600)\n"})
+    )
     proc = grade(hang.parent, "--out", tmp_path / "report", "--timeout", "6", "--seed", "1")
     assert proc.returncode == 0, proc.stderr[-2000:]
     [lab] = strict_json(tmp_path / "report" / "report.json")["labs"]
@@ -206,7 +253,19 @@ def test_submissions_summary_and_resume(tmp_path):
     root, out = tmp_path / "submissions", tmp_path / "reports"
     _students(root)
     before = tree_hash(root)
-    first = grade("--submissions", root, "--out", out, "--seed", "7", "--jobs", "2", "--no-perf", "--json", *LIMITS)
+    first = grade(
+        "--submissions",
+        root,
+        "--out",
+        out,
+        "--seed",
+        "7",
+        "--jobs",
+        "2",
+        "--no-perf",
+        "--json",
+        *LIMITS,
+    )
     assert first.returncode == 0, first.stderr[-2000:]
     summary = json.loads(first.stdout)
     assert summary == strict_json(out / "summary.json")
@@ -218,8 +277,12 @@ def test_submissions_summary_and_resume(tmp_path):
     assert rows["carol"]["points"] == 0 and rows["carol"]["labs"][LAB_ID]["status"] == "graded"
     assert rows["dave"]["labs"][LAB_ID]["status"] == "missing"
     csv_lines = (out / "summary.csv").read_text().splitlines()
-    assert csv_lines[0].startswith(f"student,{LAB_ID} points,{LAB_ID} max points,{LAB_ID} grade,{LAB_ID} status")
-    assert csv_lines[1].startswith(f"alice,{rows['alice']['points']},{rows['alice']['max_points']},")
+    assert csv_lines[0].startswith(
+        f"student,{LAB_ID} points,{LAB_ID} max points,{LAB_ID} grade,{LAB_ID} status"
+    )
+    assert csv_lines[1].startswith(
+        f"alice,{rows['alice']['points']},{rows['alice']['max_points']},"
+    )
     assert "| bob |" in (out / "summary.md").read_text()
     for student in ("alice", "bob", "carol"):
         report = strict_json(out / "students" / student / "report.json")
@@ -229,7 +292,9 @@ def test_submissions_summary_and_resume(tmp_path):
     assert tree_hash(root) == before
 
     # Resumed: nothing changed, nothing is graded again, and the reports stay as they were.
-    reports = {s: (out / "students" / s / "report.json").read_bytes() for s in ("alice", "bob", "carol")}
+    reports = {
+        s: (out / "students" / s / "report.json").read_bytes() for s in ("alice", "bob", "carol")
+    }
     second = grade("--submissions", root, "--out", out, "--jobs", "2", "--no-perf", *LIMITS)
     assert second.returncode == 0, second.stderr[-2000:]
     assert "4 students, 0 labs graded, 3 unchanged since the last run (skipped)" in second.stdout
@@ -262,7 +327,8 @@ def _worker_pids(marker: str) -> list[int]:
 
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGINT"])
 def test_interrupted_run_writes_a_partial_report(tmp_path, how):
-    """Ctrl-C or SIGTERM: the worker is stopped (no orphan), labs not graded are marked interrupted and
+    """Ctrl-C or SIGTERM: the worker is stopped (no orphan), labs not graded are marked
+    interrupted and
     the reports are written marked partial; a student's earlier complete report is kept."""
     root, out = tmp_path / "submissions", tmp_path / "reports"
     write_submission(root / "a_done")
@@ -272,11 +338,27 @@ def test_interrupted_run_writes_a_partial_report(tmp_path, how):
     earlier = out / "students" / "b_hangs" / "report.json"
     earlier.parent.mkdir(parents=True)
     earlier.write_text('{"labs": []}')
-    cmd = [sys.executable, "-m", "grading", "--submissions", str(root), "--out", str(out), "--jobs", "1",
-           "--no-perf", "--call-timeout", "300", "--seed", "3"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "grading",
+        "--submissions",
+        str(root),
+        "--out",
+        str(out),
+        "--jobs",
+        "1",
+        "--no-perf",
+        "--call-timeout",
+        "300",
+        "--seed",
+        "3",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while not (out / "students" / "a_done" / "report.json").exists() or not _worker_pids(str(root / "b_hangs")):
+    while not (out / "students" / "a_done" / "report.json").exists() or not _worker_pids(
+        str(root / "b_hangs")
+    ):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.2)
     time.sleep(1)  # b_hangs is inside its infinite loop now
@@ -301,9 +383,12 @@ def test_killed_run_leaves_a_partial_report_and_no_process(tmp_path):
     and the worker (in bubblewrap: --die-with-parent; else PR_SET_PDEATHSIG) dies with the CLI."""
     hang = write_submission(tmp_path / "hang", CORPUS["infinite_loop_python"])
     out = tmp_path / "report"
-    proc = subprocess.Popen([sys.executable, "-m", "grading", str(hang), "--out", str(out),
-                             "--call-timeout", "300"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grading", str(hang), "--out", str(out), "--call-timeout", "300"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not _worker_pids(str(hang)):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
@@ -326,8 +411,12 @@ def test_killed_run_leaves_a_partial_report_and_no_process(tmp_path):
 def test_interrupted_single_run_marks_the_report_partial(tmp_path):
     hang = write_submission(tmp_path / "hang", CORPUS["infinite_loop_python"])
     out = tmp_path / "report"
-    proc = subprocess.Popen([sys.executable, "-m", "grading", str(hang), "--out", str(out), "--call-timeout", "300"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grading", str(hang), "--out", str(out), "--call-timeout", "300"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while not _worker_pids(str(hang)):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
@@ -353,14 +442,17 @@ def test_performance_grades_the_solution_and_catches_what_only_timing_can(tmp_pa
     for name, submission in PERF_CORPUS.items():
         write_submission(tmp_path / name, submission)
     out = tmp_path / "report"
-    proc = grade(*[tmp_path / n for n in ["solution", *PERF_CORPUS]], "--out", out, "--seed", "5", *LIMITS)
+    proc = grade(
+        *[tmp_path / n for n in ["solution", *PERF_CORPUS]], "--out", out, "--seed", "5", *LIMITS
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = strict_json(out / "report.json")
     jsonschema.validate(report, SCHEMA)
     labs = {Path(lab["notebook"]).parent.name: lab for lab in report["labs"]}
     solution, cached = labs["solution"], labs["caches_large_outputs"]
     if not runtime.ON_GPU:
-        # No timing on a CPU: the grade says so, and a cache that only large inputs hit goes unnoticed.
+        # No timing on a CPU: the grade says so, and a cache that only large inputs hit
+        # goes unnoticed.
         for lab in (solution, cached):
             assert lab["score"]["grade"] == "not measured: no GPU"
             assert all(not f["perf"] for f in lab["functions"])
@@ -377,14 +469,21 @@ def test_performance_grades_the_solution_and_catches_what_only_timing_can(tmp_pa
     assert add["status"] == "pass"  # every correctness case is right: only the timing catches it
     for p in add["perf"]:
         assert p["tier"] == "F" and not p["correct"] and p["wrong_rounds"] >= p["rounds"] - 1, p
-        assert "output wrong in" in p["note"] and "does it cache results between calls?" in p["note"]
+        assert (
+            "output wrong in" in p["note"] and "does it cache results between calls?" in p["note"]
+        )
     assert cached["score"]["grade"] == "F"
 
 
 def test_reports_are_strict_json(graded):
-    """NaN in a comparison (an unwritten element) is written as the string "NaN", never as a bare NaN."""
-    values = [c["comparison"]["actual_at_worst"] for lab in graded["report"]["labs"] for f in lab["functions"]
-              for c in f["cases"] if c["comparison"] and isinstance(c["comparison"]["actual_at_worst"], str)]
+    """NaN in a comparison (an unwritten element) is written as the string "NaN", never bare."""
+    values = [
+        c["comparison"]["actual_at_worst"]
+        for lab in graded["report"]["labs"]
+        for f in lab["functions"]
+        for c in f["cases"]
+        if c["comparison"] and isinstance(c["comparison"]["actual_at_worst"], str)
+    ]
     assert values and set(values) <= {"NaN", "Infinity", "-Infinity"}
 
 
@@ -406,7 +505,7 @@ def test_the_sandbox_contains_a_submission(tmp_path):
     listener.listen()
     listener.settimeout(0.5)
     port = listener.getsockname()[1]
-    escape = f'''
+    escape = f"""
 import os, socket, subprocess
 escaped = []
 for attempt in (lambda: open({str(outside)!r}, "w").write("rewritten"),
@@ -417,17 +516,35 @@ for attempt in (lambda: open({str(outside)!r}, "w").write("rewritten"),
     except OSError:
         pass
 subprocess.Popen(["setsid", "bash", "-c", "exec -a {marker} sleep 600"])
-'''
+"""
     notebook = write_submission(tmp_path / "escape", Submission({"add": add_cell(prelude=escape)}))
-    proc = grade(notebook.parent, "--out", tmp_path / "report", "--seed", "5", "--sandbox", "require",
-                 *LIMITS)
+    proc = grade(
+        notebook.parent,
+        "--out",
+        tmp_path / "report",
+        "--seed",
+        "5",
+        "--sandbox",
+        "require",
+        *LIMITS,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     [lab] = strict_json(tmp_path / "report" / "report.json")["labs"]
     assert lab["sandbox"] == "bubblewrap"
-    assert functions(lab)["add"]["status"] == "pass" and functions(lab)["residual_add"]["status"] == "pass"
+    assert (
+        functions(lab)["add"]["status"] == "pass"
+        and functions(lab)["residual_add"]["status"] == "pass"
+    )
     with pytest.raises(OSError):  # nobody connected
         listener.accept()
     assert outside.read_text() == "untouched"
-    alive = [p for p in Path("/proc").iterdir() if p.name.isdigit() and marker.encode()
-             in (p / "cmdline").read_bytes()] if Path("/proc").exists() else []
+    alive = (
+        [
+            p
+            for p in Path("/proc").iterdir()
+            if p.name.isdigit() and marker.encode() in (p / "cmdline").read_bytes()
+        ]
+        if Path("/proc").exists()
+        else []
+    )
     assert not alive

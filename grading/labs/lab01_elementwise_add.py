@@ -1,4 +1,5 @@
 """Lab 01: the vectorized CuPy add, the Triton add and the fused three-way residual add."""
+
 from __future__ import annotations
 
 import torch
@@ -26,10 +27,14 @@ def draw_cases(rng) -> tuple[Case, ...]:
     blocks = 8192 * rng.randrange(1, 4)
     large = rng.randrange(2**17 + 1, 2**18)
     cube = (rng.randrange(2, 5), rng.randrange(2, 9), 2 * rng.randrange(16, 64) + 1)
-    return (*(Case((even,), dtype) for dtype in DTYPES),
-            Case((blocks,), torch.float32), Case((blocks,), torch.float16),
-            Case((large,), rng.choice(DTYPES)), Case(cube, rng.choice(DTYPES)),
-            Case((), rng.choice(DTYPES)))
+    return (
+        *(Case((even,), dtype) for dtype in DTYPES),
+        Case((blocks,), torch.float32),
+        Case((blocks,), torch.float16),
+        Case((large,), rng.choice(DTYPES)),
+        Case(cube, rng.choice(DTYPES)),
+        Case((), rng.choice(DTYPES)),
+    )
 
 
 PERF_N = 64 * 2**20  # 64M elements: far larger than L2, so HBM bandwidth decides
@@ -38,6 +43,7 @@ PERF_N = 64 * 2**20  # 64M elements: far larger than L2, so HBM bandwidth decide
 def _inputs(count):
     def make(shape, dtype, device, gen):
         return tuple(random_tensor(shape, dtype, device, gen) for _ in range(count))
+
     return make
 
 
@@ -57,14 +63,25 @@ def _bytes(*tensors) -> int:
 
 def _add_function(name, backend, course_kernel, points, description, hint):
     return GradedFunction(
-        name=name, points=points, backend=backend, description=description,
-        make_inputs=_inputs(2), reference_fp64=reference.add_fp64,
+        name=name,
+        points=points,
+        backend=backend,
+        description=description,
+        make_inputs=_inputs(2),
+        reference_fp64=reference.add_fp64,
         tolerance=lambda dtype: tolerance(dtype, roundings=1),
-        course_kernel=course_kernel, torch_native=_torch_add, bytes_moved=_bytes, cases=CASES,
-        perf=(PerfConfig(f"{name}/fp16/64M", (PERF_N,), torch.float16),
-              PerfConfig(f"{name}/fp32/64M", (PERF_N,), torch.float32)),
-        bit_exact=lambda a, b: torch.add(a, b), exact_dtypes=(torch.float32, torch.float16),
-        hint=hint, draw_cases=draw_cases,
+        course_kernel=course_kernel,
+        torch_native=_torch_add,
+        bytes_moved=_bytes,
+        cases=CASES,
+        perf=(
+            PerfConfig(f"{name}/fp16/64M", (PERF_N,), torch.float16),
+            PerfConfig(f"{name}/fp32/64M", (PERF_N,), torch.float32),
+        ),
+        bit_exact=lambda a, b: torch.add(a, b),
+        exact_dtypes=(torch.float32, torch.float16),
+        hint=hint,
+        draw_cases=draw_cases,
     )
 
 
@@ -72,21 +89,38 @@ LAB = LabSpec(
     id="01_elementwise_add",
     title="Element-wise add: CUDA C with 16-byte loads, Triton, and a fused residual add",
     functions=(
-        _add_function("add_vectorized", "cupy", cupy_add.add_vectorized, 3,
-                      "CuPy RawKernel: out = a + b with 16-byte loads, a grid-stride loop and a scalar tail",
-                      "each thread moves 16 bytes; the last n % (16 / element size) elements need the tail"),
-        _add_function("add", "triton", triton_add.add, 3,
-                      "Triton: out = a + b, any n",
-                      "mask the loads and the store with offsets < n"),
+        _add_function(
+            "add_vectorized",
+            "cupy",
+            cupy_add.add_vectorized,
+            3,
+            "CuPy RawKernel: out = a + b with 16-byte loads, a grid-stride loop and a scalar tail",
+            "each thread moves 16 bytes; the last n % (16 / element size) elements need the tail",
+        ),
+        _add_function(
+            "add",
+            "triton",
+            triton_add.add,
+            3,
+            "Triton: out = a + b, any n",
+            "mask the loads and the store with offsets < n",
+        ),
         GradedFunction(
-            name="residual_add", points=4, backend="triton",
-            description="Triton: out = (mlp + attn) + x in one pass, bit-identical to PyTorch's mlp + attn + x",
-            make_inputs=_inputs(3), reference_fp64=reference.residual_add_fp64,
+            name="residual_add",
+            points=4,
+            backend="triton",
+            description="Triton: out = (mlp + attn) + x in one pass, bit-identical to PyTorch's "
+            "mlp + attn + x",
+            make_inputs=_inputs(3),
+            reference_fp64=reference.residual_add_fp64,
             # two roundings (the intermediate, then the result), relative to the terms' magnitude
             tolerance=lambda dtype: tolerance(dtype, roundings=2),
             scale=lambda x, attn, mlp: x.double().abs() + attn.double().abs() + mlp.double().abs(),
-            bit_exact=reference.residual_add, exact_dtypes=(torch.float32, torch.float16),
-            course_kernel=triton_add.residual_add, torch_native=_torch_residual_add, bytes_moved=_bytes,
+            bit_exact=reference.residual_add,
+            exact_dtypes=(torch.float32, torch.float16),
+            course_kernel=triton_add.residual_add,
+            torch_native=_torch_residual_add,
+            bytes_moved=_bytes,
             cases=CASES,
             perf=(PerfConfig("residual_add/fp16/64M", (PERF_N,), torch.float16),),
             hint="round mlp + attn to the tensor dtype before adding x, as PyTorch does",

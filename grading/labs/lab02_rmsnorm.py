@@ -1,4 +1,5 @@
 """Lab 02: RMSNorm as a CUDA C row reduction, in Triton, and fused with the residual add."""
+
 from __future__ import annotations
 
 import torch
@@ -31,12 +32,14 @@ def draw_cases(rng) -> tuple[Case, ...]:
     width, a multiple of the 4096-wide block, rows wider than 16384 (any width is promised), more
     than 2**17 elements, and x of three dimensions (x is (..., width))."""
     dtype = rng.choice(DTYPES)
-    return (Case((rng.randrange(2, 6), 2 * rng.randrange(2, 2048)), dtype),
-            Case((rng.randrange(1, 4), 4096 * rng.randrange(2, 4)), rng.choice(DTYPES)),
-            Case((rng.randrange(1, 3), rng.randrange(2**14 + 1, 2**16)), torch.float32),
-            Case((rng.randrange(2, 4), rng.randrange(2**14 + 1, 2**16)), torch.bfloat16),
-            Case((rng.randrange(40, 64), 2 * rng.randrange(2048, 4096) + 1), rng.choice(DTYPES)),
-            Case((2, rng.randrange(2, 5), rng.randrange(100, 1000)), rng.choice(DTYPES)))
+    return (
+        Case((rng.randrange(2, 6), 2 * rng.randrange(2, 2048)), dtype),
+        Case((rng.randrange(1, 4), 4096 * rng.randrange(2, 4)), rng.choice(DTYPES)),
+        Case((rng.randrange(1, 3), rng.randrange(2**14 + 1, 2**16)), torch.float32),
+        Case((rng.randrange(2, 4), rng.randrange(2**14 + 1, 2**16)), torch.bfloat16),
+        Case((rng.randrange(40, 64), 2 * rng.randrange(2048, 4096) + 1), rng.choice(DTYPES)),
+        Case((2, rng.randrange(2, 5), rng.randrange(100, 1000)), rng.choice(DTYPES)),
+    )
 
 
 FUSED_CASES = tuple(c for c in CASES if c.layout != "strided_rows")  # x and residual are contiguous
@@ -58,8 +61,11 @@ def _rmsnorm_inputs(shape, dtype, device, gen):
 
 
 def _fused_inputs(shape, dtype, device, gen):
-    return (random_tensor(shape, dtype, device, gen), random_tensor(shape, dtype, device, gen),
-            random_tensor(shape[-1:], dtype, device, gen))
+    return (
+        random_tensor(shape, dtype, device, gen),
+        random_tensor(shape, dtype, device, gen),
+        random_tensor(shape[-1:], dtype, device, gen),
+    )
 
 
 def _layout(layout, inputs):
@@ -83,7 +89,9 @@ def _fused_layout(layout, inputs):
 
 
 def _torch_rms_norm(x, w, eps=EPS, out=None):
-    return reference.rms_norm(x, w, eps)  # F.rms_norm has no out=: timed as PyTorch runs it, allocating
+    return reference.rms_norm(
+        x, w, eps
+    )  # F.rms_norm has no out=: timed as PyTorch runs it, allocating
 
 
 def _course_fused(x, residual, w, eps=EPS, out=None):
@@ -99,16 +107,29 @@ def _rmsnorm_bytes(x, w, eps=EPS):
 
 
 def _fused_bytes(x, residual, w, eps=EPS):
-    return 4 * x.numel() * x.element_size() + w.numel() * w.element_size()  # read x, residual; write y, h
+    return (
+        4 * x.numel() * x.element_size() + w.numel() * w.element_size()
+    )  # read x, residual; write y, h
 
 
 def _rmsnorm_function(name, backend, course_kernel, points, description, hint):
     return GradedFunction(
-        name=name, points=points, backend=backend, description=description,
-        make_inputs=_rmsnorm_inputs, prepare=_layout, reference_fp64=reference.rms_norm_fp64,
-        tolerance=_tolerance, course_kernel=course_kernel, torch_native=_torch_rms_norm,
-        bytes_moved=_rmsnorm_bytes, cases=CASES, perf=(PerfConfig(f"{name}/bf16/32768x4096", PERF_SHAPE, torch.bfloat16),),
-        hint=hint, input_names=("x", "w"), draw_cases=draw_cases,
+        name=name,
+        points=points,
+        backend=backend,
+        description=description,
+        make_inputs=_rmsnorm_inputs,
+        prepare=_layout,
+        reference_fp64=reference.rms_norm_fp64,
+        tolerance=_tolerance,
+        course_kernel=course_kernel,
+        torch_native=_torch_rms_norm,
+        bytes_moved=_rmsnorm_bytes,
+        cases=CASES,
+        perf=(PerfConfig(f"{name}/bf16/32768x4096", PERF_SHAPE, torch.bfloat16),),
+        hint=hint,
+        input_names=("x", "w"),
+        draw_cases=draw_cases,
     )
 
 
@@ -116,25 +137,48 @@ LAB = LabSpec(
     id="02_rmsnorm",
     title="RMSNorm: a row reduction in CUDA C and Triton, and the fused residual add",
     functions=(
-        _rmsnorm_function("rms_norm_cuda", "cupy", cupy_rmsnorm.rms_norm, 4,
-                          "CuPy RawKernel: one block per row, warp shuffle + shared-memory reduction",
-                          "every thread must add its partial sum, and the block must add every warp's"),
-        _rmsnorm_function("rms_norm", "triton", triton_rmsnorm.rms_norm, 3,
-                          "Triton: any width, strided rows",
-                          "mask the columns past the width, find a row with its stride, add eps under the "
-                          "square root, and sum the squares in float32"),
+        _rmsnorm_function(
+            "rms_norm_cuda",
+            "cupy",
+            cupy_rmsnorm.rms_norm,
+            4,
+            "CuPy RawKernel: one block per row, warp shuffle + shared-memory reduction",
+            "every thread must add its partial sum, and the block must add every warp's",
+        ),
+        _rmsnorm_function(
+            "rms_norm",
+            "triton",
+            triton_rmsnorm.rms_norm,
+            3,
+            "Triton: any width, strided rows",
+            "mask the columns past the width, find a row with its stride, add eps under the "
+            "square root, and sum the squares in float32",
+        ),
         GradedFunction(
-            name="fused_add_rms_norm", points=3, backend="triton",
-            description="Triton: h = x + residual; y = rmsnorm(h) * w in one pass, returning (y, h)",
-            make_inputs=_fused_inputs, prepare=_fused_layout,
-            reference_fp64=reference.fused_add_rms_norm_fp64, tolerance=_fused_tolerance, n_outputs=2,
+            name="fused_add_rms_norm",
+            points=3,
+            backend="triton",
+            description="Triton: h = x + residual; y = rmsnorm(h) * w in one pass, returning "
+            "(y, h)",
+            make_inputs=_fused_inputs,
+            prepare=_fused_layout,
+            reference_fp64=reference.fused_add_rms_norm_fp64,
+            tolerance=_fused_tolerance,
+            n_outputs=2,
             output_names=("y", "h"),
             bit_exact=lambda x, residual, w, eps=EPS: (None, x + residual),
-            exact_dtypes=(torch.float32, torch.float16),  # the interpreter truncates float32 -> bfloat16
-            course_kernel=_course_fused, torch_native=_torch_fused, bytes_moved=_fused_bytes,
-            cases=FUSED_CASES, perf=(PerfConfig("fused_add_rms_norm/bf16/32768x4096", PERF_SHAPE, torch.bfloat16),),
+            exact_dtypes=(
+                torch.float32,
+                torch.float16,
+            ),  # the interpreter truncates float32 -> bfloat16
+            course_kernel=_course_fused,
+            torch_native=_torch_fused,
+            bytes_moved=_fused_bytes,
+            cases=FUSED_CASES,
+            perf=(PerfConfig("fused_add_rms_norm/bf16/32768x4096", PERF_SHAPE, torch.bfloat16),),
             hint="round x + residual to the dtype before normalizing it, and return (y, h)",
-            input_names=("x", "residual", "w"), draw_cases=draw_cases,
+            input_names=("x", "residual", "w"),
+            draw_cases=draw_cases,
         ),
     ),
 )
