@@ -427,7 +427,7 @@ def test_benchmark_helpers_run_on_the_tiny_model(monkeypatch):
     monkeypatch.setattr(benchmark, "STEPS", 2)
     monkeypatch.setattr(benchmark, "ROUNDS", 1)
     monkeypatch.setattr(benchmark, "COMPILE_BUDGET_S", -1)  # no torch.compile here
-    hf = hf_reference.random_llama(TINY, seed=13)
+    hf = hf_reference.random_llama(TINY, seed=13, device=runtime.DEVICE)  # where the benchmark runs
     model = Decoder(DecoderWeights.from_hf(hf), max_batch=2, max_seq=32)
     theirs = benchmark.decode_hf(hf, 2, 9, [0.0])
     assert theirs["HF eager ms"] > 0 and "not measured" in theirs["HF static compiled"]
