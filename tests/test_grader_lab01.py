@@ -311,14 +311,15 @@ def test_submissions_summary_and_resume(tmp_path):
     assert bob["student"] == "bob" and bob["points"] == bob["max_points"]
 
 
-def _worker_pids(marker: str) -> list[int]:
-    """Worker processes (python -m grading.worker) whose command line contains `marker`."""
+def _worker_pids(marker: str, program: str = "grading.worker") -> list[int]:
+    """Processes (by default workers, python -m grading.worker) whose command line contains
+    `marker`."""
     pids = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
                 cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
-                if "grading.worker" in cmdline and marker in cmdline:
+                if program in cmdline and marker in cmdline:
                     pids.append(int(proc.name))
             except OSError:
                 pass
@@ -538,13 +539,5 @@ subprocess.Popen(["setsid", "bash", "-c", "exec -a {marker} sleep 600"])
     with pytest.raises(OSError):  # nobody connected
         listener.accept()
     assert outside.read_text() == "untouched"
-    alive = (
-        [
-            p
-            for p in Path("/proc").iterdir()
-            if p.name.isdigit() and marker.encode() in (p / "cmdline").read_bytes()
-        ]
-        if Path("/proc").exists()
-        else []
-    )
+    alive = _worker_pids(marker, program="")
     assert not alive

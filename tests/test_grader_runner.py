@@ -134,11 +134,20 @@ def test_an_output_flood_is_stopped_and_only_its_tail_kept(tmp_path):
 
 def _gone(pid: int) -> bool:
     for _ in range(50):  # SIGKILL is delivered at once; reaping by init may take a moment
-        stat = Path(f"/proc/{pid}/stat")
-        if not stat.exists() or "Z" in stat.read_text().split()[2]:
+        try:
+            if "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+                return True
+        except OSError:  # no such process (any more)
             return True
         time.sleep(0.1)
     return False
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:  # it ended while the list was read
+        return b""
 
 
 def test_the_whole_process_group_is_stopped(tmp_path):
@@ -175,7 +184,7 @@ def test_the_sandbox_leaves_no_process_and_no_file_behind(tmp_path):
     worker.set_step("add", "case 1 float32")
     answer = worker.request({"op": "call"})
     sleeping = [p for p in Path("/proc").iterdir() if p.name.isdigit()
-                and b"sleep\x00600" in (p / "cmdline").read_bytes()]
+                and b"sleep\x00600" in _cmdline(p)]
     worker.close()
     assert answer["wrote"] == "OSError" and target.read_bytes() == before
     assert sleeping and all(_gone(int(p.name)) for p in sleeping)
