@@ -643,6 +643,10 @@ def grade_lab(notebook: Path, lab_id: str, seed: int, opts: Options,
             work = folder / f"worker-{len(lab['incidents'])}"  # a fresh folder per worker
             work.mkdir()
             (work / f"student_{lab_id}.py").write_text(code)
+            if sandboxed and not opts.cpu and runtime.ON_GPU:
+                from grading import sandbox
+
+                sandbox.seed_caches(work)
             worker = WorkerProcess(cmd, work, deadline, opts, env, sandboxed)
             try:
                 _grade_in_worker(worker, lab, spec, spec.functions, done, seed, opts,

@@ -17,8 +17,10 @@ write wherever the user can, use the network, and leave processes behind (gradin
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 import subprocess
+from pathlib import Path
 
 INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: sudo apt-get install bubblewrap; Fedora: sudo "
                 "dnf install bubblewrap)")
@@ -55,6 +57,24 @@ def status() -> tuple[bool, str]:
         return False, (f"bwrap cannot create a sandbox on this machine ({why[0]}): user "
                        f"namespaces may be disabled (e.g. inside a container)")
     return True, ""
+
+
+CACHE_COPY_LIMIT = 2 * 2**30  # bytes: a larger cache is not copied (the worker compiles afresh)
+
+
+def seed_caches(workdir: Path) -> None:
+    """Copy the user's compiled-kernel caches (Triton's, CuPy's) into the worker's folder, where
+    the sandbox points them: a GPU worker then compiles only what is new, as outside the sandbox,
+    and whatever it writes there dies with its folder (no cache is shared between submissions)."""
+    home = Path.home()
+    caches = ((Path(os.environ.get("TRITON_CACHE_DIR", home / ".triton" / "cache")), ".triton"),
+              (Path(os.environ.get("CUPY_CACHE_DIR", home / ".cupy" / "kernel_cache")), ".cupy"))
+    for source, name in caches:
+        if not source.is_dir():
+            continue
+        size = sum(f.stat().st_size for f in source.rglob("*") if f.is_file())
+        if size <= CACHE_COPY_LIMIT:
+            shutil.copytree(source, workdir / name, symlinks=False, dirs_exist_ok=True)
 
 
 def wrap(cmd: list[str], workdir: str, *, gpu: bool, info_fd: int) -> list[str]:
