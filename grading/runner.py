@@ -171,6 +171,7 @@ class Attempt:
     output_tail: str = ""
     memory_cap: int | None = None
     wall: bool = False  # a step stopped by its wall-clock backstop, not its CPU time
+    wall_s: float = 0.0  # that backstop, in seconds
 
 
 class WorkerGone(Exception):
@@ -235,6 +236,8 @@ class WorkerProcess:
         self.pid = self.proc.pid
         if info_r is not None:
             self.pid = self._child_pid(info_r)
+        # Where CPU time cannot be read (no /proc: macOS), the limit is wall-clock time, as it was.
+        self._wall_factor = WALL_FACTOR if cpu_seconds(self.pid) is not None else 1.0
         self.drain = _OutputTail(self.proc.stdout)
         self.drain.start()
         self.attempt = Attempt(memory_cap=_memory_cap(None, opts))
@@ -315,7 +318,8 @@ class WorkerProcess:
             self._stop("lab-timeout")
         elif step is not None and tree_cpu_seconds(self.pid) - cpu_start > step["limit_s"]:
             self._stop("step")
-        elif step is not None and now - started > WALL_FACTOR * step["limit_s"]:
+        elif step is not None and now - started > self._wall_factor * step["limit_s"]:
+            self.attempt.wall_s = self._wall_factor * step["limit_s"]
             self._stop("step", wall=True)
         elif self.drain.total > self.opts.output_limit_mib * 2**20:
             self._stop("output")
@@ -363,7 +367,7 @@ def death_reason(attempt: Attempt, opts: Options) -> str:
     """Why a worker did not finish, in words a student can act on."""
     if attempt.stopped == "step":
         limit = attempt.step["limit_s"]
-        spent = f"{WALL_FACTOR * limit:g} s" if attempt.wall else f"{limit:g} s of CPU time"
+        spent = f"{attempt.wall_s:g} s" if attempt.wall else f"{limit:g} s of CPU time"
         return f"did not finish within {spent}: an infinite loop, or a kernel that never ends?"
     if attempt.stopped == "lab-timeout":
         return f"timed out after {opts.timeout:.0f} s (an infinite loop or a hung kernel?)"

@@ -44,7 +44,11 @@ CALL_TIMEOUT = runtime.pick(gpu=30, cpu=10)
 # Host memory: 2 GiB on top of the worker's own on a CPU (RLIMIT_AS); on a GPU the parent watches
 # the
 # resident size, which the profiler and kernel compilation raise, so it gets more room there.
+# "--sandbox auto": bubblewrap where it works, also for --submissions (which requires it by
+# default), so the self-tests run on a machine without it; the sandbox's own tests require it.
 LIMITS = [
+    "--sandbox",
+    "auto",
     "--call-timeout",
     str(CALL_TIMEOUT),
     "--memory-gib",
@@ -525,9 +529,9 @@ subprocess.Popen(["setsid", "bash", "-c", "exec -a {marker} sleep 600"])
         tmp_path / "report",
         "--seed",
         "5",
-        "--sandbox",
-        "require",
         *LIMITS,
+        "--sandbox",
+        "require",  # after LIMITS' "auto": the last one counts
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     [lab] = strict_json(tmp_path / "report" / "report.json")["labs"]
