@@ -2,21 +2,41 @@
 
 Two ways to call it:
 
-  python -m grading [PATH ...]           a student: grade these notebooks (or folders of them; default
+  python -m grading [PATH ...]           a student: grade these notebooks (or folders of them;
+  default
                                          labs/) -> OUT/report.json and OUT/report.md
-  python -m grading --submissions DIR    an instructor: DIR holds one folder per student; each student's
-                                         lab notebooks are graded -> OUT/students/<student>/report.{json,md}
-                                         and OUT/summary.{csv,md,json} (students x labs). Resumable: a lab
-                                         whose notebook, source and grader are unchanged since the last
-                                         run (same content hash) is not graded again (--force: regrade).
+  python -m grading --submissions DIR    an instructor: DIR holds one folder per student; each
+  student's
+                                         lab notebooks are
+                                         graded -> OUT/stud
+                                         ents/<student>/rep
+                                         ort.{json,md}
+                                         and OUT/summary.{c
+                                         sv,md,json}
+                                         (students x labs).
+                                         Resumable: a lab
+                                         whose notebook,
+                                         source and grader
+                                         are unchanged
+                                         since the last
+                                         run (same content
+                                         hash) is not
+                                         graded again
+                                         (--force:
+                                         regrade).
 
 Each lab is graded in its own worker process, with the solution cells of the student's notebook, the
-locked cells of the source notebook in solutions/, and a fresh secret seed (or --seed, to reproduce a
-run). A step that hangs, a crash, an out-of-memory or a corrupted CUDA context costs that function, and
-the rest of the lab is graded in a new process; other labs are unaffected (grading/runner.py). Reports
-are written atomically; Ctrl-C or SIGTERM writes a report marked partial (exit status 130). Nothing is
+locked cells of the source notebook in solutions/, and a fresh secret seed (or --seed, to reproduce
+a
+run). A step that hangs, a crash, an out-of-memory or a corrupted CUDA context costs that function,
+and
+the rest of the lab is graded in a new process; other labs are unaffected (grading/runner.py).
+Reports
+are written atomically; Ctrl-C or SIGTERM writes a report marked partial (exit status 130). Nothing
+is
 written next to the notebooks.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,12 +71,15 @@ def find_notebooks(paths: list[Path], only_lab: str | None) -> list[Path]:
     found = [nb for nb in found if only_lab is None or lab_id_of(nb, LAB_MODULES) == only_lab]
     unknown = [nb.name for nb in found if lab_id_of(nb, LAB_MODULES) not in LAB_MODULES]
     if unknown:
-        raise SystemExit(f"grading: no lab spec for {', '.join(unknown)} (known: {', '.join(LAB_MODULES)})")
+        raise SystemExit(
+            f"grading: no lab spec for {', '.join(unknown)} (known: {', '.join(LAB_MODULES)})"
+        )
     return found
 
 
 def student_notebooks(folder: Path, only_lab: str | None) -> dict[str, tuple[Path, list[str]]]:
-    """A student's lab notebooks by lab id (any depth, checkpoints ignored), with notes on duplicates."""
+    """A student's lab notebooks by lab id (any depth, checkpoints ignored), with notes on
+    duplicates."""
     by_lab: dict[str, list[Path]] = {}
     for nb in sorted(folder.rglob("*.ipynb")):
         if ".ipynb_checkpoints" in nb.parts:
@@ -68,9 +91,15 @@ def student_notebooks(folder: Path, only_lab: str | None) -> dict[str, tuple[Pat
     for lab_id, nbs in by_lab.items():
         exact = [nb for nb in nbs if nb.name == f"{lab_id}_lab.ipynb"]
         pick = exact[0] if exact else max(nbs, key=lambda p: p.stat().st_mtime)
-        notes = [] if len(nbs) == 1 else [
-            f"several notebooks for this lab ({', '.join(str(nb.relative_to(folder)) for nb in nbs)}): graded "
-            f"{pick.relative_to(folder)}"]
+        notes = (
+            []
+            if len(nbs) == 1
+            else [
+                "several notebooks for this lab "
+                f"({', '.join(str(nb.relative_to(folder)) for nb in nbs)}): graded "
+                f"{pick.relative_to(folder)}"
+            ]
+        )
         chosen[lab_id] = (pick, notes)
     return chosen
 
@@ -91,11 +120,15 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def run_tasks(tasks: list[tuple], opts: Options, jobs: int, *, skipped: int = 0, on_result=None) -> tuple[dict, bool]:
-    """Grade (key, notebook, lab_id, seed) tasks in a thread pool (each lab is its own process), calling
+def run_tasks(
+    tasks: list[tuple], opts: Options, jobs: int, *, skipped: int = 0, on_result=None
+) -> tuple[dict, bool]:
+    """Grade (key, notebook, lab_id, seed) tasks in a thread pool (each lab is its own process),
+    calling
     `on_result(key, lab)` in this thread as each lab is done.
 
-    Returns ({key: lab result}, interrupted). On Ctrl-C or SIGTERM the running workers are stopped and
+    Returns ({key: lab result}, interrupted). On Ctrl-C or SIGTERM the running workers are
+    stopped and
     every lab not graded yet comes back marked interrupted (and goes through `on_result` too).
     """
     from tqdm.auto import tqdm
@@ -109,7 +142,9 @@ def run_tasks(tasks: list[tuple], opts: Options, jobs: int, *, skipped: int = 0,
         if on_result is not None:
             on_result(key, lab)
 
-    bar = tqdm(total=len(tasks) + skipped, initial=skipped, desc="grading", unit="lab", file=sys.stderr)
+    bar = tqdm(
+        total=len(tasks) + skipped, initial=skipped, desc="grading", unit="lab", file=sys.stderr
+    )
     handlers = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
@@ -117,8 +152,10 @@ def run_tasks(tasks: list[tuple], opts: Options, jobs: int, *, skipped: int = 0,
         except ValueError:  # not the main thread: leave signals alone
             pass
     pool = ThreadPoolExecutor(max_workers=max(1, jobs))
-    futures = {pool.submit(grade_lab, nb, lab_id, seed, opts): (key, nb, lab_id, seed)
-               for key, nb, lab_id, seed in tasks}
+    futures = {
+        pool.submit(grade_lab, nb, lab_id, seed, opts): (key, nb, lab_id, seed)
+        for key, nb, lab_id, seed in tasks
+    }
     try:
         for future in as_completed(futures):
             key, nb, lab_id, seed = futures[future]
@@ -128,7 +165,9 @@ def run_tasks(tasks: list[tuple], opts: Options, jobs: int, *, skipped: int = 0,
     except KeyboardInterrupt:
         interrupted = True
         for sig in handlers:
-            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not stop the reports being written
+            signal.signal(
+                sig, signal.SIG_IGN
+            )  # a second Ctrl-C must not stop the reports being written
         STOP.set()
         for future in futures:
             future.cancel()
@@ -138,7 +177,10 @@ def run_tasks(tasks: list[tuple], opts: Options, jobs: int, *, skipped: int = 0,
     for future, (key, nb, lab_id, seed) in futures.items():
         if key not in results:
             done = future.done() and not future.cancelled()
-            finish(key, _result(future, nb, lab_id, seed) if done else interrupted_lab(nb, lab_id, seed))
+            finish(
+                key,
+                _result(future, nb, lab_id, seed) if done else interrupted_lab(nb, lab_id, seed),
+            )
     for sig, handler in handlers.items():
         signal.signal(sig, handler)
     return results, interrupted
@@ -159,14 +201,26 @@ def _result(future, nb: Path, lab_id: str, seed: int) -> dict:
 def _report(labs: list[dict], opts: Options, partial: bool, **extra) -> dict:
     from kernels import runtime
 
-    fingerprint = next((lab["fingerprint"] for lab in labs if "fingerprint" in lab), None) or runtime.fingerprint()
-    return {"schema": report_mod.REPORT_SCHEMA, **extra, "date": _now(), "partial": partial,
-            "grader_version": grader_version(), "options": options_dict(opts), "fingerprint": fingerprint,
-            "labs": labs}
+    fingerprint = (
+        next((lab["fingerprint"] for lab in labs if "fingerprint" in lab), None)
+        or runtime.fingerprint()
+    )
+    return {
+        "schema": report_mod.REPORT_SCHEMA,
+        **extra,
+        "date": _now(),
+        "partial": partial,
+        "grader_version": grader_version(),
+        "options": options_dict(opts),
+        "fingerprint": fingerprint,
+        "labs": labs,
+    }
 
 
 def write_report(folder: Path, report: dict) -> None:
-    write_atomically(folder / "report.json", json.dumps(report_mod.json_safe(report), indent=1, default=str))
+    write_atomically(
+        folder / "report.json", json.dumps(report_mod.json_safe(report), indent=1, default=str)
+    )
     write_atomically(folder / "report.md", report_mod.markdown(report))
 
 
@@ -214,20 +268,30 @@ def grade_paths(args, opts: Options, jobs: int) -> int:
     else:
         for lab in labs:
             s = lab["score"]
-            print(f"{lab['lab']}: {s['points']}/{s['max_points']} points, grade {s['grade']}"
-                  + (f"  [{lab['error']}]" if lab.get("error") else ""))
-        print(f"report: {args.out / 'report.md'}" + (" (PARTIAL: interrupted)" if interrupted else ""))
+            print(
+                f"{lab['lab']}: {s['points']}/{s['max_points']} points, grade {s['grade']}"
+                + (f"  [{lab['error']}]" if lab.get("error") else "")
+            )
+        print(
+            f"report: {args.out / 'report.md'}" + (" (PARTIAL: interrupted)" if interrupted else "")
+        )
     if interrupted:
         return EXIT_INTERRUPTED
     if args.write_expected:
         from grading import expected
         from grading.labs import get_lab
+
         if report["fingerprint"].get("mode") != "gpu":
             print("grading: --write-expected needs a GPU", file=sys.stderr)
             return 1
         for lab in labs:
-            path = expected.write(lab["lab"], get_lab(lab["lab"]).title, lab["functions"], report["fingerprint"],
-                                  source=str(args.out / "report.json"))
+            path = expected.write(
+                lab["lab"],
+                get_lab(lab["lab"]).title,
+                lab["functions"],
+                report["fingerprint"],
+                source=str(args.out / "report.json"),
+            )
             print(f"wrote {path}")
     return 0
 
@@ -254,10 +318,14 @@ def grade_submissions(args, opts: Options, jobs: int) -> int:
         index, count = args.shard
         shard_of = classroom.assign_shards({s: len(nbs) for s, nbs in found.items()}, count)
         found = {s: nbs for s, nbs in found.items() if shard_of[s] == index}
-    lab_ids = sorted({lab_id for nbs in found.values() for lab_id in nbs} | ({args.lab} if args.lab else set()))
+    lab_ids = sorted(
+        {lab_id for nbs in found.values() for lab_id in nbs} | ({args.lab} if args.lab else set())
+    )
     reports_dir = args.out / "students"
     hash_options = opts.result_options()  # not the seed: a result under any seed is a valid grade
-    final: dict[str, dict[str, dict | None]] = {s: {lab_id: None for lab_id in lab_ids} for s in found}
+    final: dict[str, dict[str, dict | None]] = {
+        s: {lab_id: None for lab_id in lab_ids} for s in found
+    }
     previous = {s: _previous_labs(reports_dir / s / "report.json") for s in found}
     tasks, meta, skipped = [], {}, 0
     for student, nbs in found.items():
@@ -278,8 +346,10 @@ def grade_submissions(args, opts: Options, jobs: int) -> int:
             return  # handed in nothing: the summary says "missing"
         if student not in touched and (reports_dir / student / "report.json").exists():
             return  # nothing new for this student: the earlier report stays as it was
-        write_report(reports_dir / student, _report(labs, opts, any(lab.get("interrupted") for lab in labs),
-                                                    student=student))
+        write_report(
+            reports_dir / student,
+            _report(labs, opts, any(lab.get("interrupted") for lab in labs), student=student),
+        )
 
     touched: set[str] = set()
 
@@ -295,7 +365,9 @@ def grade_submissions(args, opts: Options, jobs: int) -> int:
             touched.add(student)
             final[student][lab_id] = lab
         elif not (prev is not None and prev.get("content_hash") == digest):
-            final[student][lab_id] = lab  # else an earlier result for the same submission beats nothing
+            final[student][lab_id] = (
+                lab  # else an earlier result for the same submission beats nothing
+            )
         pending[student].discard(lab_id)
         if not pending[student]:
             write_student(student)  # as soon as the student is done: an interrupted run keeps it
@@ -304,14 +376,25 @@ def grade_submissions(args, opts: Options, jobs: int) -> int:
         if not pending[student]:
             write_student(student)
     results, interrupted = run_tasks(tasks, opts, jobs, skipped=skipped, on_result=on_result)
-    partial = any(lab is not None and lab.get("interrupted") for labs in final.values() for lab in labs.values())
+    partial = any(
+        lab is not None and lab.get("interrupted")
+        for labs in final.values()
+        for lab in labs.values()
+    )
     if args.shard:  # the shards share --out: each writes its own status, `merge` the summary
         classroom.write_shard_status(args.out, args.shard, final, partial=partial or interrupted)
-        print(f"shard {args.shard[0]}/{args.shard[1]}: {len(found)} students, {len(tasks)} labs graded, "
-              f"{skipped} unchanged since the last run (skipped)")
+        print(
+            f"shard {args.shard[0]}/{args.shard[1]}: {len(found)} students, {len(tasks)} labs "
+            "graded, "
+            f"{skipped} unchanged since the last run (skipped)"
+        )
         return EXIT_INTERRUPTED if interrupted else 0
-    summary = report_mod.summary(final, lab_ids, date=_now(), partial=partial, grader_version=grader_version())
-    write_atomically(args.out / "summary.json", json.dumps(report_mod.json_safe(summary), indent=1, default=str))
+    summary = report_mod.summary(
+        final, lab_ids, date=_now(), partial=partial, grader_version=grader_version()
+    )
+    write_atomically(
+        args.out / "summary.json", json.dumps(report_mod.json_safe(summary), indent=1, default=str)
+    )
     write_atomically(args.out / "summary.csv", report_mod.summary_csv(summary))
     write_atomically(args.out / "summary.md", report_mod.summary_markdown(summary))
     out = sys.stderr if args.json else sys.stdout
@@ -320,8 +403,13 @@ def grade_submissions(args, opts: Options, jobs: int) -> int:
     if args.json:
         print(json.dumps(report_mod.json_safe(summary), indent=1, default=str))
     else:
-        print(f"{len(found)} students, {len(tasks)} labs graded, {skipped} unchanged since the last run (skipped)")
-        print(f"summary: {args.out / 'summary.md'}" + (" (PARTIAL: interrupted)" if partial else ""))
+        print(
+            f"{len(found)} students, {len(tasks)} labs graded, {skipped} unchanged since the last "
+            "run (skipped)"
+        )
+        print(
+            f"summary: {args.out / 'summary.md'}" + (" (PARTIAL: interrupted)" if partial else "")
+        )
     return EXIT_INTERRUPTED if interrupted else 0
 
 
@@ -332,52 +420,112 @@ def _say_where_code_runs(opts: Options) -> None:
 
     sandboxed, how = use_sandbox(opts)
     if not sandboxed and opts.sandbox == "auto":
-        print(f"grading: the student's code runs without a sandbox ({how.removeprefix('none: ')});"
-              f" the verdicts are still made outside it (grading/README.md)", file=sys.stderr)
+        print(
+            f"grading: the student's code runs without a sandbox ({how.removeprefix('none: ')});"
+            f" the verdicts are still made outside it (grading/README.md)",
+            file=sys.stderr,
+        )
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grading", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m grading",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("paths", nargs="*", type=Path, default=[Path("labs")])
-    parser.add_argument("--submissions", type=Path, metavar="DIR",
-                        help="grade DIR/<student>/ for every student (instructors)")
-    parser.add_argument("--shard", type=classroom.parse_shard, metavar="K/N",
-                        help="with --submissions: grade only shard K of N (python -m grading.classroom)")
-    parser.add_argument("--gpus", type=classroom.parse_gpus, metavar="0,1,...",
-                        help="with --submissions: one shard per GPU of this node, each lab alone on its "
-                             "GPU, then the merged summary")
+    parser.add_argument(
+        "--submissions",
+        type=Path,
+        metavar="DIR",
+        help="grade DIR/<student>/ for every student (instructors)",
+    )
+    parser.add_argument(
+        "--shard",
+        type=classroom.parse_shard,
+        metavar="K/N",
+        help="with --submissions: grade only shard K of N (python -m grading.classroom)",
+    )
+    parser.add_argument(
+        "--gpus",
+        type=classroom.parse_gpus,
+        metavar="0,1,...",
+        help="with --submissions: one shard per GPU of this node, each lab alone on its "
+        "GPU, then the merged summary",
+    )
     parser.add_argument("--out", type=Path, default=Path("grading-reports"), help="report folder")
     parser.add_argument("--lab", help="grade only this lab id, e.g. 01_elementwise_add")
-    parser.add_argument("--cpu", action="store_true", help="force CPU mode (Triton interpreter) even on a GPU")
-    parser.add_argument("--seed", type=int, help="reproduce a run (default: a fresh secret seed per lab)")
-    parser.add_argument("--json", action="store_true", help="print the report (or summary) as JSON on stdout")
-    parser.add_argument("--explain", action="store_true",
-                        help="print each failing check's inputs and worst elements")
-    parser.add_argument("--force", action="store_true", help="with --submissions: regrade unchanged labs too")
-    parser.add_argument("--no-perf", action="store_true", help="correctness only: skip the timing on a GPU")
+    parser.add_argument(
+        "--cpu", action="store_true", help="force CPU mode (Triton interpreter) even on a GPU"
+    )
+    parser.add_argument(
+        "--seed", type=int, help="reproduce a run (default: a fresh secret seed per lab)"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the report (or summary) as JSON on stdout"
+    )
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="print each failing check's inputs and worst elements",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="with --submissions: regrade unchanged labs too"
+    )
+    parser.add_argument(
+        "--no-perf", action="store_true", help="correctness only: skip the timing on a GPU"
+    )
     parser.add_argument("--timeout", type=float, default=900, help="seconds per lab (default 900)")
-    parser.add_argument("--call-timeout", type=float, default=60,
-                        help="seconds per correctness case or import of the solution cells (default 60)")
-    parser.add_argument("--perf-timeout", type=float, default=300,
-                        help="seconds per performance configuration (default 300)")
-    parser.add_argument("--memory-gib", type=float, default=16, help="host memory per lab, GiB (default 16)")
-    parser.add_argument("--gpu-memory-fraction", type=float, default=0.9,
-                        help="share of the GPU's memory a lab may allocate (default 0.9)")
-    parser.add_argument("--output-limit-mib", type=float, default=16,
-                        help="output (stdout + stderr) a lab may print, MiB (default 16)")
-    parser.add_argument("--jobs", type=int, default=1,
-                        help="labs graded at once (on a GPU only with --no-perf: concurrent labs distort timings)")
-    parser.add_argument("--sandbox", choices=("auto", "require", "off"),
-                        help="run the student's code in bubblewrap: auto (where it works; the "
-                             "default), require (refuse to grade without it; the default with "
-                             "--submissions) or off")
-    parser.add_argument("--write-expected", action="store_true",
-                        help="(instructors, on a GPU, grading solutions/) record the timings in data/expected/")
+    parser.add_argument(
+        "--call-timeout",
+        type=float,
+        default=60,
+        help="seconds per correctness case or import of the solution cells (default 60)",
+    )
+    parser.add_argument(
+        "--perf-timeout",
+        type=float,
+        default=300,
+        help="seconds per performance configuration (default 300)",
+    )
+    parser.add_argument(
+        "--memory-gib", type=float, default=16, help="host memory per lab, GiB (default 16)"
+    )
+    parser.add_argument(
+        "--gpu-memory-fraction",
+        type=float,
+        default=0.9,
+        help="share of the GPU's memory a lab may allocate (default 0.9)",
+    )
+    parser.add_argument(
+        "--output-limit-mib",
+        type=float,
+        default=16,
+        help="output (stdout + stderr) a lab may print, MiB (default 16)",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="labs graded at once (on a GPU only with --no-perf: concurrent labs distort timings)",
+    )
+    parser.add_argument(
+        "--sandbox",
+        choices=("auto", "require", "off"),
+        help="run the student's code in bubblewrap: auto (where it works; the "
+        "default), require (refuse to grade without it; the default with "
+        "--submissions) or off",
+    )
+    parser.add_argument(
+        "--write-expected",
+        action="store_true",
+        help="(instructors, on a GPU, grading solutions/) record the timings in data/expected/",
+    )
     args = parser.parse_args(argv)
     if args.submissions and args.write_expected:
         parser.error("--write-expected grades solutions/, not --submissions")
     from kernels import runtime
+
     if args.cpu and runtime.ON_GPU:
         # This process makes the inputs and references: it must be in the worker's mode, which
         # `import kernels` decided already. Start again in CPU mode.
@@ -385,10 +533,17 @@ def main(argv=None) -> int:
         argv = sys.argv[1:] if argv is None else list(argv)
         os.execve(sys.executable, [sys.executable, "-m", "grading", *argv], env)
     sandbox = args.sandbox or ("require" if args.submissions else "auto")
-    opts = Options(cpu=args.cpu, perf=not args.no_perf, timeout=args.timeout,
-                   call_timeout=args.call_timeout, perf_timeout=args.perf_timeout,
-                   memory_gib=args.memory_gib, gpu_memory_fraction=args.gpu_memory_fraction,
-                   output_limit_mib=args.output_limit_mib, sandbox=sandbox)
+    opts = Options(
+        cpu=args.cpu,
+        perf=not args.no_perf,
+        timeout=args.timeout,
+        call_timeout=args.call_timeout,
+        perf_timeout=args.perf_timeout,
+        memory_gib=args.memory_gib,
+        gpu_memory_fraction=args.gpu_memory_fraction,
+        output_limit_mib=args.output_limit_mib,
+        sandbox=sandbox,
+    )
     _say_where_code_runs(opts)
     jobs = args.jobs if (args.cpu or not runtime.ON_GPU or args.no_perf) else 1
     if args.submissions:

@@ -1,11 +1,15 @@
 """Expected-results tables: data/expected/<lab>.yaml, per GPU model.
 
-For each performance configuration of a lab, what the course's reference kernel and PyTorch took on a
-GPU model, and the times that reach the tiers (target: 70% of the reference's speed, excellent: 80%).
+For each performance configuration of a lab, what the course's reference kernel and PyTorch took on
+a
+GPU model, and the times that reach the tiers (target: 70% of the reference's speed, excellent:
+80%).
 Rows come from measurements made by this project (`python -m grading solutions --write-expected` on
-the GPU, which grades the reference solutions and records what it timed, with the run's fingerprint);
+the GPU, which grades the reference solutions and records what it timed, with the run's
+fingerprint);
 rows for GPUs not measured here say so.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -37,17 +41,25 @@ def row(entry: dict | None, config_id: str) -> dict | None:
     if not entry:
         return None
     config = (entry.get("configs") or {}).get(config_id)
-    return None if config is None else {"gpu": entry.get("gpu"), "status": entry.get("status"), **config}
+    return (
+        None
+        if config is None
+        else {"gpu": entry.get("gpu"), "status": entry.get("status"), **config}
+    )
 
 
-def write(lab_id: str, title: str, function_results: list[dict], fingerprint: dict, source: str) -> Path:
+def write(
+    lab_id: str, title: str, function_results: list[dict], fingerprint: dict, source: str
+) -> Path:
     """Record this GPU's row from a grading run of the reference solutions (GPU mode)."""
     p = path(lab_id)
     table = (yaml.safe_load(p.read_text()) if p.exists() else None) or {}
     table.setdefault("lab", lab_id)
     table.setdefault("title", title)
-    table["tiers"] = {"target": f">= {TARGET:.0%} of the reference kernel's speed (B)",
-                      "excellent": f">= {EXCELLENT:.0%} (A)"}
+    table["tiers"] = {
+        "target": f">= {TARGET:.0%} of the reference kernel's speed (B)",
+        "excellent": f">= {EXCELLENT:.0%} (A)",
+    }
     configs = {}
     for fr in function_results:
         for perf in fr.get("perf", []):
@@ -64,8 +76,10 @@ def write(lab_id: str, title: str, function_results: list[dict], fingerprint: di
         "status": "measured",
         "source": source,
         # str(): torch.__version__ is a str subclass that yaml.safe_dump refuses
-        "fingerprint": {k: str(fingerprint[k])
-                        for k in ("gpu", "driver", "cuda", "torch", "triton", "cupy", "date")},
+        "fingerprint": {
+            k: str(fingerprint[k])
+            for k in ("gpu", "driver", "cuda", "torch", "triton", "cupy", "date")
+        },
         "configs": configs,
     }
     p.parent.mkdir(parents=True, exist_ok=True)

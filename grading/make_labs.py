@@ -1,4 +1,6 @@
-"""Write labs/ from solutions/: `python -m grading.make_labs` (or `--check` to verify they agree)."""
+"""Write labs/ from solutions/: `python -m grading.make_labs` (or `--check` to verify they
+agree)."""
+
 from __future__ import annotations
 
 import argparse
@@ -15,7 +17,9 @@ def render(solution_path) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--check", action="store_true", help="exit 1 if labs/ is not what solutions/ generates")
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 if labs/ is not what solutions/ generates"
+    )
     args = parser.parse_args(argv)
     stale = []
     for solution in sorted(SOLUTIONS_DIR.glob("*_lab.ipynb")):
@@ -28,8 +32,11 @@ def main(argv=None) -> int:
             lab.write_text(text)
             print(f"wrote {lab.relative_to(lab.parents[1])}")
     if stale:
-        print("labs/ is out of date with solutions/ (run `python -m grading.make_labs`): "
-              + ", ".join(p.name for p in stale), file=sys.stderr)
+        print(
+            "labs/ is out of date with solutions/ (run `python -m grading.make_labs`): "
+            + ", ".join(p.name for p in stale),
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -1,14 +1,18 @@
 """Scores, grades and the human-readable reports.
 
-* **Points** (correctness): a function earns its points when every correctness case passes. Functions
-  that cannot run here (CuPy without a GPU) are left out of the maximum and listed as such. Extra-credit
-  functions add their points on top of the maximum (a lab can score 15/10) and do not enter the grade.
+* **Points** (correctness): a function earns its points when every correctness case passes.
+Functions
+  that cannot run here (CuPy without a GPU) are left out of the maximum and listed as such.
+  Extra-credit
+  functions add their points on top of the maximum (a lab can score 15/10) and do not enter the
+  grade.
 * **Grade** (performance, GPU only): seed 003's boundaries on the speed relative to the course's
   reference kernel, measured in the same run: A > 80% on every graded kernel, B > 70%, C > 60%,
   D > 40%, otherwise F. A kernel that is not correct gets F. Without a GPU: "not measured".
 
 The JSON reports follow grading/report.schema.json (checked by tests/test_grader_lab01.py).
 """
+
 from __future__ import annotations
 
 import csv
@@ -28,7 +32,9 @@ def score_lab(lab: dict) -> dict:
     max_points = sum(f["max_points"] for f in graded if not f.get("extra_credit"))
     tiers = []
     for f in graded:
-        if f.get("extra_credit"):  # on top of the lab: neither its points' absence nor its speed counts against it
+        if f.get(
+            "extra_credit"
+        ):  # on top of the lab: neither its points' absence nor its speed counts against it
             continue
         tiers.append(f.get("tier") or ("F" if f["status"] != "pass" else None))
     measured = [t for t in tiers if t]
@@ -38,8 +44,12 @@ def score_lab(lab: dict) -> dict:
         grade = NOT_MEASURED if lab.get("fingerprint", {}).get("mode") != "gpu" else "incomplete"
     else:
         grade = max(measured)  # the worst letter decides: "A on every graded kernel"
-    return {"points": points, "max_points": max_points,
-            "needs_gpu": [f["name"] for f in functions if f["status"] == "needs a GPU"], "grade": grade}
+    return {
+        "points": points,
+        "max_points": max_points,
+        "needs_gpu": [f["name"] for f in functions if f["status"] == "needs a GPU"],
+        "grade": grade,
+    }
 
 
 def json_safe(value):
@@ -70,19 +80,33 @@ def markdown(report: dict) -> str:
     title = "# Grading report" + (f": {report['student']}" if report.get("student") else "")
     lines = [title, ""]
     if report.get("partial"):
-        lines += ["**PARTIAL: the run was interrupted; labs marked `interrupted` were not graded.**", ""]
-    lines += [f"- mode: {fp['mode']}" + (f" ({fp['gpu']}, driver {fp['driver']}, CUDA {fp['cuda']})" if fp.get("gpu") else ""),
-              f"- torch {fp['torch']}, triton {fp['triton']}, cupy {fp['cupy']}, python {fp['python']}",
-              f"- grader {report.get('grader_version', '?')}, graded {report['date']}; seeds are per lab "
-              "(reproduce with `--seed`)", ""]
+        lines += [
+            "**PARTIAL: the run was interrupted; labs marked `interrupted` were not graded.**",
+            "",
+        ]
+    lines += [
+        f"- mode: {fp['mode']}"
+        + (f" ({fp['gpu']}, driver {fp['driver']}, CUDA {fp['cuda']})" if fp.get("gpu") else ""),
+        f"- torch {fp['torch']}, triton {fp['triton']}, cupy {fp['cupy']}, python {fp['python']}",
+        f"- grader {report.get('grader_version', '?')}, graded {report['date']}; seeds are per lab "
+        "(reproduce with `--seed`)",
+        "",
+    ]
     lines += ["| lab | points | grade | notes |", "|---|---|---|---|"]
     for lab in report["labs"]:
         s = lab["score"]
         notes = "; ".join(lab.get("notes", []) + ([lab["error"]] if lab.get("error") else []))
-        lines.append(f"| {lab['lab']} | {s['points']}/{s['max_points']} | {s['grade']} | {_cell(notes)} |")
+        lines.append(
+            f"| {lab['lab']} | {s['points']}/{s['max_points']} | {s['grade']} | {_cell(notes)} |"
+        )
     for lab in report["labs"]:
-        lines += ["", f"## {lab['lab']}: {lab.get('title', '')}", "",
-                  f"notebook `{lab['notebook']}`, seed {lab.get('seed')}", ""]
+        lines += [
+            "",
+            f"## {lab['lab']}: {lab.get('title', '')}",
+            "",
+            f"notebook `{lab['notebook']}`, seed {lab.get('seed')}",
+            "",
+        ]
         if lab.get("error"):
             lines += [f"**{lab['error']}**", ""]
         for incident in lab.get("incidents", []):
@@ -93,32 +117,62 @@ def markdown(report: dict) -> str:
         lines += ["| function | backend | status | points | message |", "|---|---|---|---|---|"]
         for f in lab.get("functions", []):
             extra = " (extra credit)" if f.get("extra_credit") else ""
-            lines.append(f"| `{f['name']}`{extra} | {f['backend']} | {f['status']} | {f['points']}/{f['max_points']} | "
-                         f"{_cell(f['message'])} |")
-        failing = [(f["name"], c) for f in lab.get("functions", []) for c in f["cases"] if not c["ok"]]
+            lines.append(
+                f"| `{f['name']}`{extra} | {f['backend']} | {f['status']} | "
+                f"{f['points']}/{f['max_points']} | "
+                f"{_cell(f['message'])} |"
+            )
+        failing = [
+            (f["name"], c) for f in lab.get("functions", []) for c in f["cases"] if not c["ok"]
+        ]
         if failing:
-            lines += ["", "| function | case | max abs err | max rel err | worst index (expected, actual) | NaN/Inf | reason |",
-                      "|---|---|---|---|---|---|---|"]
+            lines += [
+                "",
+                "| function | case | max abs err | max rel err | worst index (expected, actual) | "
+                "NaN/Inf | reason |",
+                "|---|---|---|---|---|---|---|",
+            ]
             for name, c in failing:
                 cmp = c.get("comparison") or {}
                 worst = cmp.get("worst_index")
-                where = f"{worst} ({_fmt(cmp.get('expected_at_worst'), '.6g')}, {_fmt(cmp.get('actual_at_worst'), '.6g')})" \
-                    if worst is not None else "-"
-                lines.append(f"| `{name}` | {c['case']} | {_fmt(cmp.get('max_abs_err'), '.3g')} | "
-                             f"{_fmt(cmp.get('max_rel_err'), '.3g')} | {where} | "
-                             f"{cmp.get('n_nan', '-')}/{cmp.get('n_inf', '-')} | {_cell(c['reason'])} |")
+                where = (
+                    f"{worst} ({_fmt(cmp.get('expected_at_worst'), '.6g')}, "
+                    f"{_fmt(cmp.get('actual_at_worst'), '.6g')})"
+                    if worst is not None
+                    else "-"
+                )
+                lines.append(
+                    f"| `{name}` | {c['case']} | {_fmt(cmp.get('max_abs_err'), '.3g')} | "
+                    f"{_fmt(cmp.get('max_rel_err'), '.3g')} | {where} | "
+                    f"{cmp.get('n_nan', '-')}/{cmp.get('n_inf', '-')} | {_cell(c['reason'])} |"
+                )
         perf = [(f["name"], p) for f in lab.get("functions", []) for p in f.get("perf", [])]
         if perf:
-            lines += ["", "| config | yours (us) | p10-p90 | reference (us) | torch (us) | vs reference | GB/s | "
-                      "% of floor | tier | expected reference on this GPU | note |",
-                      "|---|---|---|---|---|---|---|---|---|---|---|"]
+            lines += [
+                "",
+                "| config | yours (us) | p10-p90 | reference (us) | torch (us) | vs reference | "
+                "GB/s | "
+                "% of floor | tier | expected reference on this GPU | note |",
+                "|---|---|---|---|---|---|---|---|---|---|---|",
+            ]
             for _, p in perf:
                 exp = p.get("expected")
-                exp_text = f"{exp['reference_us']} us ({exp['status']})" if exp else "no row for this GPU"
-                spread = "-" if not p.get("spread_us") else f"{p['spread_us'][0]:.1f}-{p['spread_us'][1]:.1f}"
-                lines.append(f"| {p['config']} | {_fmt(p['student_us'])} | {spread} | {_fmt(p['reference_us'])} | "
-                             f"{_fmt(p['torch_us'])} | {_fmt(p['ratio_to_reference'], '.2f')}x | {_fmt(p['gbps'], '.0f')} | "
-                             f"{_fmt(p['percent_of_floor'], '.0f')} | {p['tier']} | {exp_text} | {_cell(p['note'])} |")
+                exp_text = (
+                    f"{exp['reference_us']} us ({exp['status']})" if exp else "no row for this GPU"
+                )
+                spread = (
+                    "-"
+                    if not p.get("spread_us")
+                    else f"{p['spread_us'][0]:.1f}-{p['spread_us'][1]:.1f}"
+                )
+                lines.append(
+                    f"| {p['config']} | {_fmt(p['student_us'])} | {spread} | "
+                    f"{_fmt(p['reference_us'])} | "
+                    f"{_fmt(p['torch_us'])} | {_fmt(p['ratio_to_reference'], '.2f')}x | "
+                    f"{_fmt(p['gbps'], '.0f')} | "
+                    f"{_fmt(p['percent_of_floor'], '.0f')} | {p['tier']} | {exp_text} | "
+                    f"{_cell(p['note'])} |"
+                )
     return "\n".join(lines) + "\n"
 
 
@@ -142,27 +196,49 @@ def explain(lab: dict) -> str:
             continue
         case = failing[0]
         d = case.get("detail") or {}
-        lines.append(f"  case {case['case']}, call {d.get('trial', 1)} (reproduce with --seed {f.get('seed')}): "
-                     f"{case['reason']}")
+        lines.append(
+            f"  case {case['case']}, call {d.get('trial', 1)} (reproduce with --seed "
+            f"{f.get('seed')}): "
+            f"{case['reason']}"
+        )
         for t in d.get("inputs", []):
-            lines.append(f"    input {t['name']}: {t['dtype']} shape {tuple(t['shape'])} stride {tuple(t['stride'])}")
-        for title, rows in (("worst elements", d.get("worst", [])), ("first wrong elements", d.get("first_bad", []))):
+            lines.append(
+                f"    input {t['name']}: {t['dtype']} shape {tuple(t['shape'])} stride "
+                f"{tuple(t['stride'])}"
+            )
+        for title, rows in (
+            ("worst elements", d.get("worst", [])),
+            ("first wrong elements", d.get("first_bad", [])),
+        ):
             if not rows:
                 continue
             names = list(rows[0].get("inputs", {}))
             lines.append(f"    {title}:")
             header = ["index", *names, "expected", "yours"]
-            table = [[str(tuple(r["index"]) if len(r["index"]) > 1 else r["index"][0]),
-                      *(_num(r["inputs"][n]) for n in names), _num(r["expected"]), _num(r["actual"])] for r in rows]
+            table = [
+                [
+                    str(tuple(r["index"]) if len(r["index"]) > 1 else r["index"][0]),
+                    *(_num(r["inputs"][n]) for n in names),
+                    _num(r["expected"]),
+                    _num(r["actual"]),
+                ]
+                for r in rows
+            ]
             widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(header)]
             lines.append("      " + "  ".join(h.rjust(w) for h, w in zip(header, widths)))
-            lines += ["      " + "  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in table]
+            lines += [
+                "      " + "  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in table
+            ]
         if len(failing) > 1:
-            lines.append(f"    ({len(failing) - 1} more failing cases: {', '.join(c['case'] for c in failing[1:6])}"
-                         + (", ..." if len(failing) > 6 else "") + ")")
+            lines.append(
+                f"    ({len(failing) - 1} more failing cases: "
+                f"{', '.join(c['case'] for c in failing[1:6])}"
+                + (", ..." if len(failing) > 6 else "")
+                + ")"
+            )
     for incident in lab.get("incidents", []):
         if incident.get("output_tail"):
-            lines.append(f"{lab['lab']}: last output before \"{incident['reason']}\":")
+            lines.append(f'{lab["lab"]}: last output before "{incident["reason"]}":')
             lines += ["    " + line for line in incident["output_tail"].splitlines()[-8:]]
     return "\n".join(lines)
 
@@ -181,23 +257,40 @@ def lab_status(lab: dict | None) -> str:
     return "graded"
 
 
-def summary(students: dict[str, dict[str, dict | None]], lab_ids: list[str], *, date: str, partial: bool,
-            grader_version: str) -> dict:
+def summary(
+    students: dict[str, dict[str, dict | None]],
+    lab_ids: list[str],
+    *,
+    date: str,
+    partial: bool,
+    grader_version: str,
+) -> dict:
     rows = []
     for student, labs in students.items():
         cells, points, max_points = {}, 0, 0
         for lab_id in lab_ids:
             lab = labs.get(lab_id)
             score = lab["score"] if lab else None
-            cells[lab_id] = {"status": lab_status(lab), "points": score["points"] if score else 0,
-                             "max_points": score["max_points"] if score else None,
-                             "grade": score["grade"] if score else None,
-                             "notes": (lab.get("notes", []) + ([lab["error"]] if lab.get("error") else [])) if lab else []}
+            cells[lab_id] = {
+                "status": lab_status(lab),
+                "points": score["points"] if score else 0,
+                "max_points": score["max_points"] if score else None,
+                "grade": score["grade"] if score else None,
+                "notes": (lab.get("notes", []) + ([lab["error"]] if lab.get("error") else []))
+                if lab
+                else [],
+            }
             points += cells[lab_id]["points"]
             max_points += cells[lab_id]["max_points"] or 0
         rows.append({"student": student, "labs": cells, "points": points, "max_points": max_points})
-    return {"schema": SUMMARY_SCHEMA, "date": date, "partial": partial, "grader_version": grader_version,
-            "labs": lab_ids, "students": rows}
+    return {
+        "schema": SUMMARY_SCHEMA,
+        "date": date,
+        "partial": partial,
+        "grader_version": grader_version,
+        "labs": lab_ids,
+        "students": rows,
+    }
 
 
 def summary_csv(s: dict) -> str:
@@ -205,13 +298,23 @@ def summary_csv(s: dict) -> str:
     writer = csv.writer(out, lineterminator="\n")
     header = ["student"]
     for lab_id in s["labs"]:
-        header += [f"{lab_id} points", f"{lab_id} max points", f"{lab_id} grade", f"{lab_id} status"]
+        header += [
+            f"{lab_id} points",
+            f"{lab_id} max points",
+            f"{lab_id} grade",
+            f"{lab_id} status",
+        ]
     writer.writerow(header + ["total points", "total max points"])
     for row in s["students"]:
         cells = [row["student"]]
         for lab_id in s["labs"]:
             c = row["labs"][lab_id]
-            cells += [c["points"], "" if c["max_points"] is None else c["max_points"], c["grade"] or "", c["status"]]
+            cells += [
+                c["points"],
+                "" if c["max_points"] is None else c["max_points"],
+                c["grade"] or "",
+                c["status"],
+            ]
         writer.writerow(cells + [row["points"], row["max_points"]])
     return out.getvalue()
 
@@ -219,11 +322,20 @@ def summary_csv(s: dict) -> str:
 def summary_markdown(s: dict) -> str:
     lines = ["# Grading summary", ""]
     if s["partial"]:
-        lines += ["**PARTIAL: the run was interrupted; cells marked `interrupted` were not graded.**", ""]
-    lines += [f"- {len(s['students'])} students, labs: {', '.join(s['labs'])}",
-              f"- grader {s['grader_version']}, {s['date']}; per-student reports in `students/<name>/report.md`", ""]
-    lines += ["| student | " + " | ".join(s["labs"]) + " | total | notes |",
-              "|---|" + "---|" * len(s["labs"]) + "---|---|"]
+        lines += [
+            "**PARTIAL: the run was interrupted; cells marked `interrupted` were not graded.**",
+            "",
+        ]
+    lines += [
+        f"- {len(s['students'])} students, labs: {', '.join(s['labs'])}",
+        f"- grader {s['grader_version']}, {s['date']}; per-student reports in "
+        "`students/<name>/report.md`",
+        "",
+    ]
+    lines += [
+        "| student | " + " | ".join(s["labs"]) + " | total | notes |",
+        "|---|" + "---|" * len(s["labs"]) + "---|---|",
+    ]
     for row in s["students"]:
         cells, notes = [], []
         for lab_id in s["labs"]:
@@ -231,8 +343,15 @@ def summary_markdown(s: dict) -> str:
             if c["status"] == "missing":
                 cells.append("missing")
             else:
-                cells.append(f"{c['points']}/{c['max_points']} {c['grade']}" + ("" if c["status"] == "graded" else f" ({c['status']})"))
+                cells.append(
+                    f"{c['points']}/{c['max_points']} {c['grade']}"
+                    + ("" if c["status"] == "graded" else f" ({c['status']})")
+                )
             notes += [f"{lab_id}: {n}" for n in c["notes"]]
-        lines.append(f"| {_cell(row['student'])} | " + " | ".join(cells) + f" | {row['points']}/{row['max_points']} | "
-                     f"{_cell('; '.join(notes))} |")
+        lines.append(
+            f"| {_cell(row['student'])} | "
+            + " | ".join(cells)
+            + f" | {row['points']}/{row['max_points']} | "
+            f"{_cell('; '.join(notes))} |"
+        )
     return "\n".join(lines) + "\n"

@@ -1,9 +1,12 @@
 """Lab 03: the FlashAttention forward in Triton (out and lse); the backward as extra credit.
 
-A case's shape is the problem's, (batch, q heads, kv heads, Nq, Nk, head_dim): q is (B, Hq, Nq, D), k and
-v are (B, Hkv, Nk, D); the outputs are out (B, Hq, Nq, D) in the inputs' dtype and lse (B, Hq, Nq) in
+A case's shape is the problem's, (batch, q heads, kv heads, Nq, Nk, head_dim): q is (B, Hq, Nq, D),
+k and
+v are (B, Hkv, Nk, D); the outputs are out (B, Hq, Nq, D) in the inputs' dtype and lse (B, Hq, Nq)
+in
 float32. `causal` is a case parameter (bottom-right aligned, kernels/flash_attention/reference.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -16,39 +19,59 @@ from kernels.flash_attention.reference import attention_fp64, causal_mask
 from kernels.testing import TINY, ULP, random_tensor
 
 CAUSAL = (("causal", True),)
-# Odd lengths (1, 100, 197, 1000: none a multiple of a block), Nq != Nk (cross-attention, and queries at
-# the end of a longer KV cache under the causal mask), GQA (2:1 and 4:1), batch 2 (a kernel that mixes
-# batches fails there), both head dims, fp16 and bf16. Small B and H: the interpreter pays per program.
+# Odd lengths (1, 100, 197, 1000: none a multiple of a block), Nq != Nk (cross-attention, and
+# queries at
+# the end of a longer KV cache under the causal mask), GQA (2:1 and 4:1), batch 2 (a kernel that
+# mixes
+# batches fails there), both head dims, fp16 and bf16. Small B and H: the interpreter pays per
+# program.
 CASES = (
     Case((1, 2, 2, 1, 1, 64), torch.float16),
     # q and k 8x larger: scores in the hundreds; exp without the max subtracted overflows
     Case((1, 2, 2, 197, 197, 64), torch.float16, "large_logits"),
     Case((2, 2, 2, 100, 100, 64), torch.float16, params=CAUSAL),
     Case((2, 2, 2, 100, 100, 64), torch.bfloat16, params=CAUSAL),
-    Case((2, 4, 2, 100, 197, 64), torch.bfloat16),                    # cross-attention (the call without out=)
+    Case((2, 4, 2, 100, 197, 64), torch.bfloat16),  # cross-attention (the call without out=)
     Case((1, 4, 2, 197, 197, 128), torch.float16, params=CAUSAL),
     Case((1, 4, 2, 197, 197, 128), torch.bfloat16),
-    Case((1, 4, 1, 1, 197, 128), torch.float16, params=CAUSAL),      # decode, GQA 4:1: the query sees every key
-    Case((1, 2, 2, 37, 197, 64), torch.bfloat16, params=CAUSAL),     # a chunk at the end of a longer cache
+    Case(
+        (1, 4, 1, 1, 197, 128), torch.float16, params=CAUSAL
+    ),  # decode, GQA 4:1: the query sees every key
+    Case(
+        (1, 2, 2, 37, 197, 64), torch.bfloat16, params=CAUSAL
+    ),  # a chunk at the end of a longer cache
     Case((1, 2, 2, 1000, 1000, 64), torch.float16, params=CAUSAL),
     # (B, N, H, D) tensors transposed to (B, H, N, D): only the head dim is contiguous
     Case((2, 2, 2, 100, 100, 64), torch.float16, "bnhd", params=CAUSAL),
-) + runtime.pick(gpu=(
-    # N = 4096: the N x N scores would take 256 MiB in float32; the budget is O(N) (memory_budget)
-    Case((1, 4, 4, 4096, 4096, 64), torch.float16, params=CAUSAL),
-), cpu=())
+) + runtime.pick(
+    gpu=(
+        # N = 4096: the N x N scores would take 256 MiB in float32; the budget is O(N)
+        # (memory_budget)
+        Case((1, 4, 4, 4096, 4096, 64), torch.float16, params=CAUSAL),
+    ),
+    cpu=(),
+)
 
 
 def _attention_inputs(shape, dtype, device, gen):
     b, hq, hkv, n_q, n_k, d = shape
-    return (random_tensor((b, hq, n_q, d), dtype, device, gen), random_tensor((b, hkv, n_k, d), dtype, device, gen),
-            random_tensor((b, hkv, n_k, d), dtype, device, gen))
+    return (
+        random_tensor((b, hq, n_q, d), dtype, device, gen),
+        random_tensor((b, hkv, n_k, d), dtype, device, gen),
+        random_tensor((b, hkv, n_k, d), dtype, device, gen),
+    )
 
 
 def _layout(layout, inputs):
     if layout == "bnhd":
-        return tuple(torch.empty(t.shape[0], t.shape[2], t.shape[1], t.shape[3], dtype=t.dtype, device=t.device)
-                     .transpose(1, 2).copy_(t) for t in inputs)
+        return tuple(
+            torch.empty(
+                t.shape[0], t.shape[2], t.shape[1], t.shape[3], dtype=t.dtype, device=t.device
+            )
+            .transpose(1, 2)
+            .copy_(t)
+            for t in inputs
+        )
     if layout == "large_logits":
         q, k, v = inputs
         return q * 8, k * 8, v
@@ -69,7 +92,8 @@ def _tolerance(dtype):
 
 
 def _float32_error(q, k):
-    """A score computed in float32 carries an absolute error of about |s| * 2^-20 at these head dims,
+    """A score computed in float32 carries an absolute error of about |s| * 2^-20 at these head
+    dims,
     which exp turns into a relative error of that size in every probability."""
     k = k.double().repeat_interleave(q.shape[1] // k.shape[1], 1)
     s_max = (q.double() @ k.transpose(-1, -2)).abs().max().item() / math.sqrt(q.shape[-1])
@@ -81,14 +105,17 @@ def _scale(q, k, v, causal=False):
 
     out is a weighted mean of V rows: its error is measured against the magnitude of the terms,
     sum_j p_j |v_j| (the reference attention of |v|), not against |out|, which cancellation can make
-    arbitrarily small. Allowed: two roundings to the dtype (P before the P @ V product, out at the end)
+    arbitrarily small. Allowed: two roundings to the dtype (P before the P @ V product, out at
+    the end)
     plus the float32 error of the scores. lse is float32: its allowance is the float32 error alone,
     expressed in ulps of the dtype because rtol is one of those.
     """
     ulp = ULP[q.dtype]
     err = _float32_error(q, k)
     magnitude = attention_fp64(q, k, v.abs(), causal=causal)[0]
-    return magnitude * (2 + err / ulp), torch.full(q.shape[:3], err / ulp, dtype=torch.float64, device=q.device)
+    return magnitude * (2 + err / ulp), torch.full(
+        q.shape[:3], err / ulp, dtype=torch.float64, device=q.device
+    )
 
 
 def _course_forward(q, k, v, causal=False, out=None):
@@ -99,12 +126,15 @@ def _course_forward(q, k, v, causal=False, out=None):
 
 
 def _sdpa(q, k, v, causal=False, out=None):
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                                            enable_gqa=q.shape[1] != k.shape[1])
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1]
+    )
 
 
 def _bytes(q, k, v, causal=False):
-    return 2 * q.numel() * q.element_size() + 2 * k.numel() * k.element_size() + 4 * q[..., 0].numel()
+    return (
+        2 * q.numel() * q.element_size() + 2 * k.numel() * k.element_size() + 4 * q[..., 0].numel()
+    )
 
 
 def _flops(q, k, v, causal=False):
@@ -117,19 +147,24 @@ def _memory_budget(q, k, v, causal=False):
     return 2**20 + sum(t.numel() * t.element_size() for t in (q, k, v))
 
 
-# ----------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
+# ----
 # Extra credit: the backward, graded on its own. Its inputs include the forward's o (rounded to the
-# dtype) and lse (float32) computed from the float64 reference, so a wrong forward costs the backward
-# nothing, and the backward must do what FlashAttention-2's does: recompute P from lse, never store it.
+# dtype) and lse (float32) computed from the float64 reference, so a wrong forward costs the
+# backward
+# nothing, and the backward must do what FlashAttention-2's does: recompute P from lse, never
+# store it.
 # o and lse depend on the mask, which a case's params do not reach here: a causal case also has the
 # layout "causal", from which `_backward_layout` computes them.
 CAUSAL_BACKWARD = {"layout": "causal", "params": CAUSAL}
 BACKWARD_CASES = (
     Case((1, 2, 2, 1, 1, 64), torch.float16),
     Case((2, 2, 2, 100, 100, 64), torch.float16, **CAUSAL_BACKWARD),
-    Case((2, 4, 2, 100, 197, 64), torch.bfloat16),                    # cross-attention (the call without out=)
+    Case((2, 4, 2, 100, 197, 64), torch.bfloat16),  # cross-attention (the call without out=)
     Case((1, 4, 2, 197, 197, 128), torch.bfloat16, **CAUSAL_BACKWARD),
-    Case((1, 2, 1, 37, 197, 64), torch.float16, **CAUSAL_BACKWARD),   # a chunk at the end of a longer cache
+    Case(
+        (1, 2, 1, 37, 197, 64), torch.float16, **CAUSAL_BACKWARD
+    ),  # a chunk at the end of a longer cache
 )
 
 
@@ -160,12 +195,17 @@ def _backward_reference(q, k, v, o, lse, do, causal=False):
 
 
 def _backward_scale(q, k, v, o, lse, do, causal=False):
-    """What rtol (one ulp of the dtype) multiplies: four times the magnitude of each gradient's terms.
+    """What rtol (one ulp of the dtype) multiplies: four times the magnitude of each gradient's
+    terms.
 
-    dS = P * (dP - delta) with dP = dO V^T and delta = rowsum(dO * O); dQ = scale * dS K, dK = scale * dS^T Q,
-    dV = P^T dO. A gradient can cancel to (near) zero -- with one key, dQ is exactly 0 -- so the error is
-    measured against the same sums of absolute terms, |dS| bounded by P * (|dP| + rowsum(|dO| |O|)). Four
-    roundings of terms that size: P and dS rounded to the dtype before their products, O rounded before
+    dS = P * (dP - delta) with dP = dO V^T and delta = rowsum(dO * O); dQ = scale * dS K, dK =
+    scale * dS^T Q,
+    dV = P^T dO. A gradient can cancel to (near) zero -- with one key, dQ is exactly 0 -- so the
+    error is
+    measured against the same sums of absolute terms, |dS| bounded by P * (|dP| + rowsum(|dO|
+    |O|)). Four
+    roundings of terms that size: P and dS rounded to the dtype before their products, O rounded
+    before
     delta, the gradient rounded at the end (the float32 error of P is far below one of those).
     """
     group = q.shape[1] // k.shape[1]
@@ -181,21 +221,27 @@ def _backward_scale(q, k, v, o, lse, do, causal=False):
     def per_kv_head(t):  # query heads h * group ... h * group + group - 1 share KV head h
         return t.unflatten(1, (k.shape[1], group)).sum(2)
 
-    return (4 * scale * ds @ k64.abs(), 4 * per_kv_head(scale * ds.transpose(-1, -2) @ q64.abs()),
-            4 * per_kv_head(p.transpose(-1, -2) @ do64.abs()))
+    return (
+        4 * scale * ds @ k64.abs(),
+        4 * per_kv_head(scale * ds.transpose(-1, -2) @ q64.abs()),
+        4 * per_kv_head(p.transpose(-1, -2) @ do64.abs()),
+    )
 
 
 def _course_backward(q, k, v, o, lse, do, causal=False, out=None):
     from kernels.flash_attention import triton_flash
 
-    return triton_flash.flash_attention_backward(do, q, k, v, o, lse, causal, 1 / math.sqrt(q.shape[-1]))
+    return triton_flash.flash_attention_backward(
+        do, q, k, v, o, lse, causal, 1 / math.sqrt(q.shape[-1])
+    )
 
 
 def _sdpa_backward(q, k, v, o, lse, do, causal=False, out=None):
     """SDPA's forward and backward (PyTorch has no public backward-only call), for timing only."""
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                                           enable_gqa=q.shape[1] != k.shape[1])
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1]
+    )
     return torch.autograd.grad(out, (q, k, v), do)
 
 
@@ -214,17 +260,39 @@ def _backward_flops(q, k, v, o, lse, do, causal=False):
 
 
 BACKWARD = GradedFunction(
-    name="flash_attention_backward", points=5, backend="triton", extra_credit=True,
-    description="extra credit, Triton: dQ, dK, dV recomputing P from lse (delta pre-pass, dK/dV and dQ kernels)",
-    make_inputs=_backward_inputs, prepare=_backward_layout, reference_fp64=_backward_reference,
-    tolerance=_tolerance, scale=_backward_scale, n_outputs=3, output_names=("dq", "dk", "dv"),
-    output_shapes=_backward_outputs, course_kernel=_course_backward, torch_native=_sdpa_backward,
-    bytes_moved=_backward_bytes, flops=_backward_flops, memory_budget=_backward_memory_budget, cases=BACKWARD_CASES,
+    name="flash_attention_backward",
+    points=5,
+    backend="triton",
+    extra_credit=True,
+    description="extra credit, Triton: dQ, dK, dV recomputing P from lse (delta pre-pass, dK/dV "
+                "and dQ kernels)",
+    make_inputs=_backward_inputs,
+    prepare=_backward_layout,
+    reference_fp64=_backward_reference,
+    tolerance=_tolerance,
+    scale=_backward_scale,
+    n_outputs=3,
+    output_names=("dq", "dk", "dv"),
+    output_shapes=_backward_outputs,
+    course_kernel=_course_backward,
+    torch_native=_sdpa_backward,
+    bytes_moved=_backward_bytes,
+    flops=_backward_flops,
+    memory_budget=_backward_memory_budget,
+    cases=BACKWARD_CASES,
     input_names=("q", "k", "v", "o", "lse", "do"),
-    perf=(PerfConfig("flash_attention_backward/fp16/16x16x2048x64", (16, 16, 16, 2048, 2048, 64), torch.float16),),
-    hint="delta = rowsum(dO * O) first; P = exp(scale * q k^T - lse) with the same masks as the forward; "
-         "dV = P^T dO, dS = P * (dO V^T - delta), dK = scale * dS^T Q (summed over the group's query heads), "
-         "dQ = scale * dS K",
+    perf=(
+        PerfConfig(
+            "flash_attention_backward/fp16/16x16x2048x64",
+            (16, 16, 16, 2048, 2048, 64),
+            torch.float16,
+        ),
+    ),
+    hint="delta = rowsum(dO * O) first; P = exp(scale * q k^T - lse) with the same masks as the "
+         "forward; "
+    "dV = P^T dO, dS = P * (dO V^T - delta), dK = scale * dS^T Q (summed over the group's query "
+    "heads), "
+    "dQ = scale * dS K",
 )
 
 
@@ -233,19 +301,46 @@ LAB = LabSpec(
     title="FlashAttention: the tiled forward with an online softmax in Triton",
     functions=(
         GradedFunction(
-            name="flash_attention", points=10, backend="triton",
-            description="Triton: tiled forward, online softmax, causal, GQA, any length; returns (out, lse)",
-            make_inputs=_attention_inputs, prepare=_layout, reference_fp64=_reference, tolerance=_tolerance,
-            scale=_scale, n_outputs=2, output_names=("out", "lse"), output_shapes=_outputs,
-            course_kernel=_course_forward, torch_native=_sdpa, bytes_moved=_bytes, flops=_flops,
-            memory_budget=_memory_budget, cases=CASES, input_names=("q", "k", "v"),
-            # seed 003's first configuration; its second, (32, 32, 4096, 128), needs a 128 GiB float64
+            name="flash_attention",
+            points=10,
+            backend="triton",
+            description="Triton: tiled forward, online softmax, causal, GQA, any length; returns "
+                        "(out, lse)",
+            make_inputs=_attention_inputs,
+            prepare=_layout,
+            reference_fp64=_reference,
+            tolerance=_tolerance,
+            scale=_scale,
+            n_outputs=2,
+            output_names=("out", "lse"),
+            output_shapes=_outputs,
+            course_kernel=_course_forward,
+            torch_native=_sdpa,
+            bytes_moved=_bytes,
+            flops=_flops,
+            memory_budget=_memory_budget,
+            cases=CASES,
+            input_names=("q", "k", "v"),
+            # seed 003's first configuration; its second, (32, 32, 4096, 128), needs a
+            # 128 GiB float64
             # reference to check every timed round
-            perf=(PerfConfig("flash_attention/fp16/16x16x2048x64", (16, 16, 16, 2048, 2048, 64), torch.float16),
-                  PerfConfig("flash_attention/bf16/16x16x2048x64", (16, 16, 16, 2048, 2048, 64), torch.bfloat16)),
-            hint="subtract the running max before exp2, rescale acc and l when the max grows, mask keys past "
-                 "Nk and (causal) past the diagonal in every block, and find a row's batch and head from "
-                 "the program id and the strides",
+            perf=(
+                PerfConfig(
+                    "flash_attention/fp16/16x16x2048x64",
+                    (16, 16, 16, 2048, 2048, 64),
+                    torch.float16,
+                ),
+                PerfConfig(
+                    "flash_attention/bf16/16x16x2048x64",
+                    (16, 16, 16, 2048, 2048, 64),
+                    torch.bfloat16,
+                ),
+            ),
+            hint="subtract the running max before exp2, rescale acc and l when the max grows, "
+                 "mask keys past "
+            "Nk and (causal) past the diagonal in every block, and find a row's batch and head "
+            "from "
+            "the program id and the strides",
         ),
         BACKWARD,
     ),

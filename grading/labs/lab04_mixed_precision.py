@@ -2,16 +2,20 @@
 
 The graded sums take rows x of shape (rows, n) and write one float32 sum per row into out (rows,). A
 case's shape is the output's; its layout names the row length: "contiguous" rows are N_DEFAULT long,
-"n=K" rows K long, "drift n=K" rows hold 0.01 plus random multiples of 2**-7 (every value has the same
+"n=K" rows K long, "drift n=K" rows hold 0.01 plus random multiples of 2**-7 (every value has the
+same
 low-order bits, so a naive sum loses the same bits at every step and drifts, while Kahan does not).
 The check: |sum - exact| <= 4u * sum |x_i|, u = 2**-24 (the issue's bound; a correct Kahan sum stays
 near 2u, the final rounding adds u/2).
 
 The quantizer: each block of 128 consecutive elements of the flattened tensor gets the OCP MX scale
-2**(floor(log2 amax) - 8); x / scale is clamped to +-448, rounded to e4m3 and multiplied back. The power
--of-two scale makes the division and the multiplication exact, so the result is exact: it must equal the
+2**(floor(log2 amax) - 8); x / scale is clamped to +-448, rounded to e4m3 and multiplied back. The
+power
+-of-two scale makes the division and the multiplication exact, so the result is exact: it must equal
+the
 reference bit for bit. The block's largest values land in [256, 512): clamping matters.
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,7 +31,9 @@ SUM_CASES = (
     Case((3,), torch.float32),
     Case((1,), torch.float32, "n=1"),
     Case((2,), torch.float32, "n=1000003"),
-    Case((3,), torch.float32, "strided"),  # every other element of a wider buffer: reject it or sum it
+    Case(
+        (3,), torch.float32, "strided"
+    ),  # every other element of a wider buffer: reject it or sum it
     Case((1,), torch.float32, "drift n=10000000"),  # the issue's n = 10**7
 )
 SUM_PERF = (PerfConfig("sum/fp32/4096x65536", (4096,), torch.float32),)  # 256M elements, 1 GiB
@@ -38,7 +44,8 @@ def _sum_inputs(shape, dtype, device, gen):
 
 
 def _seeded(x: torch.Tensor) -> torch.Generator:
-    """A generator seeded by the grader's random input: each trial's fresh values give fresh rows."""
+    """A generator seeded by the grader's random input: each trial's fresh values give fresh
+    rows."""
     seed = int(x.reshape(-1)[0].double().abs().item() * 2**40) % 2**62
     return generator(seed, x.device)
 
@@ -83,20 +90,35 @@ def _sum_bytes(x):
 
 def _kahan_function(name, backend, course_kernel, points, description, hint):
     return GradedFunction(
-        name=name, points=points, backend=backend, description=description,
-        make_inputs=_sum_inputs, prepare=_sum_layout, reference_fp64=reference.sum_fp64,
-        tolerance=_sum_tolerance, scale=_sum_scale, course_kernel=course_kernel, torch_native=_torch_sum,
-        bytes_moved=_sum_bytes, cases=SUM_CASES, perf=SUM_PERF, hint=hint, input_names=("x",),
+        name=name,
+        points=points,
+        backend=backend,
+        description=description,
+        make_inputs=_sum_inputs,
+        prepare=_sum_layout,
+        reference_fp64=reference.sum_fp64,
+        tolerance=_sum_tolerance,
+        scale=_sum_scale,
+        course_kernel=course_kernel,
+        torch_native=_torch_sum,
+        bytes_moved=_sum_bytes,
+        cases=SUM_CASES,
+        perf=SUM_PERF,
+        hint=hint,
+        input_names=("x",),
     )
 
 
-# ----------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
+# ----
 # fp8
 
 FP8_SHAPES = ((1,), (1000,), (3, 5000), (4097, 128))
 FP8_CASES = tuple(Case(s, d) for s in FP8_SHAPES for d in (torch.float32, torch.bfloat16)) + (
     Case((1000,), torch.float16),
-    Case((3, 5000), torch.float32, "magnitudes"),  # blocks from 2**-12 to 2**12, an outlier, a zero block
+    Case(
+        (3, 5000), torch.float32, "magnitudes"
+    ),  # blocks from 2**-12 to 2**12, an outlier, a zero block
     Case((3, 1000), torch.float32, "strided"),
 )
 FP8_PERF = (PerfConfig("fp8_block_fake_quant/fp32/16384x16384", (16384, 16384), torch.float32),)
@@ -144,20 +166,42 @@ LAB = LabSpec(
     id="04_mixed_precision",
     title="Mixed precision: Kahan summation in Triton and CUDA C, and a per-block fp8 quantizer",
     functions=(
-        _kahan_function("kahan_sum", "triton", _course_sum, 4, "Triton: Kahan-compensated float32 sum of each row",
-                        "keep a compensation per lane: y = x - c; t = s + y; c = (t - s) - y; s = t -- in that "
-                        "order, as separate statements -- and combine the lanes without losing it"),
-        _kahan_function("kahan_sum_cuda", "cupy", _course_sum_cuda, 3,
-                        "CUDA C through CuPy: Kahan-compensated float32 sum of each row",
-                        "each thread carries (s, c); combine the threads' s - c in double, or with a two-sum"),
+        _kahan_function(
+            "kahan_sum",
+            "triton",
+            _course_sum,
+            4,
+            "Triton: Kahan-compensated float32 sum of each row",
+            "keep a compensation per lane: y = x - c; t = s + y; c = (t - s) - y; s = t -- in that "
+            "order, as separate statements -- and combine the lanes without losing it",
+        ),
+        _kahan_function(
+            "kahan_sum_cuda",
+            "cupy",
+            _course_sum_cuda,
+            3,
+            "CUDA C through CuPy: Kahan-compensated float32 sum of each row",
+            "each thread carries (s, c); combine the threads' s - c in double, or with a two-sum",
+        ),
         GradedFunction(
-            name="fp8_block_fake_quant", points=3, backend="triton",
-            description="Triton: e4m3 quantize-dequantize with a power-of-two (MX) scale per block of 128",
-            make_inputs=_fp8_inputs, prepare=_fp8_layout, reference_fp64=_fp8_reference,
-            tolerance=_fp8_tolerance, course_kernel=_course_fp8, torch_native=_torch_fp8,
-            bytes_moved=_fp8_bytes, cases=FP8_CASES, perf=FP8_PERF, input_names=("x",),
-            hint="scale = 2**(floor(log2 amax) - 8) from the block's largest |x|; clamp x / scale to +-448 "
-                 "before rounding; multiply back by the scale",
+            name="fp8_block_fake_quant",
+            points=3,
+            backend="triton",
+            description="Triton: e4m3 quantize-dequantize with a power-of-two (MX) scale per "
+                        "block of 128",
+            make_inputs=_fp8_inputs,
+            prepare=_fp8_layout,
+            reference_fp64=_fp8_reference,
+            tolerance=_fp8_tolerance,
+            course_kernel=_course_fp8,
+            torch_native=_torch_fp8,
+            bytes_moved=_fp8_bytes,
+            cases=FP8_CASES,
+            perf=FP8_PERF,
+            input_names=("x",),
+            hint="scale = 2**(floor(log2 amax) - 8) from the block's largest |x|; clamp x / scale "
+                 "to +-448 "
+            "before rounding; multiply back by the scale",
         ),
     ),
 )

@@ -1,6 +1,8 @@
 """Lab 05: the chunked cross-entropy forward in Triton (graded, with a GPU memory budget), and the
-activation-memory estimator (checked in its own cell: against the course's estimator everywhere, against
+activation-memory estimator (checked in its own cell: against the course's estimator everywhere,
+against
 the measured peak on a GPU)."""
+
 from __future__ import annotations
 
 import torch
@@ -10,14 +12,25 @@ from kernels import runtime
 from kernels.memory_profiling import estimator, gpt, profiling, reference, triton_chunked_loss
 from kernels.testing import TINY, ULP
 
-# A case's shape is (tokens,), the output's; its hidden size and vocabulary come from this table. Odd
-# sizes, vocabularies that are not a multiple of any block, a token count not a multiple of BLOCK_T; on a
+# A case's shape is (tokens,), the output's; its hidden size and vocabulary come from this table.
+# Odd
+# sizes, vocabularies that are not a multiple of any block, a token count not a multiple of
+# BLOCK_T; on a
 # GPU one large case, where materializing the logits (256 MiB) breaks the memory budget.
-DIMS = {1: (16, 7), 37: (48, 1500), 65: (32, 1025), 100: (64, 4099), 4096: (1024, 32768), 8192: (4096, 128256)}
+DIMS = {
+    1: (16, 7),
+    37: (48, 1500),
+    65: (32, 1025),
+    100: (64, 4099),
+    4096: (1024, 32768),
+    8192: (4096, 128256),
+}
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-CASES = (tuple(Case((t,), d) for t in (1, 37, 65) for d in DTYPES)
-         + (Case((100,), torch.bfloat16), Case((37,), torch.float32, "strided"))
-         + runtime.pick(gpu=(Case((4096,), torch.bfloat16),), cpu=()))
+CASES = (
+    tuple(Case((t,), d) for t in (1, 37, 65) for d in DTYPES)
+    + (Case((100,), torch.bfloat16), Case((37,), torch.float32, "strided"))
+    + runtime.pick(gpu=(Case((4096,), torch.bfloat16),), cpu=())
+)
 IGNORED_EVERY = 7  # every 7th token (from the 3rd) carries no loss: ignore_index = -100
 
 
@@ -33,7 +46,8 @@ def _inputs(shape, dtype, device, gen):
 
 
 def _tolerance(dtype):
-    # one rounding of the loss to the dtype (the interpreter truncates: within one ulp), float32 sums
+    # one rounding of the loss to the dtype (the interpreter truncates: within one ulp),
+    # float32 sums
     return TINY[dtype], ULP[dtype] + 2.0**-18
 
 
@@ -46,7 +60,11 @@ def _torch(x, w, targets, out=None):
 
 
 def _bytes(x, w, targets):
-    return x.numel() * x.element_size() + w.numel() * w.element_size() + targets.numel() * (8 + x.element_size())
+    return (
+        x.numel() * x.element_size()
+        + w.numel() * w.element_size()
+        + targets.numel() * (8 + x.element_size())
+    )
 
 
 def _flops(x, w, targets):
@@ -54,7 +72,8 @@ def _flops(x, w, targets):
 
 
 def _budget(x, w, targets):
-    """An eighth of the (tokens, vocab) logits, and at least 1 MiB: a kernel that streams the vocabulary
+    """An eighth of the (tokens, vocab) logits, and at least 1 MiB: a kernel that streams the
+    vocabulary
     needs nothing beyond its output; one that stores the logits needs all of them."""
     return max(2**20, x.shape[0] * w.shape[0] * x.element_size() // 8)
 
@@ -64,61 +83,91 @@ LAB = LabSpec(
     title="Memory: a chunked cross-entropy that never holds the logits, and predicting peak memory",
     functions=(
         GradedFunction(
-            name="token_losses", points=6, backend="triton",
-            description="Triton: per-token cross-entropy of x @ w.T, vocabulary in chunks (online log-sum-exp)",
-            make_inputs=_inputs, reference_fp64=reference.token_losses_fp64, tolerance=_tolerance,
-            course_kernel=_course, torch_native=_torch, bytes_moved=_bytes, flops=_flops, cases=CASES,
+            name="token_losses",
+            points=6,
+            backend="triton",
+            description="Triton: per-token cross-entropy of x @ w.T, vocabulary in chunks (online "
+                        "log-sum-exp)",
+            make_inputs=_inputs,
+            reference_fp64=reference.token_losses_fp64,
+            tolerance=_tolerance,
+            course_kernel=_course,
+            torch_native=_torch,
+            bytes_moved=_bytes,
+            flops=_flops,
+            cases=CASES,
             perf=(PerfConfig("token_losses/bf16/8192x4096x128256", (8192,), torch.bfloat16),),
-            memory_budget=_budget, input_names=("x", "w", "targets"),
-            hint="visit every vocabulary chunk (the last one is partial: mask it with -inf), rescale the running "
-                 "sum when the maximum grows, and give ignored tokens (-100) a loss of 0",
+            memory_budget=_budget,
+            input_names=("x", "w", "targets"),
+            hint="visit every vocabulary chunk (the last one is partial: mask it with -inf), "
+                 "rescale the running "
+            "sum when the maximum grows, and give ignored tokens (-100) a loss of 0",
         ),
     ),
 )
 
-# ----------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
+# ----
 # The estimator's check: not a kernel, so not graded by the harness; the lab's check cell calls it.
 
-ESTIMATOR_CONFIGS = ((gpt.GPT2_SMALL, 4, 1024), (gpt.GPT2_SMALL, 2, 512), (gpt.GPT2_XL, 1, 256),
-                     (gpt.GPTConfig(vocab=1000, max_seq=64, d_model=64, layers=2, heads=4), 4, 64))
+ESTIMATOR_CONFIGS = (
+    (gpt.GPT2_SMALL, 4, 1024),
+    (gpt.GPT2_SMALL, 2, 512),
+    (gpt.GPT2_XL, 1, 256),
+    (gpt.GPTConfig(vocab=1000, max_seq=64, d_model=64, layers=2, heads=4), 4, 64),
+)
 ESTIMATOR_RTOL = 0.02  # against the course's estimator
 MEASURED_RTOL = 0.10  # against the measured peak (GPU)
 
 
 def check_estimator(fn) -> bool:
-    """fn(batch, seq, d_model, layers, heads, vocab) -> predicted peak bytes of a full float32 AdamW step
+    """fn(batch, seq, d_model, layers, heads, vocab) -> predicted peak bytes of a full float32
+    AdamW step
     on a GPU. Prints PASS/FAIL lines; returns whether every check passed."""
     ok = True
     try:
         for cfg, batch, seq in ESTIMATOR_CONFIGS:
-            want = estimator.estimate(gpt.GPTConfig(cfg.vocab, seq, cfg.d_model, cfg.layers, cfg.heads),
-                                      batch, seq).peak_step
+            want = estimator.estimate(
+                gpt.GPTConfig(cfg.vocab, seq, cfg.d_model, cfg.layers, cfg.heads), batch, seq
+            ).peak_step
             got = fn(batch, seq, cfg.d_model, cfg.layers, cfg.heads, cfg.vocab)
             good = abs(got - want) <= ESTIMATOR_RTOL * want
             ok &= good
-            print(f"{'PASS' if good else 'FAIL'}  B={batch} T={seq} C={cfg.d_model} L={cfg.layers} V={cfg.vocab}: "
-                  f"yours {got / 2**20:,.1f} MiB, course estimator {want / 2**20:,.1f} MiB")
+            print(
+                f"{'PASS' if good else 'FAIL'}  B={batch} T={seq} C={cfg.d_model} L={cfg.layers} "
+                f"V={cfg.vocab}: "
+                f"yours {got / 2**20:,.1f} MiB, course estimator {want / 2**20:,.1f} MiB"
+            )
     except NotImplementedError:
         print("NOT IMPLEMENTED  estimate_peak_bytes: not implemented yet")
         return False
     if not runtime.ON_GPU:
-        print(f"measured peak: {profiling.CPU_SOURCE} cannot stand for the GPU's allocator: checked on a GPU only")
+        print(
+            f"measured peak: {profiling.CPU_SOURCE} cannot stand for the GPU's allocator: checked "
+            "on a GPU only"
+        )
         return ok
     cfg, batch, seq = gpt.GPT2_SMALL, 4, 1024
     peak = measured_step_peak(cfg, batch, seq)
     got = fn(batch, seq, cfg.d_model, cfg.layers, cfg.heads, cfg.vocab)
     good = abs(got - peak) <= MEASURED_RTOL * peak
-    print(f"{'PASS' if good else 'FAIL'}  GPT-2 small B={batch} T={seq} on the GPU: measured peak "
-          f"{peak / 2**20:,.1f} MiB, yours {got / 2**20:,.1f} MiB ({100 * (got / peak - 1):+.1f}%; 10% allowed)")
+    print(
+        f"{'PASS' if good else 'FAIL'}  GPT-2 small B={batch} T={seq} on the GPU: measured peak "
+        f"{peak / 2**20:,.1f} MiB, yours {got / 2**20:,.1f} MiB ({100 * (got / peak - 1):+.1f}%; "
+        "10% allowed)"
+    )
     return ok and good
 
 
 def measured_step_peak(cfg, batch, seq, dtype=torch.float32) -> int:
-    """Peak bytes allocated over a steady-state AdamW step of gpt.GPT(cfg) (the second step), on a GPU."""
+    """Peak bytes allocated over a steady-state AdamW step of gpt.GPT(cfg) (the second step),
+    on a GPU."""
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()  # what the rest of the process holds is not the model's
     torch.manual_seed(0)
-    model = gpt.GPT(gpt.GPTConfig(cfg.vocab, seq, cfg.d_model, cfg.layers, cfg.heads)).to("cuda", dtype)
+    model = gpt.GPT(gpt.GPTConfig(cfg.vocab, seq, cfg.d_model, cfg.layers, cfg.heads)).to(
+        "cuda", dtype
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     idx, tg = gpt.make_batch(model.cfg, batch, seq, "cuda")
     for _ in range(2):
