@@ -1,6 +1,7 @@
 """Known-wrong lab 04 submissions, as plain Triton functions, and what the grader must say.
 
 Each is the lab's solution with one mistake a student makes."""
+
 import torch
 import triton
 import triton.language as tl
@@ -23,7 +24,9 @@ def _kahan(x_ptr, out_ptr, n, row_stride, BLOCK: tl.constexpr, MISTAKE: tl.const
         y = x - c
         t = s + y
         if MISTAKE == "compensation_in_one_expression":
-            c = t - (s + y)  # "simplified": s + y rounds exactly as t did, so c is always 0: a naive sum
+            c = t - (
+                s + y
+            )  # "simplified": s + y rounds exactly as t did, so c is always 0: a naive sum
         else:
             c = (t - s) - y
         s = t
@@ -38,17 +41,22 @@ def kahan_submission(mistake: str):
         if x.shape[0]:
             _kahan[(x.shape[0],)](x, out, x.shape[1], x.stride(0), BLOCK=BLOCK, MISTAKE=mistake)
         return out
+
     return kahan_sum
 
 
 @triton.jit
-def _fake_quant(x_ptr, out_ptr, n, GROUPS: tl.constexpr, BLOCK: tl.constexpr, MISTAKE: tl.constexpr):
+def _fake_quant(
+    x_ptr, out_ptr, n, GROUPS: tl.constexpr, BLOCK: tl.constexpr, MISTAKE: tl.constexpr
+):
     blk = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
     offsets = blk[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
     mask = offsets < n
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     if MISTAKE == "scale_from_mean":
-        amax = tl.sum(tl.abs(x), axis=1) / BLOCK  # the mean |x|: most blocks' large values overflow it
+        amax = (
+            tl.sum(tl.abs(x), axis=1) / BLOCK
+        )  # the mean |x|: most blocks' large values overflow it
     else:
         amax = tl.max(tl.abs(x), axis=1)
     exponent = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
@@ -68,19 +76,37 @@ def fp8_submission(mistake: str):
         if x.numel():
             blocks = triton.cdiv(x.numel(), 128)
             groups = min(runtime.pick(gpu=32, cpu=256), triton.next_power_of_2(blocks))
-            _fake_quant[(triton.cdiv(blocks, groups),)](x, out, x.numel(), GROUPS=groups, BLOCK=128, MISTAKE=mistake)
+            _fake_quant[(triton.cdiv(blocks, groups),)](
+                x, out, x.numel(), GROUPS=groups, BLOCK=128, MISTAKE=mistake
+            )
         return out
+
     return fp8_block_fake_quant
 
 
 # function graded, submission factory, and the failure message's expected beginning and diagnosis
 CORPUS = {
-    "compensation_in_one_expression": ("kahan_sum", kahan_submission, "1 float32 drift n=10000000: n=1: 1 of 1 "
-                                       "elements wrong", "(hint: keep a compensation per lane"),
-    # the largest values of a block whose amax has a mantissa above 1.8125 land above 464: 480 or 512, not 448
-    # which case first holds a value the missing clamp rounds past 448 depends on the random inputs, which
+    "compensation_in_one_expression": (
+        "kahan_sum",
+        kahan_submission,
+        "1 float32 drift n=10000000: n=1: 1 of 1 elements wrong",
+        "(hint: keep a compensation per lane",
+    ),
+    # the largest values of a block whose amax has a mantissa above 1.8125 land above 464: 480
+    # or 512, not 448
+    # which case first holds a value the missing clamp rounds past 448 depends on the random
+    # inputs, which
     # differ between the CPU and CUDA generators: the CPU's first is 3x5000, the H100's 1000
-    "no_clamp": ("fp8_block_fake_quant", fp8_submission, "elements wrong; first bad index", "(hint: scale"),
-    "scale_from_mean": ("fp8_block_fake_quant", fp8_submission, "1 float32: n=1: 1 of 1 elements wrong",
-                        "(hint: scale"),
+    "no_clamp": (
+        "fp8_block_fake_quant",
+        fp8_submission,
+        "elements wrong; first bad index",
+        "(hint: scale",
+    ),
+    "scale_from_mean": (
+        "fp8_block_fake_quant",
+        fp8_submission,
+        "1 float32: n=1: 1 of 1 elements wrong",
+        "(hint: scale",
+    ),
 }

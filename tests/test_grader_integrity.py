@@ -1,5 +1,7 @@
-"""What the grader trusts: nbgrader checksums in the generated labs, locked cells taken from the source,
+"""What the grader trusts: nbgrader checksums in the generated labs, locked cells taken from the
+source,
 the grader's own functions, and the content hashes that let an instructor's run resume."""
+
 import hashlib
 import json
 
@@ -7,23 +9,59 @@ import nbformat
 import pytest
 
 from grading import integrity
-from grading.integrity import GraderGuard, checksum_status, compute_checksum, content_hash, grader_version
-from grading.notebooks import (LABS_DIR, SOLUTIONS_DIR, grade_id, locked_cell_status, read_notebook,
-                               solution_module)
+from grading.integrity import (
+    GraderGuard,
+    checksum_status,
+    compute_checksum,
+    content_hash,
+    grader_version,
+)
+from grading.notebooks import (
+    LABS_DIR,
+    SOLUTIONS_DIR,
+    grade_id,
+    locked_cell_status,
+    read_notebook,
+    solution_module,
+)
 
 LABS = sorted(LABS_DIR.glob("*_lab.ipynb"))
 
 
 def test_checksum_is_nbgraders():
-    """nbgrader.utils.compute_checksum: md5 of source, cell type, grade/solution/locked flags, grade_id,
+    """nbgrader.utils.compute_checksum: md5 of source, cell type, grade/solution/locked flags,
+    grade_id,
     then the points of a grade cell."""
-    cell = {"cell_type": "code", "source": "grading.check(LAB, 'add', add)", "metadata": {"nbgrader": {
-        "grade": True, "solution": False, "locked": True, "grade_id": "check_add", "points": 3}}}
-    expected = hashlib.md5(b"grading.check(LAB, 'add', add)" + b"code" + b"True" + b"False" + b"True" + b"check_add"
-                           + b"3.0").hexdigest()
+    cell = {
+        "cell_type": "code",
+        "source": "grading.check(LAB, 'add', add)",
+        "metadata": {
+            "nbgrader": {
+                "grade": True,
+                "solution": False,
+                "locked": True,
+                "grade_id": "check_add",
+                "points": 3,
+            }
+        },
+    }
+    expected = hashlib.md5(
+        b"grading.check(LAB, 'add', add)"
+        + b"code"
+        + b"True"
+        + b"False"
+        + b"True"
+        + b"check_add"
+        + b"3.0"
+    ).hexdigest()
     assert compute_checksum(cell) == expected
-    solution = {"cell_type": "code", "source": "x = 1", "metadata": {"nbgrader": {
-        "grade": False, "solution": True, "locked": True, "grade_id": "add"}}}  # solution cells are never locked
+    solution = {
+        "cell_type": "code",
+        "source": "x = 1",
+        "metadata": {
+            "nbgrader": {"grade": False, "solution": True, "locked": True, "grade_id": "add"}
+        },
+    }  # solution cells are never locked
     assert compute_checksum(solution) == hashlib.md5(b"x = 1codeFalseTrueFalseadd").hexdigest()
 
 
@@ -46,23 +84,36 @@ def test_edited_deleted_and_retyped_locked_cells_are_reported():
     cells = {grade_id(c): c for c in student["cells"] if grade_id(c)}
     cells["check_add"]["source"] = "print('PASS')"
     # Turning a check cell into a solution cell (and fixing its checksum) must not make it run.
-    cells["check_residual_add"]["metadata"]["nbgrader"].update(solution=True, grade=False, locked=False)
-    cells["check_residual_add"]["metadata"]["nbgrader"]["checksum"] = compute_checksum(cells["check_residual_add"])
+    cells["check_residual_add"]["metadata"]["nbgrader"].update(
+        solution=True, grade=False, locked=False
+    )
+    cells["check_residual_add"]["metadata"]["nbgrader"]["checksum"] = compute_checksum(
+        cells["check_residual_add"]
+    )
     student["cells"] = [c for c in student["cells"] if grade_id(c) != "check_add_vectorized"]
     status = {s["grade_id"]: s for s in locked_cell_status(student, source)}
-    assert status["check_add"] == {"grade_id": "check_add", "status": "modified", "checksum_ok": False}
+    assert status["check_add"] == {
+        "grade_id": "check_add",
+        "status": "modified",
+        "checksum_ok": False,
+    }
     assert status["check_residual_add"]["status"] == "modified"
     assert status["check_add_vectorized"]["status"] == "deleted"
     assert status["setup"] == {"grade_id": "setup", "status": "ok", "checksum_ok": True}
     code, notes = solution_module(student, source)
     assert "grading.check(" not in code and "print('PASS')" not in code
-    assert "locked cell check_add was modified (the grader used the original) (its nbgrader checksum does not " \
-           "match)" in notes
+    assert (
+        "locked cell check_add was modified (the grader used the original) (its nbgrader checksum "
+        "does not "
+        "match)" in notes
+    )
     assert "locked cell check_add_vectorized was deleted (the grader used the original)" in notes
 
 
 def test_untouched_solution_cells_are_noted_as_not_attempted():
-    code, notes = solution_module(_lab(), read_notebook(SOLUTIONS_DIR / "01_elementwise_add_lab.ipynb"))
+    code, notes = solution_module(
+        _lab(), read_notebook(SOLUTIONS_DIR / "01_elementwise_add_lab.ipynb")
+    )
     assert "solution cell add is unchanged from the lab (not attempted)" in notes
     assert "raise NotImplementedError()" in code
 

@@ -1,4 +1,5 @@
 """Lab 02's wrong submissions are caught, each with the reason a student can act on."""
+
 import pytest
 
 from grading.harness import check_function
@@ -12,7 +13,8 @@ LAB = get_lab("02_rmsnorm")
 def test_wrong_rmsnorm_is_caught(mistake):
     result = check_function(LAB, "rms_norm", submission(mistake), seed=7, perf=False)
     assert result.status == "fail" and result.points == 0
-    # which of a case's two calls fails first depends on the random values, which differ between modes
+    # which of a case's two calls fails first depends on the random values, which differ
+    # between modes
     message = result.message.replace("called again with new values in the same input buffers: ", "")
     assert CORPUS[mistake] in message, result.message
     assert DIAGNOSIS[mistake] in result.message, result.message

@@ -1,5 +1,7 @@
-"""Lab 03: the solution gets full marks, the untouched lab zero, and every wrong forward in the corpus is
+"""Lab 03: the solution gets full marks, the untouched lab zero, and every wrong forward in the
+corpus is
 caught with the reason a student can act on."""
+
 import json
 import subprocess
 import sys
@@ -19,29 +21,41 @@ BACKWARD = LAB.function("flash_attention_backward")
 
 
 def lab_up_to(label: str, spec=SPEC):
-    """The lab with `spec`'s cases up to and including `label` (seeds follow a case's index, so each case
+    """The lab with `spec`'s cases up to and including `label` (seeds follow a case's index, so
+    each case
     gets the inputs it gets in the full run)."""
     labels = [c.label for c in spec.cases]
     assert label in labels, f"no case {label!r} in the spec: {labels}"
-    return replace(LAB, functions=(replace(spec, cases=spec.cases[:labels.index(label) + 1]),))
+    return replace(LAB, functions=(replace(spec, cases=spec.cases[: labels.index(label) + 1]),))
 
 
 @pytest.mark.parametrize("mistake", sorted(CORPUS))
 def test_wrong_forward_is_caught(mistake):
     label, phrase, gpu_only = CORPUS[mistake]
     if gpu_only and not runtime.ON_GPU:
-        # the memory budget is a GPU check (PyTorch's CPU allocator keeps no peak) and the N = 4096 case
+        # the memory budget is a GPU check (PyTorch's CPU allocator keeps no peak) and the
+        # N = 4096 case
         # is GPU-only: in CPU mode the numbers are right and it passes (up to the first case without
         # parameters, which the grader also calls without out=)
-        called_without_out = next(c for c in SPEC.cases if c.layout == "contiguous" and min(c.shape) > 1
-                                  and not c.params)
-        result = check_function(lab_up_to(called_without_out.label), "flash_attention", submission(mistake), seed=7,
-                                perf=False)
+        called_without_out = next(
+            c for c in SPEC.cases if c.layout == "contiguous" and min(c.shape) > 1 and not c.params
+        )
+        result = check_function(
+            lab_up_to(called_without_out.label),
+            "flash_attention",
+            submission(mistake),
+            seed=7,
+            perf=False,
+        )
         assert result.status == "pass", result.message
         return
-    result = check_function(lab_up_to(label), "flash_attention", submission(mistake), seed=7, perf=False)
+    result = check_function(
+        lab_up_to(label), "flash_attention", submission(mistake), seed=7, perf=False
+    )
     assert result.status == "fail" and result.points == 0
-    assert result.message.startswith(f"1 of {len(result.cases)} cases fail; first: {label}: "), result.message
+    assert result.message.startswith(f"1 of {len(result.cases)} cases fail; first: {label}: "), (
+        result.message
+    )
     assert phrase in result.message, result.message
 
 
@@ -49,12 +63,16 @@ def test_wrong_forward_is_caught(mistake):
 def test_wrong_backward_is_caught(mistake):
     label, phrase = BACKWARD_CORPUS[mistake]
     lab = LAB if label is None else lab_up_to(label, BACKWARD)
-    result = check_function(lab, "flash_attention_backward", backward_submission(mistake), seed=7, perf=False)
+    result = check_function(
+        lab, "flash_attention_backward", backward_submission(mistake), seed=7, perf=False
+    )
     if label is None:  # the control: the same kernels without the mistake pass
         assert result.status == "pass", result.message
         return
     assert result.status == "fail" and result.points == 0
-    assert result.message.startswith(f"1 of {len(result.cases)} cases fail; first: {label}: "), result.message
+    assert result.message.startswith(f"1 of {len(result.cases)} cases fail; first: {label}: "), (
+        result.message
+    )
     assert phrase in result.message, result.message
 
 
@@ -72,8 +90,13 @@ def test_the_large_logit_case_really_overflows_exp():
 
 
 def grade(notebook):
-    proc = subprocess.run([sys.executable, "-m", "grading", str(notebook), "--json", "--no-perf", "--seed", "3"],
-                          capture_output=True, text=True, timeout=900, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "grading", str(notebook), "--json", "--no-perf", "--seed", "3"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (lab,) = json.loads(proc.stdout)["labs"]
     return lab

@@ -1,4 +1,6 @@
-"""Lab 05's wrong submissions are caught, each with the reason a student can act on; the solution passes."""
+"""Lab 05's wrong submissions are caught, each with the reason a student can act on; the solution
+passes."""
+
 import pytest
 
 from grading.harness import check_function
@@ -21,14 +23,16 @@ def test_materialized_logits_break_the_memory_budget(mistake):
     result = check_function(LAB, "token_losses", submission(mistake), seed=7, perf=False)
     if runtime.ON_GPU:
         assert result.status == "fail" and GPU_ONLY[mistake] in result.message, result.message
-    else:  # the values are right: only the GPU's allocator can see the logits it should not have stored
+    else:  # the values are right: only a GPU's allocator sees the logits it should not store
         assert result.status == "pass", result.message
 
 
 def test_course_kernel_passes():
     from kernels.memory_profiling import triton_chunked_loss
 
-    result = check_function(LAB, "token_losses", triton_chunked_loss.token_losses, seed=7, perf=False)
+    result = check_function(
+        LAB, "token_losses", triton_chunked_loss.token_losses, seed=7, perf=False
+    )
     assert result.status == "pass", result.message
 
 
@@ -37,17 +41,22 @@ def test_estimator_check_passes_the_course_estimator_and_fails_a_wrong_one(capsy
     from kernels.memory_profiling import estimator, gpt
 
     def course(batch, seq, d_model, layers, heads, vocab):
-        return estimator.estimate(gpt.GPTConfig(vocab, seq, d_model, layers, heads), batch, seq).peak_step
+        return estimator.estimate(
+            gpt.GPTConfig(vocab, seq, d_model, layers, heads), batch, seq
+        ).peak_step
 
     assert check_estimator(course)
     # forgetting that backward holds three (N, V) tensors at once, not one
-    assert not check_estimator(lambda *a: course(*a) - 2 * estimator.estimate(
-        gpt.GPTConfig(a[5], a[1], a[2], a[3], a[4]), a[0], a[1]).logits)
+    assert not check_estimator(
+        lambda *a: course(*a)
+        - 2 * estimator.estimate(gpt.GPTConfig(a[5], a[1], a[2], a[3], a[4]), a[0], a[1]).logits
+    )
     assert "FAIL" in capsys.readouterr().out
 
 
 def test_solution_full_marks_and_untouched_lab_zero(tmp_path):
-    """`python -m grading` on the solution notebook and on the untouched lab, as an instructor runs it."""
+    """`python -m grading` on the solution notebook and on the untouched lab, as an instructor
+    runs it."""
     import json
     import shutil
     import subprocess
@@ -59,9 +68,25 @@ def test_solution_full_marks_and_untouched_lab_zero(tmp_path):
     for folder, source in (("solution", SOLUTIONS_DIR), ("lab", LABS_DIR)):
         (tmp_path / folder).mkdir()
         shutil.copy(source / name, tmp_path / folder / name)
-    proc = subprocess.run([sys.executable, "-m", "grading", tmp_path / "solution", tmp_path / "lab", "--out",
-                           tmp_path / "out", "--seed", "1234", "--jobs", "2", "--no-perf"],
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grading",
+            tmp_path / "solution",
+            tmp_path / "lab",
+            "--out",
+            tmp_path / "out",
+            "--seed",
+            "1234",
+            "--jobs",
+            "2",
+            "--no-perf",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     labs = {lab["notebook"].split("/")[-2]: lab for lab in report["labs"]}

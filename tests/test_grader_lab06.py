@@ -1,6 +1,8 @@
-"""Lab 06: the solution gets full marks, the untouched lab zero, and every wrong submission in the corpus
+"""Lab 06: the solution gets full marks, the untouched lab zero, and every wrong submission in the
+corpus
 (tests/grader_corpus_lab06.py) is caught with the reason a student can act on -- in this mode; the
 failures only a GPU can show are asserted on a GPU and skipped, saying so, on a CPU."""
+
 import json
 import subprocess
 import sys
@@ -47,13 +49,17 @@ def test_gpu_only_submission_as_the_cpu_sees_it(name, tmp_path):
     """What a CPU can assert: the call is right, and the report says the capture was not checked."""
     if runtime.ON_GPU:
         pytest.skip("CPU mode only: on a GPU the next test asserts the failure itself")
-    assert_classified(name, False, tmp_path)  # its `cpu` expectation: a pass, GRAPH_NOT_CHECKED in the message
+    assert_classified(
+        name, False, tmp_path
+    )  # its `cpu` expectation: a pass, GRAPH_NOT_CHECKED in the message
 
 
 @pytest.mark.parametrize("name", GPU_ONLY)
 def test_gpu_only_submission_is_caught_on_a_gpu(name, tmp_path):
     if not runtime.ON_GPU:
-        pytest.skip(f"GPU-only: {CORPUS[name].gpu_only}; the CUDA-graph capture check runs on a GPU")
+        pytest.skip(
+            f"GPU-only: {CORPUS[name].gpu_only}; the CUDA-graph capture check runs on a GPU"
+        )
     assert_classified(name, True, tmp_path)
 
 
@@ -63,7 +69,8 @@ def test_every_edit_must_match_the_solution():
 
 
 def test_the_routings_are_what_the_lab_says():
-    """Skewed: 7 of 8 tokens pick the hot expert first; few tokens over many experts: most idle; a token's
+    """Skewed: 7 of 8 tokens pick the hot expert first; few tokens over many experts: most idle;
+    a token's
     logits never tie, even in bfloat16."""
     from grading.correctness import make_inputs
     from kernels.testing import generator
@@ -85,10 +92,17 @@ def test_the_routings_are_what_the_lab_says():
 
 def test_layer_check_passes_the_solution_and_fails_a_broken_permutation(tmp_path, capsys):
     solution = import_submission({}, tmp_path)
-    pieces = [solution.route_topk, solution.permute, solution.grouped_gemm, solution.grouped_gemm_swiglu]
+    pieces = [
+        solution.route_topk,
+        solution.permute,
+        solution.grouped_gemm,
+        solution.grouped_gemm_swiglu,
+    ]
     assert check_layer(*pieces)
-    # experts back to back: a tile's rows of the next expert get the wrong weights, in both modes (a GEMM
-    # that drops the last column tile fails on the CPU only: the GPU's BLOCK_N divides the layer's sizes;
+    # experts back to back: a tile's rows of the next expert get the wrong weights, in both
+    # modes (a GEMM
+    # that drops the last column tile fails on the CPU only: the GPU's BLOCK_N divides the
+    # layer's sizes;
     # a router that forgets to renormalize passes, as the reference takes the student's routing)
     broken = import_submission(CORPUS["permute_does_not_pad"].cells, tmp_path)
     assert not check_layer(pieces[0], broken.permute, *pieces[2:])
@@ -97,8 +111,10 @@ def test_layer_check_passes_the_solution_and_fails_a_broken_permutation(tmp_path
 
 
 def test_solution_gets_full_marks_and_the_untouched_lab_zero(tmp_path):
-    """`python -m grading` on the solution notebook, the untouched lab, and the solution with its check
-    cells edited to print PASS (restored from the source, and reported), as an instructor runs it."""
+    """`python -m grading` on the solution notebook, the untouched lab, and the solution with
+    its check
+    cells edited to print PASS (restored from the source, and reported), as an instructor runs
+    it."""
     name = "06_moe_lab.ipynb"
     for folder, source in (("solution", SOLUTIONS_DIR), ("lab", LABS_DIR)):
         (tmp_path / folder).mkdir()
@@ -111,9 +127,26 @@ def test_solution_gets_full_marks_and_the_untouched_lab_zero(tmp_path):
             cell["source"] = "print('PASS')"
     (tmp_path / "edited").mkdir()
     (tmp_path / "edited" / name).write_text(json.dumps(edited))
-    proc = subprocess.run([sys.executable, "-m", "grading", tmp_path / "solution", tmp_path / "lab",
-                           tmp_path / "edited", "--out", tmp_path / "out", "--seed", "1234", "--jobs", "2",
-                           "--no-perf"], capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grading",
+            tmp_path / "solution",
+            tmp_path / "lab",
+            tmp_path / "edited",
+            "--out",
+            tmp_path / "out",
+            "--seed",
+            "1234",
+            "--jobs",
+            "2",
+            "--no-perf",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     labs = {lab["notebook"].split("/")[-2]: lab for lab in report["labs"]}
@@ -126,5 +159,8 @@ def test_solution_gets_full_marks_and_the_untouched_lab_zero(tmp_path):
     assert (stub["score"]["points"], stub["score"]["max_points"]) == (0, 12)
     assert [f["status"] for f in stub["functions"]] == ["not implemented"] * 4
     assert labs["edited"]["score"]["points"] == 15
-    assert ("locked cell check_permute was modified (the grader used the original) (its nbgrader checksum does "
-            "not match)") in labs["edited"]["notes"]
+    assert (
+        "locked cell check_permute was modified (the grader used the original) (its nbgrader "
+        "checksum does "
+        "not match)"
+    ) in labs["edited"]["notes"]
