@@ -305,8 +305,10 @@ def torch_name(func) -> str:
 
 # Torch functions that hand a tensor's values to the host or take them back from NumPy: a result
 # computed there (NumPy, Python) is not the student's kernel.
-HOST_ROUND_TRIPS = frozenset({torch.Tensor.numpy, torch.Tensor.__array__, torch.Tensor.tolist,
-                              torch.from_numpy, torch.Tensor.__array_wrap__})
+HOST_ROUND_TRIPS = frozenset({torch.Tensor.numpy, torch.Tensor.__array__, torch.from_numpy,
+                              torch.Tensor.__array_wrap__})
+# Reads of a tensor's values by Python that dispatch no op (`.item()` dispatches one, seen below).
+HOST_READS = frozenset({torch.Tensor.tolist})
 
 
 class _FunctionWatcher(TorchFunctionMode):
@@ -318,12 +320,15 @@ class _FunctionWatcher(TorchFunctionMode):
         self.state = state
         self.current = None
         self.host_trips: list[str] = []
+        self.host_reads: list[str] = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if self.state.depth:
             return func(*args, **(kwargs or {}))
         if func in HOST_ROUND_TRIPS and torch_name(func) not in self.host_trips:
             self.host_trips.append(torch_name(func))
+        if func in HOST_READS and torch_name(func) not in self.host_reads:
+            self.host_reads.append(torch_name(func))
         self.current = func  # the mode is off inside this call: nested torch calls do not land here
         try:
             return func(*args, **(kwargs or {}))
@@ -408,9 +413,10 @@ def watch(profile_cuda: bool = False, snapshot=None, allowed_ops: tuple[str, ...
     finally:
         record.side_streams = len(state.side_streams)
         record.course_kernels = list(state.course_kernels)
-        record.forbidden_ops, record.host_reads = watcher.forbidden, watcher.host_reads
+        record.forbidden_ops = watcher.forbidden
+        record.host_reads = watcher.host_reads + functions.host_reads
         record.host_trips = functions.host_trips
-        if threads is not None and not (watcher.forbidden or watcher.host_reads):
+        if threads is not None and not (record.forbidden_ops or record.host_reads):
             allowed = {str(op) for op in ALLOWED_OPS} | set(allowed_ops) | set(_PROFILER_OPS)
             ops, reads = threads.findings(allowed)
             record.forbidden_ops = [f"{op} (outside this thread's watch: another thread, a hook "
