@@ -41,12 +41,14 @@ lint: $(STAMP)
 # browser test: JupyterLab runs the lab and its solution in headless chromium (screenshots in $(ARTIFACTS)).
 # TESTS narrows the run to some of these paths (e.g. TESTS=tests, or TESTS="notebooks solutions").
 TESTS ?= tests notebooks solutions
+# pytest-xdist workers: 2 fits CI's two cores; the grader's timing tests want few beside them on a GPU.
+JOBS ?= 2
 test: $(STAMP) lint sandbox $(if $(filter 1,$(SLURM_TEST)),slurm) $(if $(filter 1,$(BROWSER_TEST)),browser)
 	@rm -rf $(ARTIFACTS)
 	@left_out=""; \
 	[ "$(BROWSER_TEST)" = 1 ] || left_out="not browser"; \
 	[ "$(SLURM_TEST)" = 1 ] || left_out="$${left_out:+$$left_out and }not slurm"; \
-	status=0; $(BIN)/python -m pytest -n 2 --dist loadfile $(TESTS) --nbval-lax --nbval-current-env --durations=8 \
+	status=0; $(BIN)/python -m pytest -n $(JOBS) --dist loadfile $(TESTS) --nbval-lax --nbval-current-env --durations=8 \
 		$${left_out:+-m "$$left_out"} || status=$$?; \
 	for f in $(ARTIFACTS)/*.png; do [ -e "$$f" ] && echo "browser test screenshot: $$f"; done; \
 	[ -z "$$left_out" ] || echo "BROWSER_TEST=$(BROWSER_TEST) SLURM_TEST=$(SLURM_TEST): deselected ($$left_out)"; \
