@@ -1,17 +1,28 @@
 """labs/ is generated from solutions/, and both carry valid nbgrader metadata."""
+
 import subprocess
 import sys
 
 import nbformat
 import pytest
 
-from grading.notebooks import BEGIN, END, LABS_DIR, SOLUTIONS_DIR, make_lab, role, stub_solution_regions
+from grading.notebooks import (
+    BEGIN,
+    END,
+    LABS_DIR,
+    SOLUTIONS_DIR,
+    make_lab,
+    role,
+    stub_solution_regions,
+)
 
 SOLUTIONS = sorted(SOLUTIONS_DIR.glob("*_lab.ipynb"))
 
 
 def test_labs_equal_what_the_generator_makes():
-    proc = subprocess.run([sys.executable, "-m", "grading.make_labs", "--check"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "grading.make_labs", "--check"], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr
     assert {p.name for p in LABS_DIR.glob("*.ipynb")} == {p.name for p in SOLUTIONS}
 
@@ -51,7 +62,10 @@ def test_lab_hides_every_solution_region(path):
 
 def test_stub_keeps_indentation_and_rejects_unbalanced_markers():
     src = f"def f():\n    x = 1\n    {BEGIN}\n    return 2\n    {END}\n"
-    assert stub_solution_regions(src) == "def f():\n    x = 1\n    # YOUR CODE HERE\n    raise NotImplementedError()"
+    assert (
+        stub_solution_regions(src)
+        == "def f():\n    x = 1\n    # YOUR CODE HERE\n    raise NotImplementedError()"
+    )
     with pytest.raises(ValueError):
         stub_solution_regions(f"{BEGIN}\nx = 1\n")
     with pytest.raises(ValueError):

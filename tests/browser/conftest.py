@@ -1,16 +1,27 @@
 """Fixtures of the browser test: one JupyterLab server and one chromium per test module, a page per test,
 a screenshot of the page when a test fails (its path is in the failure's output)."""
+
 from __future__ import annotations
 
 import tempfile
 
 import pytest
 
-from tests.browser.jupyterlab import (CHROMIUM, CHROMIUM_FLAGS, JupyterLab, chromium_problem, copy_notebooks,
-                                      screenshot)
+from tests.browser.jupyterlab import (
+    CHROMIUM,
+    CHROMIUM_FLAGS,
+    JupyterLab,
+    chromium_problem,
+    copy_notebooks,
+    screenshot,
+)
 
-NOTEBOOKS = ["labs/01_elementwise_add_lab.ipynb", "solutions/01_elementwise_add_lab.ipynb",
-             "notebooks/00_benchmarking.ipynb", "notebooks/01_elementwise_add.ipynb"]
+NOTEBOOKS = [
+    "labs/01_elementwise_add_lab.ipynb",
+    "solutions/01_elementwise_add_lab.ipynb",
+    "notebooks/00_benchmarking.ipynb",
+    "notebooks/01_elementwise_add.ipynb",
+]
 
 
 def pytest_collection_modifyitems(items):
@@ -44,8 +55,12 @@ def browser(lab):
 
     with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile, sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
-            profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS,
-            viewport={"width": 1400, "height": 1000})
+            profile,
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_FLAGS,
+            viewport={"width": 1400, "height": 1000},
+        )
         context.set_default_timeout(60_000)
         yield context
         context.close()

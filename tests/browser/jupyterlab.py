@@ -14,6 +14,7 @@ Facts this relies on (checked on a CI-like machine, see ../shared/DESIGN.md):
 * `window.jupyterapp` (LabApp.expose_app_in_browser) is read only to *wait* (kernel idle, every cell
   executed) and to find cells by their source; everything asserted is what the page shows.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,15 +35,24 @@ REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "build" / "test-artifacts" / "browser"  # build/ is git-ignored
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_FLAGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
 ]
 # Lab settings written into the scratch user-settings dir (JupyterLab's own setting ids).
 LAB_SETTINGS = {
     "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
     "@jupyterlab/docmanager-extension/plugin": {"autosave": False},
-    "@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False,
-                                                    "doNotDisturbMode": True},
+    "@jupyterlab/apputils-extension/notification": {
+        "fetchNews": "false",
+        "checkForUpdates": False,
+        "doNotDisturbMode": True,
+    },
 }
 SERVER_START_S = 90
 KERNEL_READY_MS = 120_000
@@ -53,8 +63,10 @@ def chromium_problem() -> str | None:
     """None if chromium can be launched, else what to do (the test fails with it; it is never skipped)."""
     if Path(CHROMIUM).is_file() and os.access(CHROMIUM, os.X_OK):
         return None
-    return (f"no chromium at {CHROMIUM}: `make browser` installs Debian's chromium (apt-get, as root); "
-            "or set CHROMIUM=/path/to/chromium; `make test BROWSER_TEST=0` leaves the browser test out")
+    return (
+        f"no chromium at {CHROMIUM}: `make browser` installs Debian's chromium (apt-get, as root); "
+        "or set CHROMIUM=/path/to/chromium; `make test BROWSER_TEST=0` leaves the browser test out"
+    )
 
 
 def copy_notebooks(relative_paths: list[str], root: Path) -> None:
@@ -86,7 +98,9 @@ class JupyterLab:
 
     def url(self, notebook: str, workspace: str) -> str:
         # A workspace of its own for every page, reset: nothing is restored from an earlier page.
-        return f"{self.base_url}/lab/workspaces/{workspace}/tree/{notebook}?reset&token={self.token}"
+        return (
+            f"{self.base_url}/lab/workspaces/{workspace}/tree/{notebook}?reset&token={self.token}"
+        )
 
     def __enter__(self) -> "JupyterLab":
         config, data, runtime_dir = (self.scratch / d for d in ("config", "data", "runtime"))
@@ -96,23 +110,43 @@ class JupyterLab:
             path.write_text(json.dumps(values))
         data.mkdir(parents=True, exist_ok=True)
         runtime_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "JUPYTER_CONFIG_DIR": str(config), "JUPYTER_DATA_DIR": str(data),
-               "JUPYTER_RUNTIME_DIR": str(runtime_dir), "IPYTHONDIR": str(self.scratch / "ipython"),
-               "JUPYTER_PREFER_ENV_PATH": "1", "PYTHONUNBUFFERED": "1",
-               # The kernels share two cores with the other test worker and chromium: with one thread
-               # each, OpenMP does not spin-wait on an oversubscribed CPU (which made a matmul-heavy cell
-               # ten times slower). Nothing asserted here depends on speed.
-               "OMP_NUM_THREADS": "1"}
+        env = {
+            **os.environ,
+            "JUPYTER_CONFIG_DIR": str(config),
+            "JUPYTER_DATA_DIR": str(data),
+            "JUPYTER_RUNTIME_DIR": str(runtime_dir),
+            "IPYTHONDIR": str(self.scratch / "ipython"),
+            "JUPYTER_PREFER_ENV_PATH": "1",
+            "PYTHONUNBUFFERED": "1",
+            # The kernels share two cores with the other test worker and chromium: with one thread
+            # each, OpenMP does not spin-wait on an oversubscribed CPU (which made a matmul-heavy cell
+            # ten times slower). Nothing asserted here depends on speed.
+            "OMP_NUM_THREADS": "1",
+        }
         # The same server `make lab` starts (this environment's jupyter), headless and private.
-        cmd = [str(Path(sys.executable).parent / "jupyter"), "lab", "--no-browser",
-               "--ServerApp.ip=127.0.0.1", "--ServerApp.port=0", f"--IdentityProvider.token={self.token}",
-               f"--ServerApp.root_dir={self.root}", "--LabApp.expose_app_in_browser=True",
-               "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+        cmd = [
+            str(Path(sys.executable).parent / "jupyter"),
+            "lab",
+            "--no-browser",
+            "--ServerApp.ip=127.0.0.1",
+            "--ServerApp.port=0",
+            f"--IdentityProvider.token={self.token}",
+            f"--ServerApp.root_dir={self.root}",
+            "--LabApp.expose_app_in_browser=True",
+            "--LabApp.news_url=None",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             cmd.append("--allow-root")
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(cmd, cwd=self.root, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=self.root,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             self._wait_until_up(runtime_dir)
         except BaseException:
@@ -124,7 +158,9 @@ class JupyterLab:
         deadline = time.monotonic() + SERVER_START_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"JupyterLab exited with code {self.proc.returncode}:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"JupyterLab exited with code {self.proc.returncode}:\n{self.log_tail()}"
+                )
             info = runtime_dir / f"jpserver-{self.proc.pid}.json"
             if self.port is None and info.exists():
                 try:
@@ -133,13 +169,17 @@ class JupyterLab:
                     pass  # written but not complete yet
             if self.port is not None:
                 try:
-                    with urllib.request.urlopen(f"{self.base_url}/api/status?token={self.token}", timeout=5) as r:
+                    with urllib.request.urlopen(
+                        f"{self.base_url}/api/status?token={self.token}", timeout=5
+                    ) as r:
                         if r.status == 200:
                             return
                 except (urllib.error.URLError, OSError):
                     pass
             time.sleep(0.2)
-        raise RuntimeError(f"JupyterLab did not answer within {SERVER_START_S} s:\n{self.log_tail()}")
+        raise RuntimeError(
+            f"JupyterLab did not answer within {SERVER_START_S} s:\n{self.log_tail()}"
+        )
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -152,7 +192,9 @@ class JupyterLab:
             return
         if self.proc.poll() is None and self.port is not None:
             try:  # the server's own shutdown: it stops its kernels too
-                req = urllib.request.Request(f"{self.base_url}/api/shutdown?token={self.token}", method="POST")
+                req = urllib.request.Request(
+                    f"{self.base_url}/api/shutdown?token={self.token}", method="POST"
+                )
                 urllib.request.urlopen(req, timeout=10).close()
             except (urllib.error.URLError, OSError):
                 pass
@@ -203,7 +245,9 @@ def open_notebook(page, lab: JupyterLab, notebook: str, workspace: str) -> dict:
     page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell", timeout=KERNEL_READY_MS)
     page.wait_for_function(
         f"() => {{ const s = ({_NOTEBOOK_STATE})(); return s && s.path === {json.dumps(notebook)} "
-        f"&& s.kernel === 'idle'; }}", timeout=KERNEL_READY_MS)
+        f"&& s.kernel === 'idle'; }}",
+        timeout=KERNEL_READY_MS,
+    )
     return notebook_state(page)
 
 
@@ -211,7 +255,9 @@ def run_from_menu(page, item: str, cells: list[int] | None = None) -> dict:
     """Click Run > `item` in the menu bar, as a student would; wait until the kernel is idle and every code
     cell in `cells` (default: all) has run, or one of them has failed."""
     page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Run$")).click()
-    page.locator(".lm-Menu-item:visible .lm-Menu-itemLabel", has_text=re.compile(f"^{re.escape(item)}$")).click()
+    page.locator(
+        ".lm-Menu-item:visible .lm-Menu-itemLabel", has_text=re.compile(f"^{re.escape(item)}$")
+    ).click()
     page.wait_for_function(
         f"""indices => {{
           const s = ({_NOTEBOOK_STATE})();
@@ -219,7 +265,11 @@ def run_from_menu(page, item: str, cells: list[int] | None = None) -> dict:
           const code = s.cells.filter((c, i) => c.type === 'code' && (indices === null || indices.includes(i)));
           if (s.cells.some(c => c.running)) return false;
           return code.every(c => c.count !== null) || code.some(c => c.error);
-        }}""", arg=cells, timeout=RUN_ALL_MS, polling=250)
+        }}""",
+        arg=cells,
+        timeout=RUN_ALL_MS,
+        polling=250,
+    )
     return notebook_state(page)
 
 

@@ -3,13 +3,21 @@ Run menu, the check cells say what they should, the explorers' widgets respond, 
 
 Screenshots go to build/test-artifacts/browser/ (`make test` lists them at the end).
 """
+
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
 from kernels import runtime
-from tests.browser.jupyterlab import cell, open_notebook, output_text, run_all, run_up_to, screenshot
+from tests.browser.jupyterlab import (
+    cell,
+    open_notebook,
+    output_text,
+    run_all,
+    run_up_to,
+    screenshot,
+)
 
 LAB = "labs/01_elementwise_add_lab.ipynb"
 SOLUTION = "solutions/01_elementwise_add_lab.ipynb"
@@ -24,7 +32,9 @@ def assert_ran_in_order_without_errors(page, state) -> None:
     failed = [(i, output_text(page, i)[-600:]) for i, c in code if c["error"]]
     assert not failed, f"cell {failed[0][0]} raised:\n{failed[0][1]}"
     counts = [c["count"] for _, c in code]
-    assert counts == list(range(1, len(code) + 1)), f"cells did not run once each, in order: {counts}"
+    assert counts == list(range(1, len(code) + 1)), (
+        f"cells did not run once each, in order: {counts}"
+    )
 
 
 def assert_setup_check_shows_this_environment(page, state) -> None:
@@ -34,7 +44,9 @@ def assert_setup_check_shows_this_environment(page, state) -> None:
     for word in ("torch", "triton", "cupy", "TF32"):
         assert word in text, text
     # `make lab` and this server run this environment's Python as the kernel, with no set-up of its own
-    assert str(Path(sys.prefix)) in text, f"the kernel is not this environment's Python ({sys.prefix}):\n{text}"
+    assert str(Path(sys.prefix)) in text, (
+        f"the kernel is not this environment's Python ({sys.prefix}):\n{text}"
+    )
 
 
 def check_cells(state) -> list[int]:
@@ -51,8 +63,12 @@ def test_untouched_lab_runs_and_its_checks_say_not_implemented(page, lab):
     texts = {i: output_text(page, i) for i in checks}
     for i, text in texts.items():
         assert "Traceback" not in text and "Error" not in text, text
-        assert "NOT IMPLEMENTED" in text and "not implemented yet" in text or "NEEDS A GPU" in text, text
-    assert sum("not implemented yet" in t for t in texts.values()) >= 2  # the Triton ones, in any mode
+        assert (
+            "NOT IMPLEMENTED" in text and "not implemented yet" in text or "NEEDS A GPU" in text
+        ), text
+    assert (
+        sum("not implemented yet" in t for t in texts.values()) >= 2
+    )  # the Triton ones, in any mode
     print(f"screenshot: {screenshot(page, 'lab-01-untouched', cell(page, checks[1]))}")
 
 
@@ -69,7 +85,9 @@ def test_solution_runs_and_its_checks_pass(page, lab):
     cupy, add, residual = texts
     assert "PASS  add: 3/3 points" in add and add.count("PASS") > 10, add
     assert "PASS  residual_add: 4/4 points" in residual, residual
-    assert ("PASS  add_vectorized: 3/3 points" if runtime.cupy_status()[0] else "NEEDS A GPU") in cupy, cupy
+    assert (
+        "PASS  add_vectorized: 3/3 points" if runtime.cupy_status()[0] else "NEEDS A GPU"
+    ) in cupy, cupy
     print(f"screenshot: {screenshot(page, 'solution-01-checks', cell(page, checks[1]))}")
 
 
@@ -94,9 +112,14 @@ def wait_for_change(page, locator, old_text: str, old_figures: list[str] | None)
               const imgs = Array.from(node.querySelectorAll('img')).filter(i => i.complete && i.naturalWidth > 0);
               const text = node.querySelector('.widget-html').innerText;
               return text !== oldText && imgs.length > 0 && imgs.every(i => !(oldFigures || []).includes(i.src));
-            }""", arg=[locator.element_handle(), old_text, old_figures], timeout=60_000)
+            }""",
+            arg=[locator.element_handle(), old_text, old_figures],
+            timeout=60_000,
+        )
     except Exception as exc:
-        raise AssertionError(f"the widget did not answer: {exc}\nit shows:\n{locator.inner_text()[-3000:]}") from None
+        raise AssertionError(
+            f"the widget did not answer: {exc}\nit shows:\n{locator.inner_text()[-3000:]}"
+        ) from None
 
 
 def test_roofline_explorer_renders_responds_and_draws(page, lab):
@@ -104,8 +127,14 @@ def test_roofline_explorer_renders_responds_and_draws(page, lab):
     state = run_all(page)
     assert_ran_in_order_without_errors(page, state)
     assert_setup_check_shows_this_environment(page, state)
-    figures = [i for i, _ in code_cells(state) if figure_sources(cell(page, i).locator(".jp-Cell-outputArea"))]
-    assert len(figures) >= 3, f"matplotlib figures expected in several cells, found them in {figures}"
+    figures = [
+        i
+        for i, _ in code_cells(state)
+        if figure_sources(cell(page, i).locator(".jp-Cell-outputArea"))
+    ]
+    assert len(figures) >= 3, (
+        f"matplotlib figures expected in several cells, found them in {figures}"
+    )
 
     explorer = cell(page, explorer_cell(state, "# Roofline explorer"))
     widget = explorer.locator(".jp-Cell-outputArea .widget-vbox").first
@@ -121,7 +150,9 @@ def test_roofline_explorer_renders_responds_and_draws(page, lab):
     assert "fp16 add" in after and "memory-bound" in after, after
     # the size slider answers the keyboard, as a student's arrow keys
     before_text, before_figures = after, figure_sources(widget)
-    widget.locator(".widget-slider .noUi-handle, .widget-slider [role=slider]").first.press("ArrowRight")
+    widget.locator(".widget-slider .noUi-handle, .widget-slider [role=slider]").first.press(
+        "ArrowRight"
+    )
     wait_for_change(page, widget, before_text, before_figures)
     assert readout.inner_text() != after
     print(f"screenshot: {screenshot(page, 'notebook-00-roofline-explorer', widget)}")
@@ -131,22 +162,36 @@ def test_roofline_explorer_renders_responds_and_draws(page, lab):
 def test_block_size_explorer_responds(page, lab):
     state = open_notebook(page, lab, "notebooks/01_elementwise_add.ipynb", "blocks")
     index = explorer_cell(state, "# Block size / vector width explorer")
-    state = run_up_to(page, index)  # the cells after it (part 7's 32-layer simulation) are not needed here
-    state = {**state, "cells": state["cells"][:index + 1]}
+    state = run_up_to(
+        page, index
+    )  # the cells after it (part 7's 32-layer simulation) are not needed here
+    state = {**state, "cells": state["cells"][: index + 1]}
     assert_ran_in_order_without_errors(page, state)
     explorer = cell(page, index)
     widget = explorer.locator(".jp-Cell-outputArea .widget-vbox").first
     widget.scroll_into_view_if_needed()
     readout = widget.locator(".widget-html")
-    assert "16 elements per operand" in readout.inner_text() and "2 load(s) of 16 bytes" in readout.inner_text()
+    assert (
+        "16 elements per operand" in readout.inner_text()
+        and "2 load(s) of 16 bytes" in readout.inner_text()
+    )
     before_text, before_figures = readout.inner_text(), figure_sources(widget)
     assert before_figures, "the explorer drew no figure"
-    widget.locator(".widget-toggle-buttons button", has_text="1024").click()  # BLOCK 1024, 8 warps, fp16
+    widget.locator(
+        ".widget-toggle-buttons button", has_text="1024"
+    ).click()  # BLOCK 1024, 8 warps, fp16
     wait_for_change(page, widget, before_text, before_figures)
-    assert "4 float16 elements per operand" in readout.inner_text() and "1 load(s) of 8 bytes" in readout.inner_text()
+    assert (
+        "4 float16 elements per operand" in readout.inner_text()
+        and "1 load(s) of 8 bytes" in readout.inner_text()
+    )
     before_text = readout.inner_text()
-    widget.locator(".widget-checkbox input").check()  # odd n: one load per element (the plots barely move)
+    widget.locator(
+        ".widget-checkbox input"
+    ).check()  # odd n: one load per element (the plots barely move)
     wait_for_change(page, widget, before_text, None)
     assert "4 load(s) of 2 bytes" in readout.inner_text(), readout.inner_text()
     print(f"screenshot: {screenshot(page, 'notebook-01-block-size-explorer', widget)}")
-    print(f"screenshot: {screenshot(page, 'notebook-01-block-size-explorer-widget', element=widget)}")
+    print(
+        f"screenshot: {screenshot(page, 'notebook-01-block-size-explorer-widget', element=widget)}"
+    )
