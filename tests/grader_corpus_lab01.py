@@ -612,8 +612,12 @@ ATTACKS: dict[str, Submission] = {
     "continuation_line_starting_with_percent": Submission(
         {"add": add_cell(wrapper_body=MODULO_CONTINUED)}, {"add": PASS}
     ),
+    # on a GPU the late launch races the grader's stream-ordered copy: "not ready on PyTorch's
+    # current stream" or "elements wrong", a failure either way, never a grader error
     "finishes_writing_after_returning": Submission(
-        {"add": add_cell(wrapper_body=LATE_HALF)}, {"add": ("fail", "elements wrong")}
+        {"add": add_cell(wrapper_body=LATE_HALF)},
+        {"add": ("fail", "")},
+        cpu={"add": ("fail", "elements wrong")},
     ),
 }
 CORPUS.update(ATTACKS)
