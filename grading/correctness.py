@@ -272,6 +272,12 @@ def _raised(j: Judgement) -> CaseResult | None:
     return None
 
 
+def _watch_intact(j: Judgement) -> CaseResult | None:
+    if j.record.watched.tampered:
+        return j.fail(f"{j.record.watched.tampered}: a graded function must leave the grader alone")
+    return None
+
+
 def _host_reads(j: Judgement) -> CaseResult | None:
     reads = j.record.watched.host_reads
     if reads:
@@ -426,6 +432,7 @@ def _own_kernel(j: Judgement) -> CaseResult | None:
 
 STEPS: tuple[tuple[str, Callable[[Judgement], CaseResult | None]], ...] = (
     ("raised or exited", _raised),
+    ("left the grader's watch on", _watch_intact),
     ("read a value on the host", _host_reads),
     ("computed on the host", _host_round_trip),
     ("computed with PyTorch", _pytorch_compute),

@@ -504,7 +504,8 @@ def read_record(folder: Path, name, spec, record_cls, watched_cls, with_out: boo
             or not all(isinstance(x, list) and all(isinstance(s, str) for s in x)
                        for x in (watched.forbidden_ops, watched.host_reads,
                                  watched.course_kernels, watched.cuda_kernels,
-                                 watched.host_trips))):
+                                 watched.host_trips))
+            or not isinstance(watched.tampered, str)):
         raise WorkerReplyError("a record whose fields are not what a call returns")
     record.results = None if record.results is None else tuple(record.results)
     return record

@@ -164,12 +164,12 @@ class _AllThreads:
         with _quiet_stderr():
             self.events = list(_disable_profiler().events())
 
-    def findings(self, allowed: set[str]) -> tuple[list[str], list[str]]:
-        """(forbidden ops, host reads); a stopped profiler is a finding of its own. Skipped: ops
-        inside a launch, allowed ops and what runs inside them, and composites (`aten::to`,
-        `aten::rms_norm`: their parts are recorded, and judged, on their own)."""
+    def findings(self, allowed: set[str]) -> tuple[list[str], list[str]] | None:
+        """(forbidden ops, host reads), None if the profiler was stopped inside the call.
+        Skipped: ops inside a launch, allowed ops and what runs inside them, and composites
+        (`aten::to`, `aten::rms_norm`: their parts are recorded, and judged, on their own)."""
         if not any(e.name() == CALL_RANGE for e in self.events):
-            return ["the grader's profiler was stopped inside the call"], []
+            return None
         excused: dict[int, list] = {}  # per thread: launches and allowed ops, as (start, end)
         candidates = []
         for e in self.events:
@@ -377,6 +377,7 @@ class Watched:
     course_kernels: list[str] = field(default_factory=list)
     host_reads: list[str] = field(default_factory=list)
     host_trips: list[str] = field(default_factory=list)  # NumPy round trips
+    tampered: str = ""  # what the call did to the grader's own watch, if anything
 
 
 @contextmanager
@@ -418,10 +419,13 @@ def watch(profile_cuda: bool = False, snapshot=None, allowed_ops: tuple[str, ...
         record.host_trips = functions.host_trips
         if threads is not None and not (record.forbidden_ops or record.host_reads):
             allowed = {str(op) for op in ALLOWED_OPS} | set(allowed_ops) | set(_PROFILER_OPS)
-            ops, reads = threads.findings(allowed)
-            record.forbidden_ops = [f"{op} (outside this thread's watch: another thread, a hook "
-                                    f"or a disabled dispatch mode)" for op in ops]
-            record.host_reads = reads
+            found = threads.findings(allowed)
+            if found is None:
+                record.tampered = "stopped the grader's profiler inside the call"
+            else:
+                ops, record.host_reads = found
+                record.forbidden_ops = [f"{op} (outside this thread's watch: another thread, a "
+                                        f"hook or a disabled dispatch mode)" for op in ops]
         record.triton_launches, record.cupy_launches = state.launches, state.cupy_launches
         failure = None
         if runtime.ON_GPU:

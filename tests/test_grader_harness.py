@@ -395,3 +395,13 @@ def test_composite_conversions_are_not_computing():
     with watch() as seen:
         x.to(x.dtype).contiguous().flatten().reshape(8, 4).to(torch.float16)
     assert seen.forbidden_ops == [], seen.forbidden_ops
+
+
+def test_stopping_the_grader_s_profiler_is_caught():
+    def stops_it(a, b, out=None):
+        torch.autograd._disable_profiler()
+        return triton_add.add(a, b, out=out)
+
+    result = check_function(LAB, "add", stops_it, seed=3, perf=False)
+    assert result.status == "fail", result.message
+    assert "stopped the grader's profiler inside the call" in result.message, result.message
