@@ -590,6 +590,14 @@ def _grade_in_worker(worker: WorkerProcess, lab: dict, spec, todo, done: dict, s
                                      "reason": "the CUDA context was lost; the rest of the lab was "
                                                "graded in a new process", "output_tail": ""})
             raise
+        except (WorkerGone, GraderError, WorkerReplyError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bug in this process's checks: the grader's
+            where = (worker.step or {}).get("step", "")
+            done[fn_spec.name] = _error_function(
+                fn_spec, seed, f"{where}: the grader failed (a bug in the grader, not in your "
+                               f"code): {type(exc).__name__}: {exc}")
+            continue
         worker.set_step(fn_spec.name, "checking the grader's own functions")
         changed = worker.request({"op": "guard"}).get("changed") or []
         if changed:

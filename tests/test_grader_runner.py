@@ -243,3 +243,27 @@ def test_extra_credit_adds_points_and_never_lowers_the_grade():
     required = {**backward, "extra_credit": False}
     score = score_lab({"functions": [forward, required], "fingerprint": gpu})
     assert (score["points"], score["max_points"], score["grade"]) == (10, 15, "F")
+
+
+def test_a_bug_in_the_parent_s_checks_is_the_grader_s(tmp_path, monkeypatch):
+    """An exception in the verdict (here: the judge itself made to fail) is reported as the
+    grader's for that function only; the lab's other functions are still graded."""
+    from grading import correctness
+    from grading.runner import grade_lab
+    from tests.test_grader_lab01 import LAB, write_submission
+
+    notebook = write_submission(tmp_path / "student")
+    original = correctness.judge
+
+    def judge(j):
+        if j.spec.name == "add":
+            raise IndexError("the judge's own bug")
+        return original(j)
+
+    monkeypatch.setattr(correctness, "judge", judge)
+    lab = grade_lab(notebook, LAB.removesuffix("_lab.ipynb"), 5, Options(cpu=True, perf=False))
+    functions = {f["name"]: f for f in lab["functions"]}
+    assert functions["add"]["status"] == "error"
+    assert "the grader failed (a bug in the grader, not in your code): IndexError: the judge's " \
+           "own bug" in functions["add"]["message"]
+    assert functions["residual_add"]["status"] == "pass", functions["residual_add"]["message"]
