@@ -6,7 +6,7 @@ Functions
   Extra-credit
   functions add their points on top of the maximum (a lab can score 15/10) and do not enter the
   grade.
-* **Grade** (performance, GPU only): seed 003's boundaries on the speed relative to the course's
+* **Grade** (performance, GPU only): fixed boundaries on the speed relative to the course's
   reference kernel, measured in the same run: A > 80% on every graded kernel, B > 70%, C > 60%,
   D > 40%, otherwise F. A kernel that is not correct gets F. Without a GPU: "not measured".
 

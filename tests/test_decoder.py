@@ -7,6 +7,8 @@ and bfloat16 (the FlashAttention-2 and flash-decoding path of modules 03). GPU: 
 shape in bfloat16 against Hugging Face with the near-tie rule, the CUDA C RoPE, and the CUDA-graph
 step."""
 
+import copy
+
 import pytest
 import torch
 
@@ -359,9 +361,17 @@ def test_1b_layer_by_layer_and_logits_against_hf(llama_1b):
               for a, b in zip(ours, theirs)]
     print("relative error per layer:", " ".join(f"{e:.4f}" for e in errors))
     assert max(errors) < 0.03  # bf16: both round every activation; differences stay at that level
-    err = reference.logits_error(logits, hf_logits[:, -1])
-    print(f"logits: max |ours - HF| / rms = {err:.4f}")
-    assert err < reference.LOGITS_TOLERANCE[torch.bfloat16]
+    # Ours and HF's bf16 logits differed by up to 0.102 of their rms on the H100; both round every
+    # activation, so the bar is HF's own bf16 error: against the same weights run in float32, ours
+    # may be at most 1.5x as far off as HF's bf16 model is.
+    hf32 = copy.deepcopy(hf).float()
+    with torch.no_grad():
+        exact = hf32(tokens).logits[:, -1]
+    del hf32
+    ours_err = reference.logits_error(logits, exact)
+    hf_err = reference.logits_error(hf_logits[:, -1], exact)
+    print(f"logits vs float32 HF: max error / rms = {ours_err:.4f} ours, {hf_err:.4f} HF bf16")
+    assert ours_err <= 1.5 * hf_err
 
 
 @pytest.mark.gpu

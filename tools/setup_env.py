@@ -35,9 +35,8 @@ SHARED_CONSTRAINTS = ROOT / "constraints.txt"
 STACK_CONSTRAINTS = {"gpu": ROOT / "constraints-gpu.txt", "cpu": ROOT / "constraints-cpu.txt"}
 # The packages whose versions decide what the kernels compile to and how fast they run.
 STACK_PACKAGES = ("torch", "triton", "cupy-cuda13x")
-# Pinned even over a system stack's own copy: the capstone is checked against this model code, whose
-# numerics move between releases (the 1B decoder's bf16 logits met their tolerance under 5.23.0 and
-# missed it under 5.17.0 on the same H100).
+# Pinned even over a system stack's own copy: the capstone is checked against this model code, so
+# every student's reference is the release the course was checked with.
 REFERENCE_PACKAGES = ("transformers",)
 
 

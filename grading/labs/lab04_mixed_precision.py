@@ -5,7 +5,7 @@ case's shape is the output's; its layout names the row length: "contiguous" rows
 "n=K" rows K long, "drift n=K" rows hold 0.01 plus random multiples of 2**-7 (every value has the
 same
 low-order bits, so a naive sum loses the same bits at every step and drifts, while Kahan does not).
-The check: |sum - exact| <= 4u * sum |x_i|, u = 2**-24 (the issue's bound; a correct Kahan sum stays
+The check: |sum - exact| <= 4u * sum |x_i|, u = 2**-24 (a bound with room: a correct Kahan sum stays
 near 2u, the final rounding adds u/2).
 
 The quantizer: each block of 128 consecutive elements of the flattened tensor gets the OCP MX scale
@@ -34,7 +34,7 @@ SUM_CASES = (
     Case(
         (3,), torch.float32, "strided"
     ),  # every other element of a wider buffer: reject it or sum it
-    Case((1,), torch.float32, "drift n=10000000"),  # the n = 10**7
+    Case((1,), torch.float32, "drift n=10000000"),  # 10**7 terms: where a naive fp32 sum drifts
 )
 SUM_PERF = (PerfConfig("sum/fp32/4096x65536", (4096,), torch.float32),)  # 256M elements, 1 GiB
 

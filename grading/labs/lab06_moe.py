@@ -443,7 +443,7 @@ SEED_SHAPE = (
     2,
     4096,
     11008,
-)  # seed 003's configuration at 2048 tokens: the gate (or gate+up) GEMM
+)  # the lecture's MoE configuration at 2048 tokens: the gate (or gate+up) GEMM
 
 
 def _gemm_inputs(shape, dtype, device, gen, n_weights=1):

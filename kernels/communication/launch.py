@@ -9,8 +9,9 @@ receive) makes `run` raise after `timeout_s`, never hang.
 
 Processes are forked for gloo: a forked child starts in milliseconds, shares the parent's imports
 and can run a function defined in a notebook. CUDA cannot be used after a fork, so NCCL processes
-are spawned instead; a spawned child imports the worker by name, so it must be defined in a module
-(a `.py` file), not in a notebook cell.
+are spawned instead, and so are gloo processes once this process has used CUDA (autograd's GPU
+threads do not survive a fork either); a spawned child imports the worker by name, so it must be
+defined in a module (a `.py` file), not in a notebook cell.
 """
 
 from __future__ import annotations
@@ -84,14 +85,16 @@ def run(
     """worker(rank, world, *args) in `world` processes of one process group; its return values by
     rank. `threads`: torch threads per process (default: the cores shared out, at least 1).
     Raises RuntimeError with the failing rank's traceback, or TimeoutError naming the ranks still
-    waiting. `start_method`: "fork" or "spawn" (default: spawn for NCCL, fork otherwise)."""
+    waiting. `start_method`: "fork" or "spawn" (default: fork for gloo in a process that has not
+    used CUDA, spawn otherwise)."""
     backend = backend or default_backend(world)
     # torch.optim imports torch._dynamo when the first optimizer is built (seconds): do it once
     # here, so that forked children share it instead of each importing it on its own core
     import torch._dynamo  # noqa: F401
 
     threads = threads or max(1, (os.cpu_count() or 1) // world)
-    ctx = mp.get_context(start_method or ("spawn" if backend == "nccl" else "fork"))
+    forkable = backend != "nccl" and not torch.cuda.is_initialized()
+    ctx = mp.get_context(start_method or ("fork" if forkable else "spawn"))
     port = free_port()
     pipes, procs = [], []
     for rank in range(world):
