@@ -37,6 +37,24 @@ def load(lab_id: str, gpu_slug: str | None = None) -> dict | None:
     return (table.get("gpus") or {}).get(slug)
 
 
+# The software a table's timings depend on, compared without local labels (2.11.0+cu130 = 2.11.0).
+STACK_KEYS = ("torch", "triton", "cupy", "cuda", "driver")
+
+
+def stack_differences(lab_id: str, fingerprint: dict) -> dict[str, tuple[str, str]]:
+    """{package: (yours, the table's)} where the run's software differs from what this GPU's row of
+    the lab's expected table was measured with; empty where they agree or the GPU has no row."""
+    entry = load(lab_id, fingerprint.get("gpu_slug"))
+    recorded = (entry or {}).get("fingerprint") or {}
+    differences = {}
+    for key in STACK_KEYS:
+        yours, table = fingerprint.get(key), recorded.get(key)
+        if yours is not None and table is not None:
+            if str(yours).split("+")[0] != str(table).split("+")[0]:
+                differences[key] = (str(yours), str(table))
+    return differences
+
+
 def row(entry: dict | None, config_id: str) -> dict | None:
     if not entry:
         return None

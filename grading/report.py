@@ -87,6 +87,24 @@ def _cell(text) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def stack_lines(report: dict) -> list[str]:
+    """A warning per lab whose expected table, for this GPU, was measured with other software."""
+    from grading.expected import stack_differences
+
+    fingerprint = report.get("fingerprint") or {}
+    if fingerprint.get("mode") != "gpu":
+        return []
+    lines = []
+    for lab in report.get("labs", []):
+        differences = stack_differences(lab["lab"], fingerprint)
+        if differences:
+            what = ", ".join(f"{key} {yours} (table: {table})"
+                             for key, (yours, table) in differences.items())
+            lines.append(f"- **{lab['lab']}: your software differs from the expected table's**: "
+                         f"{what}; timings and tiers may differ from the table for that alone")
+    return lines
+
+
 def markdown(report: dict) -> str:
     fp = report["fingerprint"]
     title = "# Grading report" + (f": {report['student']}" if report.get("student") else "")
@@ -102,8 +120,9 @@ def markdown(report: dict) -> str:
         f"- torch {fp['torch']}, triton {fp['triton']}, cupy {fp['cupy']}, python {fp['python']}",
         f"- grader {report.get('grader_version', '?')}, graded {report['date']}; seeds are per lab "
         "(reproduce with `--seed`)",
-        "",
     ]
+    lines += stack_lines(report)
+    lines.append("")
     lines += ["| lab | points | grade | notes |", "|---|---|---|---|"]
     for lab in report["labs"]:
         s = lab["score"]

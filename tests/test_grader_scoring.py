@@ -1,7 +1,12 @@
 """The lab grade: the worst tier among the functions the lab times; a question it never times has
 none, and cannot make the grade "incomplete"."""
 
+import json
+from pathlib import Path
+
 from grading import report
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def lab(bottleneck_tier, transpose_tier, mode="gpu"):
@@ -23,3 +28,21 @@ def test_a_timed_function_without_a_tier_leaves_the_grade_incomplete():
 
 def test_without_a_gpu_nothing_is_graded_for_speed():
     assert report.score_lab(lab(None, "A", mode="cpu"))["grade"] == report.NOT_MEASURED
+
+
+def test_the_report_says_when_the_stack_differs_from_the_expected_tables():
+    from grading.expected import stack_differences
+
+    measured_with = {"mode": "gpu", "gpu": "NVIDIA H100 80GB HBM3", "gpu_slug": "h100-80gb-hbm3",
+                     "driver": "580.159.04", "cuda": "13.0", "torch": "2.11.0+cu130",
+                     "triton": "3.6.0", "cupy": "14.2.0", "python": "3.12.3"}
+    assert stack_differences("01_elementwise_add", measured_with) == {}
+    newer = {**measured_with, "torch": "2.13.0+cu130", "triton": "3.9.0"}
+    assert stack_differences("01_elementwise_add", newer) == {
+        "torch": ("2.13.0+cu130", "2.11.0+cu130"), "triton": ("3.9.0", "3.6.0")}
+    graded = json.loads((ROOT / "data/results/h100-80gb-hbm3/grading-solutions-2026-11-25/"
+                                 "report.json").read_text())
+    assert "differs from the expected table" not in report.markdown(graded)
+    text = report.markdown({**graded, "fingerprint": {**graded["fingerprint"], **newer}})
+    assert "01_elementwise_add: your software differs" in text
+    assert "triton 3.9.0 (table: 3.6.0)" in text
