@@ -6,7 +6,7 @@ import torch
 
 from grading.spec import Case, GradedFunction, LabSpec, PerfConfig
 from kernels.elementwise_add import cupy_add, reference, triton_add
-from kernels.testing import random_tensor, tolerance
+from kernels.testing import random_tensor
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Odd sizes and sizes one either side of a power of two catch a missing mask or a wrong tail. The
@@ -69,7 +69,7 @@ def _add_function(name, backend, course_kernel, points, description, hint):
         description=description,
         make_inputs=_inputs(2),
         reference_fp64=reference.add_fp64,
-        tolerance=lambda dtype: tolerance(dtype, roundings=1),
+        tolerance=reference.add_tolerance,
         course_kernel=course_kernel,
         torch_native=_torch_add,
         bytes_moved=_bytes,
@@ -114,7 +114,7 @@ LAB = LabSpec(
             make_inputs=_inputs(3),
             reference_fp64=reference.residual_add_fp64,
             # two roundings (the intermediate, then the result), relative to the terms' magnitude
-            tolerance=lambda dtype: tolerance(dtype, roundings=2),
+            tolerance=reference.residual_add_tolerance,
             scale=lambda x, attn, mlp: x.double().abs() + attn.double().abs() + mlp.double().abs(),
             bit_exact=reference.residual_add,
             exact_dtypes=(torch.float32, torch.float16),

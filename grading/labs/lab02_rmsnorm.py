@@ -6,7 +6,7 @@ import torch
 
 from grading.spec import Case, GradedFunction, LabSpec, PerfConfig
 from kernels.rmsnorm import cupy_rmsnorm, reference, triton_rmsnorm
-from kernels.testing import TINY, ULP, random_tensor
+from kernels.testing import random_tensor
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Widths 1, 1000 (not a multiple of any block), 4096 and 5120 (not a power of two); rows 1, 3, 4097.
@@ -44,16 +44,6 @@ def draw_cases(rng) -> tuple[Case, ...]:
 
 FUSED_CASES = tuple(c for c in CASES if c.layout != "strided_rows")  # x and residual are contiguous
 PERF_SHAPE = (32768, 4096)
-
-
-def _tolerance(dtype):
-    # one rounding of the output, plus float32's error summing the squares of a row
-    return TINY[dtype], ULP[dtype] + 2.0**-16
-
-
-def _fused_tolerance(dtype):
-    # y is normalized from h, which was itself rounded to the dtype: two roundings
-    return TINY[dtype], 2 * ULP[dtype] + 2.0**-16
 
 
 def _rmsnorm_inputs(shape, dtype, device, gen):
@@ -121,7 +111,7 @@ def _rmsnorm_function(name, backend, course_kernel, points, description, hint):
         make_inputs=_rmsnorm_inputs,
         prepare=_layout,
         reference_fp64=reference.rms_norm_fp64,
-        tolerance=_tolerance,
+        tolerance=reference.tolerance,
         course_kernel=course_kernel,
         torch_native=_torch_rms_norm,
         bytes_moved=_rmsnorm_bytes,
@@ -163,7 +153,7 @@ LAB = LabSpec(
             make_inputs=_fused_inputs,
             prepare=_fused_layout,
             reference_fp64=reference.fused_add_rms_norm_fp64,
-            tolerance=_fused_tolerance,
+            tolerance=reference.fused_tolerance,
             n_outputs=2,
             output_names=("y", "h"),
             bit_exact=lambda x, residual, w, eps=EPS: (None, x + residual),

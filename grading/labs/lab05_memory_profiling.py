@@ -10,7 +10,6 @@ import torch
 from grading.spec import Case, GradedFunction, LabSpec, PerfConfig
 from kernels import runtime
 from kernels.memory_profiling import estimator, gpt, profiling, reference, triton_chunked_loss
-from kernels.testing import TINY, ULP
 
 # A case's shape is (tokens,), the output's; its hidden size and vocabulary come from this table.
 # Odd
@@ -43,12 +42,6 @@ def _inputs(shape, dtype, device, gen):
     targets = torch.randint(0, vocab, (tokens,), device=device, generator=gen)
     targets[3::IGNORED_EVERY] = reference.IGNORE_INDEX
     return x, w, targets
-
-
-def _tolerance(dtype):
-    # one rounding of the loss to the dtype (the interpreter truncates: within one ulp),
-    # float32 sums
-    return TINY[dtype], ULP[dtype] + 2.0**-18
 
 
 def _course(x, w, targets, out=None):
@@ -90,7 +83,7 @@ LAB = LabSpec(
                         "log-sum-exp)",
             make_inputs=_inputs,
             reference_fp64=reference.token_losses_fp64,
-            tolerance=_tolerance,
+            tolerance=reference.token_losses_tolerance,
             course_kernel=_course,
             torch_native=_torch,
             bytes_moved=_bytes,
