@@ -33,9 +33,11 @@ grade: $(STAMP)
 	$(BIN)/python -m grading labs --out grading-reports
 	$(BIN)/python -m grading.student_report grading-reports
 
-# ruff (rules and line length in pyproject.toml) over the course's Python.
+# ruff (rules and line length in pyproject.toml) over the course's Python; the teaching code in
+# kernels/ and tools/ is also held to ruff's formatting.
 lint: $(STAMP)
 	$(BIN)/ruff check kernels grading tests tools
+	$(BIN)/ruff format --check kernels tools
 
 # Kernel, grader and lab tests, every notebook executed by nbval (CPU: Triton interpreter), and the
 # browser test: JupyterLab runs the lab and its solution in headless chromium (screenshots in $(ARTIFACTS)).

@@ -35,9 +35,11 @@ def describe(fingerprint: dict, here: bool, by: str) -> str:
     """One line naming where a recorded run was measured, and with what software."""
     fp = fingerprint
     machine = "this GPU model" if here else "a GPU, not this machine"
-    return (f"recorded on {machine}: {fp.get('gpu')}, {str(fp.get('date'))[:10]}, "
-            f"driver {fp.get('driver')}, CUDA {fp.get('cuda')}, torch {fp.get('torch')}, "
-            f"triton {fp.get('triton')}, cupy {fp.get('cupy')}, by `{by}`")
+    return (
+        f"recorded on {machine}: {fp.get('gpu')}, {str(fp.get('date'))[:10]}, "
+        f"driver {fp.get('driver')}, CUDA {fp.get('cuda')}, torch {fp.get('torch')}, "
+        f"triton {fp.get('triton')}, cupy {fp.get('cupy')}, by `{by}`"
+    )
 
 
 class Run:
@@ -48,8 +50,9 @@ class Run:
     def __init__(self, name: str, gpu: str, by: str):
         if not (RESULTS_DIR / gpu).is_dir():
             known = sorted(p.name for p in RESULTS_DIR.iterdir() if p.is_dir())
-            raise ValueError(f"no committed runs for GPU {gpu!r} in {RESULTS_DIR}: "
-                             f"the folders there are {known}")
+            raise ValueError(
+                f"no committed runs for GPU {gpu!r} in {RESULTS_DIR}: the folders there are {known}"
+            )
         self.name, self.gpu, self.by = name, gpu, by
 
     def path(self) -> Path:
@@ -71,8 +74,9 @@ class Run:
         here = runtime.ON_GPU and fp.get("gpu") == runtime.gpu_info().name
         return saved, describe(fp, here, self.by)
 
-    def show(self, section: str | tuple[str, ...], measure: Callable[[], Any]
-             ) -> tuple[Any, float | None, str | None]:
+    def show(
+        self, section: str | tuple[str, ...], measure: Callable[[], Any]
+    ) -> tuple[Any, float | None, str | None]:
         """(result, the copy GB/s it is judged against, where): `measure()` on a GPU; without one,
         the committed run's `section` (a tuple of sections gives a dict of them) and its copy
         bandwidth (None if it measured none), or three Nones when there is no committed run."""
@@ -113,8 +117,14 @@ class OpLog(TorchDispatchMode):
         outs = out if isinstance(out, (tuple, list)) else (out,)
         first = outs[0] if outs else None
         shape = tuple(first.shape) if isinstance(first, torch.Tensor) else ""
-        self.rows.append({"op": str(func).removeprefix("aten."), "output shape": shape,
-                          "MB read": _megabytes(args), "MB written": _megabytes(outs)})
+        self.rows.append(
+            {
+                "op": str(func).removeprefix("aten."),
+                "output shape": shape,
+                "MB read": _megabytes(args),
+                "MB written": _megabytes(outs),
+            }
+        )
         return out
 
 

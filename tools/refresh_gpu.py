@@ -26,8 +26,15 @@ import yaml
 from kernels import runtime
 
 ROOT = Path(__file__).resolve().parents[1]
-TOPICS = ("elementwise_add", "rmsnorm", "flash_attention", "mixed_precision", "memory_profiling",
-          "moe", "decoder")
+TOPICS = (
+    "elementwise_add",
+    "rmsnorm",
+    "flash_attention",
+    "mixed_precision",
+    "memory_profiling",
+    "moe",
+    "decoder",
+)
 PHASES = ("bench", "grade", "notebooks")
 
 
@@ -36,8 +43,9 @@ def run(command: list[str], log: Path) -> bool:
     print("$", " ".join(command), flush=True)
     start = time.perf_counter()
     with open(log, "a") as sink:
-        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True)
+        process = subprocess.Popen(
+            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         for line in process.stdout:
             sys.stdout.write(line)
             sink.write(line)
@@ -80,8 +88,18 @@ def main() -> int:
                 if (ROOT / "kernels" / topic / "benchmark.py").is_file():
                     ok &= run([python, "-m", f"kernels.{topic}.benchmark"], log)
         elif phase == "grade":
-            ok &= run([python, "-m", "grading", "solutions", "--write-expected",
-                       "--out", f"data/results/{slug}/grading-solutions"], log)
+            ok &= run(
+                [
+                    python,
+                    "-m",
+                    "grading",
+                    "solutions",
+                    "--write-expected",
+                    "--out",
+                    f"data/results/{slug}/grading-solutions",
+                ],
+                log,
+            )
             labs_out = f"data/results/{slug}/grading-labs"
             ok &= run([python, "-m", "grading", "labs", "--out", labs_out], log)
         elif phase == "notebooks":

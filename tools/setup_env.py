@@ -57,8 +57,10 @@ def normalize(name: str) -> str:
 
 def installed_versions(python: str) -> dict[str, str]:
     """{normalized name: version} of every distribution `python` can import."""
-    code = ("import importlib.metadata as m, json; "
-            "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))")
+    code = (
+        "import importlib.metadata as m, json; "
+        "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))"
+    )
     found = json.loads(subprocess.check_output([python, "-c", code], text=True))
     return {normalize(name): version for name, version in found.items() if name}
 
@@ -87,8 +89,10 @@ def choose_stack(requested: str) -> tuple[str, str]:
 
 
 def site_packages(python: str) -> list[str]:
-    code = ("import json, sysconfig; "
-            "print(json.dumps(sorted({sysconfig.get_path(k) for k in ('purelib', 'platlib')})))")
+    code = (
+        "import json, sysconfig; "
+        "print(json.dumps(sorted({sysconfig.get_path(k) for k in ('purelib', 'platlib')})))"
+    )
     return json.loads(subprocess.check_output([python, "-c", code], text=True))
 
 
@@ -173,9 +177,13 @@ def main() -> int:
     subprocess.run(pip + ["-e", f"{ROOT}[{extras}]"], check=True, env=env)
 
     differences = differences_from_verified(python) if stack != "cpu" else {}
-    record = {"stack": stack, "why": why, "extras": extras,
-              "versions": {p: installed_versions(str(python)).get(p) for p in STACK_PACKAGES},
-              "differs_from_gpu_verified": differences}
+    record = {
+        "stack": stack,
+        "why": why,
+        "extras": extras,
+        "versions": {p: installed_versions(str(python)).get(p) for p in STACK_PACKAGES},
+        "differs_from_gpu_verified": differences,
+    }
     (args.venv / "course-stack.json").write_text(json.dumps(record, indent=1) + "\n")
     print(f"setup: {', '.join(f'{p} {v}' for p, v in record['versions'].items())}")
     if stack == "cpu":
@@ -184,9 +192,11 @@ def main() -> int:
         print("setup: WARNING: these differ from the stack the expected tables were measured with:")
         for package, versions in differences.items():
             print(f"  {package} {versions['installed']} (verified: {versions['verified']})")
-        print("  Correctness checks still apply; your timings, the expected-table comparisons and "
-              "the kernels Triton generates may differ. `make setup STACK=gpu` installs the "
-              "verified stack.")
+        print(
+            "  Correctness checks still apply; your timings, the expected-table comparisons and "
+            "the kernels Triton generates may differ. `make setup STACK=gpu` installs the "
+            "verified stack."
+        )
     else:
         print("setup: the stack the expected tables and committed results were measured with.")
     return 0

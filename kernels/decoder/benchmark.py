@@ -171,16 +171,27 @@ def decode_ours(model: Decoder, batch: int, context: int, ceilings: dict) -> dic
     """The graph's step per token: wall time of a loop of replays, and device time of one."""
     step = graph_for(model, batch)
     step.start(torch.randint(0, CONFIG.vocab_size, (batch,), device=DEVICE), context)
-    ms = wall_per_call_ms({"ours (graph)": step.replay},
-                          {"ours (graph)": lambda: step.positions.fill_(context)})
-    gpu = bench.benchmark({"graph": step.replay}, reps=20, flush=False,
-                          before_round=lambda: step.positions.fill_(context))["graph"]
+    ms = wall_per_call_ms(
+        {"ours (graph)": step.replay}, {"ours (graph)": lambda: step.positions.fill_(context)}
+    )
+    gpu = bench.benchmark(
+        {"graph": step.replay},
+        reps=20,
+        flush=False,
+        before_round=lambda: step.positions.fill_(context),
+    )["graph"]
     nbytes = decode_bytes(batch, context)
     floor_ms = nbytes / (ceilings["copy_gbps"] * 1e9) * 1e3
-    return {"batch": batch, "context": context, "bytes": nbytes, "floor ms": floor_ms,
-            **{f"{k} ms": v for k, v in ms.items()}, "ours (graph) GPU ms": gpu.median_us / 1e3,
-            "ours % of floor": 100 * floor_ms / ms["ours (graph)"],
-            "tokens/s (graph)": batch / ms["ours (graph)"] * 1e3}
+    return {
+        "batch": batch,
+        "context": context,
+        "bytes": nbytes,
+        "floor ms": floor_ms,
+        **{f"{k} ms": v for k, v in ms.items()},
+        "ours (graph) GPU ms": gpu.median_us / 1e3,
+        "ours % of floor": 100 * floor_ms / ms["ours (graph)"],
+        "tokens/s (graph)": batch / ms["ours (graph)"] * 1e3,
+    }
 
 
 def decode_eager(model: Decoder, batch: int, context: int) -> dict:
@@ -190,8 +201,9 @@ def decode_eager(model: Decoder, batch: int, context: int) -> dict:
     def reset():
         model.cache.length = context
 
-    ms = wall_per_call_ms({"ours (eager)": lambda: model.decode_step(tokens)},
-                          {"ours (eager)": reset})
+    ms = wall_per_call_ms(
+        {"ours (eager)": lambda: model.decode_step(tokens)}, {"ours (eager)": reset}
+    )
     model.cache.length = 0
     return {"batch": batch, "context": context, "ours (eager) ms": ms["ours (eager)"]}
 
@@ -206,8 +218,12 @@ def decode_hf(hf, batch: int, context: int, spent: list) -> dict:
     if compiled:
         fns["HF static compiled"] = steps.static_step
         before["HF static compiled"] = steps.reset_static
-    row = {"batch": batch, "context": context, "HF static compile s": steps.compile_s,
-           **{f"{k} ms": v for k, v in wall_per_call_ms(fns, before).items()}}
+    row = {
+        "batch": batch,
+        "context": context,
+        "HF static compile s": steps.compile_s,
+        **{f"{k} ms": v for k, v in wall_per_call_ms(fns, before).items()},
+    }
     if not compiled:
         row["HF static compiled"] = "not measured: the run's compile budget was spent"
     return row
@@ -219,8 +235,15 @@ def prefill_ours(model: Decoder, batch: int, tokens: int, ceilings: dict) -> dic
     flops = prefill_flops(batch, tokens)
     floor_ms = flops / (ceilings["matmul_bf16_tflops"] * 1e12) * 1e3
     model.reset()
-    return {"batch": batch, "tokens": tokens, "flops": flops, "floor ms": floor_ms, "ours ms": ms,
-            "ours % of floor": 100 * floor_ms / ms, "ours TFLOP/s": flops / ms / 1e9}
+    return {
+        "batch": batch,
+        "tokens": tokens,
+        "flops": flops,
+        "floor ms": floor_ms,
+        "ours ms": ms,
+        "ours % of floor": 100 * floor_ms / ms,
+        "ours TFLOP/s": flops / ms / 1e9,
+    }
 
 
 def prefill_hf(hf, batch: int, tokens: int) -> dict:
@@ -330,9 +353,21 @@ def _footprint(tensors) -> int:
 def memory_ours(model: Decoder, batch: int, context: int) -> dict:
     """Weights + cache + the transient peak of one graph replay at (batch, context)."""
     w = model.w
-    weights = _footprint([w.embed, w.norm, w.lm_head] + [
-        t for layer in w.layers
-        for t in (layer.attn_norm, layer.qkv, layer.o, layer.mlp_norm, layer.gate_up, layer.down)])
+    weights = _footprint(
+        [w.embed, w.norm, w.lm_head]
+        + [
+            t
+            for layer in w.layers
+            for t in (
+                layer.attn_norm,
+                layer.qkv,
+                layer.o,
+                layer.mlp_norm,
+                layer.gate_up,
+                layer.down,
+            )
+        ]
+    )
     step = graph_for(model, batch)
     step.start(torch.zeros(batch, dtype=torch.int64, device=DEVICE), context)
     _sync()
@@ -343,9 +378,14 @@ def memory_ours(model: Decoder, batch: int, context: int) -> dict:
     transient = torch.cuda.max_memory_allocated() - base
     cache = model.cache.nbytes()
     gib = 2**30
-    return {"batch": batch, "context": context, "ours weights GiB": weights / gib,
-            "ours cache GiB": cache / gib, "ours step transient GiB": transient / gib,
-            "ours total GiB": (weights + cache + transient) / gib}
+    return {
+        "batch": batch,
+        "context": context,
+        "ours weights GiB": weights / gib,
+        "ours cache GiB": cache / gib,
+        "ours step transient GiB": transient / gib,
+        "ours total GiB": (weights + cache + transient) / gib,
+    }
 
 
 def memory_hf(hf, batch: int, context: int) -> dict:
@@ -361,16 +401,25 @@ def memory_hf(hf, batch: int, context: int) -> dict:
             _sync()
             base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
-            hf(input_ids=token, past_key_values=cache, use_cache=True, logits_to_keep=1,
-               cache_position=torch.full((1,), position, dtype=torch.int64, device=DEVICE))
+            hf(
+                input_ids=token,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+                cache_position=torch.full((1,), position, dtype=torch.int64, device=DEVICE),
+            )
             _sync()
     transient = torch.cuda.max_memory_allocated() - base
-    nbytes = sum(t.numel() * t.element_size() for layer in cache.layers
-                 for t in (layer.keys, layer.values))
+    nbytes = sum(
+        t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values)
+    )
     gib = 2**30
-    return {"HF weights GiB": weights / gib, "HF static cache GiB": nbytes / gib,
-            "HF step transient GiB": transient / gib,
-            "HF total GiB": (weights + nbytes + transient) / gib}
+    return {
+        "HF weights GiB": weights / gib,
+        "HF static cache GiB": nbytes / gib,
+        "HF step transient GiB": transient / gib,
+        "HF total GiB": (weights + nbytes + transient) / gib,
+    }
 
 
 def merge(ours: list[dict], theirs: list[dict], keys=("batch", "context")) -> list[dict]:
@@ -392,22 +441,39 @@ def performance_targets(decode: list[dict], prefill: list[dict], memory: dict | 
     targets = []
     for r in decode:
         if r["batch"] == 1:
-            targets.append({"target": f"decode b1 ctx {r['context']}: >= 85% of the floor",
-                            "value": f"{r['ours % of floor']:.1f}%",
-                            "met": r["ours % of floor"] >= 85})
+            targets.append(
+                {
+                    "target": f"decode b1 ctx {r['context']}: >= 85% of the floor",
+                    "value": f"{r['ours % of floor']:.1f}%",
+                    "met": r["ours % of floor"] >= 85,
+                }
+            )
         ratio = r.get("ours vs HF static compiled")
-        targets.append({"target": f"decode b{r['batch']} ctx {r['context']}: faster than HF "
-                        "static compiled", "value": f"{ratio:.2f}x" if ratio else "not measured",
-                        "met": bool(ratio and ratio > 1)})
+        targets.append(
+            {
+                "target": f"decode b{r['batch']} ctx {r['context']}: faster than HF "
+                "static compiled",
+                "value": f"{ratio:.2f}x" if ratio else "not measured",
+                "met": bool(ratio and ratio > 1),
+            }
+        )
     for r in prefill:
         ratio = r.get("ours vs HF eager")
-        targets.append({"target": f"prefill {r['batch']}x{r['tokens']}: >= 1.1x HF eager",
-                        "value": f"{ratio:.2f}x" if ratio else "not measured",
-                        "met": bool(ratio and ratio >= 1.1)})
+        targets.append(
+            {
+                "target": f"prefill {r['batch']}x{r['tokens']}: >= 1.1x HF eager",
+                "value": f"{ratio:.2f}x" if ratio else "not measured",
+                "met": bool(ratio and ratio >= 1.1),
+            }
+        )
     if memory and "HF total GiB" in memory:
-        targets.append({"target": "peak memory b32 x 4096 <= HF with a static cache",
-                        "value": f"{memory['ours total GiB']:.2f} vs {memory['HF total GiB']:.2f} "
-                                 "GiB", "met": memory["ours total GiB"] <= memory["HF total GiB"]})
+        targets.append(
+            {
+                "target": "peak memory b32 x 4096 <= HF with a static cache",
+                "value": f"{memory['ours total GiB']:.2f} vs {memory['HF total GiB']:.2f} GiB",
+                "met": memory["ours total GiB"] <= memory["HF total GiB"],
+            }
+        )
     return targets
 
 
@@ -421,12 +487,24 @@ def sweep(model: Decoder, ceilings: dict) -> list[dict]:
             continue
         step = graph_for(model, batch)
         step.start(torch.zeros(batch, dtype=torch.int64, device=DEVICE), context)
-        t = bench.benchmark({"graph": step.replay}, reps=20, flush=False,
-                            before_round=lambda: step.positions.fill_(context))["graph"]
+        t = bench.benchmark(
+            {"graph": step.replay},
+            reps=20,
+            flush=False,
+            before_round=lambda: step.positions.fill_(context),
+        )["graph"]
         floor_ms = decode_bytes(batch, context) / (ceilings["copy_gbps"] * 1e9) * 1e3
         ms = t.median_us / 1e3
-        rows.append({"batch": batch, "context": context, "graph GPU ms": ms, "floor ms": floor_ms,
-                     "% of floor": 100 * floor_ms / ms, "tokens/s": batch / ms * 1e3})
+        rows.append(
+            {
+                "batch": batch,
+                "context": context,
+                "graph GPU ms": ms,
+                "floor ms": floor_ms,
+                "% of floor": 100 * floor_ms / ms,
+                "tokens/s": batch / ms * 1e3,
+            }
+        )
     return rows
 
 
@@ -445,13 +523,23 @@ def lab_kernels(ceilings: dict) -> list[dict]:
             else:
                 ((shape, dtype),) = spec.output_shapes(perf.shape, perf.dtype)
                 out = torch.empty(shape, dtype=dtype, device=DEVICE)
-            t = bench.benchmark({"course": lambda: spec.course_kernel(*inputs, out=out),
-                                 "torch": lambda: spec.torch_native(*inputs)})
+            t = bench.benchmark(
+                {
+                    "course": lambda: spec.course_kernel(*inputs, out=out),
+                    "torch": lambda: spec.torch_native(*inputs),
+                }
+            )
             nbytes = spec.bytes_moved(*inputs)
-            rows.append({"function": spec.name, "config": perf.id,
-                         "reference_us": t["course"].median_us, "torch_us": t["torch"].median_us,
-                         "reference_gbps": t["course"].gbps(nbytes),
-                         "% of copy": 100 * t["course"].gbps(nbytes) / ceilings["copy_gbps"]})
+            rows.append(
+                {
+                    "function": spec.name,
+                    "config": perf.id,
+                    "reference_us": t["course"].median_us,
+                    "torch_us": t["torch"].median_us,
+                    "reference_gbps": t["course"].gbps(nbytes),
+                    "% of copy": 100 * t["course"].gbps(nbytes) / ceilings["copy_gbps"],
+                }
+            )
     return rows
 
 
@@ -460,8 +548,9 @@ def hf_child(path: str, quick: bool) -> int:
     hf = hf_reference.random_llama(CONFIG, seed=0, dtype=DTYPE, device=DEVICE)
     out, spent = {"errors": {}}, [0.0]
     parts = {
-        "decode": lambda: [decode_hf(hf, b, c, spent)
-                           for b, c in (DECODE[:1] if quick else DECODE)],
+        "decode": lambda: [
+            decode_hf(hf, b, c, spent) for b, c in (DECODE[:1] if quick else DECODE)
+        ],
         "prefill": lambda: [prefill_hf(hf, b, t) for b, t in (PREFILL[:1] if quick else PREFILL)],
         "memory": lambda: None if quick else memory_hf(hf, *MEMORY),
     }
@@ -483,8 +572,9 @@ def run_hf_child(quick: bool, timeout_s: float) -> dict:
         cmd += ["--quick"] if quick else []
         try:
             proc = subprocess.run(cmd, timeout=timeout_s, capture_output=True, text=True)
-            status = f"exit {proc.returncode}" + (f": {proc.stderr[-2000:]}" if proc.returncode
-                                                   else "")
+            status = f"exit {proc.returncode}" + (
+                f": {proc.stderr[-2000:]}" if proc.returncode else ""
+            )
         except subprocess.TimeoutExpired:
             status = f"stopped after {timeout_s:.0f} s"
         result = json.load(open(path)) if os.path.exists(path) else {"errors": {}}
@@ -504,15 +594,25 @@ def main() -> int:
     t_start = time.perf_counter()
     ceilings = bench.ceilings()
     hf = hf_reference.random_llama(CONFIG, seed=0, dtype=DTYPE, device=DEVICE)
-    model = Decoder(DecoderWeights.from_hf(hf), max_batch=1 if quick else MEMORY[0],
-                    max_seq=MAX_SEQ)
+    model = Decoder(
+        DecoderWeights.from_hf(hf), max_batch=1 if quick else MEMORY[0], max_seq=MAX_SEQ
+    )
     del hf  # the decoder keeps what it shares (the embedding, the norms); the child builds its own
     model.cache.k.normal_()
     model.cache.v.normal_()
-    results = {"fingerprint": runtime.fingerprint(), "ceilings": ceilings,
-               "config": {**CONFIG.__dict__, "dtype": str(DTYPE),
-                          "parameters": CONFIG.n_parameters(), "max_seq": MAX_SEQ},
-               "steps per loop": STEPS, "rounds": ROUNDS, "errors": {}}
+    results = {
+        "fingerprint": runtime.fingerprint(),
+        "ceilings": ceilings,
+        "config": {
+            **CONFIG.__dict__,
+            "dtype": str(DTYPE),
+            "parameters": CONFIG.n_parameters(),
+            "max_seq": MAX_SEQ,
+        },
+        "steps per loop": STEPS,
+        "rounds": ROUNDS,
+        "errors": {},
+    }
 
     def section(key, fn):
         """Run one part; a failure is recorded and the run goes on; results saved after each."""
@@ -554,26 +654,39 @@ def main() -> int:
     section("profile_graph", lambda: kernel_breakdown(graph_step, "decode b1 ctx 512 (graph)"))
     if not quick:
         section("memory", lambda: memory_ours(model, *MEMORY))
-    section("prefill", lambda: [prefill_ours(model, b, t, ceilings)
-                                for b, t in (PREFILL[:1] if quick else PREFILL)])
+    section(
+        "prefill",
+        lambda: [
+            prefill_ours(model, b, t, ceilings) for b, t in (PREFILL[:1] if quick else PREFILL)
+        ],
+    )
     section("eager", lambda: [decode_eager(model, b, c) for b, c in configs])
     section("host", lambda: host_breakdown(model))
-    section("profile", lambda: kernel_breakdown(eager_step, "decode b1 ctx 512 (eager)")
-            + kernel_breakdown(lambda: model.prefill(prompt), "prefill 1x2048"))
+    section(
+        "profile",
+        lambda: kernel_breakdown(eager_step, "decode b1 ctx 512 (eager)")
+        + kernel_breakdown(lambda: model.prefill(prompt), "prefill 1x2048"),
+    )
     section("hf", lambda: run_hf_child(quick, HF_TIMEOUT_S))
     hf = results.get("hf") or {}
-    section("decode", lambda: merge(merge(results["decode"], results.get("eager")),
-                                    hf.get("decode")))
+    section(
+        "decode", lambda: merge(merge(results["decode"], results.get("eager")), hf.get("decode"))
+    )
     section("prefill", lambda: merge(results["prefill"], hf.get("prefill"), ("batch", "tokens")))
     if results.get("memory") and hf.get("memory"):
         results["memory"].update(hf["memory"])
-    section("targets", lambda: performance_targets(results.get("decode") or [],
-                                                   results.get("prefill") or [],
-                                                   results.get("memory")))
+    section(
+        "targets",
+        lambda: performance_targets(
+            results.get("decode") or [], results.get("prefill") or [], results.get("memory")
+        ),
+    )
     for t in results["targets"] or []:
         print(f"{'MET ' if t['met'] else 'MISS'} {t['target']}: {t['value']}")
-    print(f"wrote data/results/{runtime.gpu_info().slug}/{name}.json in "
-          f"{results['elapsed_s']:.0f} s; errors: {results['errors'] or 'none'}")
+    print(
+        f"wrote data/results/{runtime.gpu_info().slug}/{name}.json in "
+        f"{results['elapsed_s']:.0f} s; errors: {results['errors'] or 'none'}"
+    )
     return 0
 
 

@@ -8,6 +8,7 @@ layers scaled by 1/sqrt(fan_in), norms around 1): with Hugging Face's default in
 0.02) the logits of a random model are nearly equal and greedy decoding would compare near-ties
 only.
 """
+
 from __future__ import annotations
 
 import math
@@ -56,9 +57,15 @@ def hidden_states_by_layer(model, tokens: torch.Tensor) -> tuple[torch.Tensor, l
 def greedy(model, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
     """Hugging Face's greedy `generate`: (B, T + new_tokens) token ids."""
     with torch.no_grad():
-        return model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
-                              max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                              pad_token_id=0, eos_token_id=None)
+        return model.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            do_sample=False,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=0,
+            eos_token_id=None,
+        )
 
 
 def near_tie_agreement(logits: torch.Tensor, chosen: torch.Tensor, margin: float) -> torch.Tensor:

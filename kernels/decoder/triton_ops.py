@@ -54,8 +54,9 @@ def embedding(
     if ids.dtype not in TOKEN_DTYPES:
         raise TypeError(f"embedding: ids must be an int32/int64 tensor, got {ids.dtype}")
     if not ids.is_contiguous():
-        raise ValueError(f"embedding: ids must be contiguous, got strides {ids.stride()}: pass "
-                         "ids.contiguous()")
+        raise ValueError(
+            f"embedding: ids must be contiguous, got strides {ids.stride()}: pass ids.contiguous()"
+        )
     if table.dim() != 2 or not table.is_contiguous():
         raise ValueError(
             f"embedding: table must be a contiguous (vocab, width) tensor, got {tuple(table.shape)}"

@@ -85,7 +85,11 @@ def rope_kernel(
 
 
 def check_rope_args(
-    op: str, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, *,
+    op: str,
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    *,
     device_type: str | None = None,
 ) -> None:
     """x (tokens, heads, even head_dim) float with a contiguous last dimension; positions (tokens,)
