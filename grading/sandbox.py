@@ -20,18 +20,36 @@ import functools
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: sudo apt-get install bubblewrap; Fedora: sudo "
                 "dnf install bubblewrap)")
 
 
-def _base(workdir: str, gpu: bool) -> list[str]:
+COURSE_ROOT = Path(__file__).resolve().parents[1]
+
+
+def under_tmp(paths) -> list[str]:
+    """The existing paths among `paths` that lie under /tmp, which the sandbox replaces by a private
+    one: the course and the Python running the grader may live there (a CI clone, a venv in /tmp)
+    and are bound back, read-only."""
+    found = []
+    for path in paths:
+        resolved = Path(path).resolve()
+        if resolved.parts[1:2] == ("tmp",) and resolved.exists() and str(resolved) not in found:
+            found.append(str(resolved))
+    return found
+
+
+def _base(workdir: str, gpu: bool, visible: list[str] = ()) -> list[str]:
     args = [shutil.which("bwrap") or "bwrap", "--ro-bind", "/", "/"]
     # A GPU needs the host's /dev (the NVIDIA device files); a private /dev/shm either way.
     args += ["--dev-bind", "/dev", "/dev"] if gpu else ["--dev", "/dev"]
-    args += ["--tmpfs", "/dev/shm", "--proc", "/proc", "--tmpfs", "/tmp",
-             "--bind", workdir, workdir, "--chdir", workdir,
+    args += ["--tmpfs", "/dev/shm", "--proc", "/proc", "--tmpfs", "/tmp"]
+    for path in visible:
+        args += ["--ro-bind", path, path]
+    args += ["--bind", workdir, workdir, "--chdir", workdir,
              "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
              "--die-with-parent", "--new-session"]
     # Caches the student's code may write (Triton's and CuPy's compiled kernels, ~/.cache): its own.
@@ -80,4 +98,7 @@ def seed_caches(workdir: Path) -> None:
 def wrap(cmd: list[str], workdir: str, *, gpu: bool, info_fd: int) -> list[str]:
     """`cmd` run inside the sandbox; bwrap writes {"child-pid": N} (the worker's PID as the grader
     sees it, for its CPU time) to `info_fd`."""
-    return [*_base(workdir, gpu), "--info-fd", str(info_fd), "--", *cmd]
+    needed = [COURSE_ROOT, sys.prefix, sys.base_prefix, Path(sys.executable).resolve().parent]
+    needed += [arg for arg in cmd if arg.startswith("/")]
+    visible = [p for p in under_tmp(needed) if not p.startswith(workdir)]
+    return [*_base(workdir, gpu, visible), "--info-fd", str(info_fd), "--", *cmd]
