@@ -109,10 +109,11 @@ def run(
         pipes.append(parent_end)
         procs.append(p)
     results: dict[int, object] = {}
+    failures: dict[int, str] = {}
     deadline = time.monotonic() + timeout_s
     try:
-        while len(results) < world:
-            waiting = [r for r in range(world) if r not in results]
+        while len(results) + len(failures) < world:
+            waiting = [r for r in range(world) if r not in results and r not in failures]
             for rank in waiting:
                 if pipes[rank].poll(0.01):
                     try:
@@ -120,12 +121,18 @@ def run(
                     except EOFError:
                         status, value = "error", f"exited with code {procs[rank].exitcode}"
                     if status == "error":
-                        raise RuntimeError(f"rank {rank} of {world} failed:\n{value}")
-                    results[rank] = value
+                        failures[rank] = f"rank {rank} of {world} failed:\n{value}"
+                        # The other ranks fail soon after (their peer is gone): the first to
+                        # report is not always the cause, so every report in the next 2 s is kept.
+                        deadline = min(deadline, time.monotonic() + 2.0)
+                    else:
+                        results[rank] = value
                 elif not procs[rank].is_alive() and not pipes[rank].poll(0):
-                    raise RuntimeError(
-                        f"rank {rank} of {world} died (exit code {procs[rank].exitcode})"
-                    )
+                    code = procs[rank].exitcode
+                    failures[rank] = f"rank {rank} of {world} died (exit code {code})"
+                    deadline = min(deadline, time.monotonic() + 2.0)
+            if failures and time.monotonic() > deadline:
+                break
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"ranks {waiting} of {world} did not finish within {timeout_s:.0f} s: a send "
@@ -139,4 +146,6 @@ def run(
                 p.join(timeout=5.0)
         for c in pipes:
             c.close()
+    if failures:
+        raise RuntimeError("\n".join(failures[rank] for rank in sorted(failures)))
     return [results[r] for r in range(world)]
