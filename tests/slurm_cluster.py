@@ -92,8 +92,10 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSu
                            f"logs in {r / 'log'}")
 
     def submit(self, script: Path) -> str:
-        done = subprocess.run(["sbatch", "--parsable", str(script)], env=self.env, check=True,
+        done = subprocess.run(["sbatch", "--parsable", str(script)], env=self.env,
                               capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"sbatch refused {script}: {done.stderr.strip()}")
         return done.stdout.strip().split(";")[0]
 
     def wait(self, job_id: str, timeout_s: float) -> None:

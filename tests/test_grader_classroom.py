@@ -184,7 +184,8 @@ def test_slurm_job_array_equals_one_run(single_run, tmp_path):
         made = subprocess.run([sys.executable, "-m", "grading.classroom", "sbatch", "--submissions",
                                str(submissions), "--out", str(out), "--shards", "2"],
                               cwd=ROOT, capture_output=True, text=True, check=True)
-        script.write_text(made.stdout.replace("--cpu", f"--cpu --seed {SEED}"))
+        assert made.stdout.endswith(" --cpu\n")  # the grading line, last
+        script.write_text(made.stdout.replace(" --cpu\n", f" --cpu --seed {SEED}\n"))
         (out / "shards").mkdir(parents=True)
         start = time.perf_counter()
         job = cluster.submit(script)
