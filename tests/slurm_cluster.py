@@ -9,6 +9,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,11 +28,14 @@ def free_port() -> int:
 
 
 class SlurmCluster:
-    def __init__(self, root: Path, cpus: int = 2):
-        self.root = root
+    """Started in a fresh folder directly under /tmp: slurmd's and munge's Unix sockets live there,
+    and a socket path may not exceed 108 bytes (pytest's tmp_path under xdist does)."""
+
+    def __init__(self, cpus: int = 2):
+        self.root = Path(tempfile.mkdtemp(prefix="slurm-"))
         self.cpus = cpus
         self.pids: list[Path] = []
-        self.env = {**os.environ, "SLURM_CONF": str(root / "slurm.conf")}
+        self.env = {**os.environ, "SLURM_CONF": str(self.root / "slurm.conf")}
 
     def program(self, name: str) -> str:
         return shutil.which(name) or f"/usr/sbin/{name}"
@@ -115,3 +119,5 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSu
                 os.kill(int(pid_file.read_text().split()[0]), signal.SIGTERM)
             except (OSError, ValueError):
                 pass
+        time.sleep(1)  # the daemons remove their pid files and sockets as they go
+        shutil.rmtree(self.root, ignore_errors=True)

@@ -178,7 +178,7 @@ def test_slurm_job_array_equals_one_run(single_run, tmp_path):
     assert not missing, f"Slurm is not installed ({', '.join(missing)}): run `make slurm`"
     submissions, summary = single_run
     out = tmp_path / "out"
-    cluster = SlurmCluster(tmp_path / "cluster").start()
+    cluster = SlurmCluster().start()
     try:
         script = tmp_path / "grade.sbatch"
         made = subprocess.run([sys.executable, "-m", "grading.classroom", "sbatch", "--submissions",
