@@ -2,19 +2,15 @@
 on a
 GPU a correct fix that is no faster than the slow kernel gets a failing speed grade."""
 
-import json
-import shutil
-import subprocess
-import sys
 
 import pytest
 
 from grading.harness import check_function
 from grading.labs import get_lab
-from grading.notebooks import LABS_DIR, SOLUTIONS_DIR
 from kernels import runtime
 from kernels.profiling import lab
 from tests.grader_corpus_lab00 import BOTTLENECK, NOT_FASTER, RIGHT_FIX, TRANSPOSE, answer
+from tests.grading_cli import grade_solution_and_lab
 
 LAB = get_lab("00_profiling")
 
@@ -61,32 +57,7 @@ def test_right_fix_passes():
 def test_solution_full_marks_and_untouched_lab_zero(tmp_path):
     """`python -m grading` on the solution notebook and on the untouched lab, as an instructor runs
     it."""
-    name = "00_profiling_lab.ipynb"
-    for folder, source in (("solution", SOLUTIONS_DIR), ("lab", LABS_DIR)):
-        (tmp_path / folder).mkdir()
-        shutil.copy(source / name, tmp_path / folder / name)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "grading",
-            tmp_path / "solution",
-            tmp_path / "lab",
-            "--out",
-            tmp_path / "out",
-            "--seed",
-            "1234",
-            "--jobs",
-            "2",
-            "--no-perf",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads((tmp_path / "out" / "report.json").read_text())
-    labs = {lab_["notebook"].split("/")[-2]: lab_ for lab_ in report["labs"]}
+    labs = grade_solution_and_lab(tmp_path, "00_profiling_lab.ipynb")
     solution, stub = labs["solution"], labs["lab"]
     assert solution["score"]["points"] == solution["score"]["max_points"] == 8, solution
     assert stub["score"]["points"] == 0

@@ -57,39 +57,9 @@ def test_estimator_check_passes_the_course_estimator_and_fails_a_wrong_one(capsy
 def test_solution_full_marks_and_untouched_lab_zero(tmp_path):
     """`python -m grading` on the solution notebook and on the untouched lab, as an instructor
     runs it."""
-    import json
-    import shutil
-    import subprocess
-    import sys
+    from tests.grading_cli import grade_solution_and_lab
 
-    from grading.notebooks import LABS_DIR, SOLUTIONS_DIR
-
-    name = "05_memory_profiling_lab.ipynb"
-    for folder, source in (("solution", SOLUTIONS_DIR), ("lab", LABS_DIR)):
-        (tmp_path / folder).mkdir()
-        shutil.copy(source / name, tmp_path / folder / name)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "grading",
-            tmp_path / "solution",
-            tmp_path / "lab",
-            "--out",
-            tmp_path / "out",
-            "--seed",
-            "1234",
-            "--jobs",
-            "2",
-            "--no-perf",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads((tmp_path / "out" / "report.json").read_text())
-    labs = {lab["notebook"].split("/")[-2]: lab for lab in report["labs"]}
+    labs = grade_solution_and_lab(tmp_path, "05_memory_profiling_lab.ipynb")
     solution, stub = labs["solution"], labs["lab"]
     assert solution["score"]["points"] == solution["score"]["max_points"] == 6, solution
     assert stub["score"]["points"] == 0

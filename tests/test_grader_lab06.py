@@ -4,8 +4,6 @@ corpus
 failures only a GPU can show are asserted on a GPU and skipped, saying so, on a CPU."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -13,9 +11,10 @@ import torch
 from grading.harness import GRAPH_NOT_CHECKED, check_function
 from grading.labs import get_lab
 from grading.labs.lab06_moe import HOT_EXPERT, check_layer
-from grading.notebooks import LABS_DIR, SOLUTIONS_DIR, grade_id, role
+from grading.notebooks import LABS_DIR, grade_id, role
 from kernels import runtime
 from tests.grader_corpus_lab06 import CORPUS, SOLUTION, SOLUTION_CELLS, edit
+from tests.grading_cli import grade_solution_and_lab
 
 LAB = get_lab("06_moe")
 BOTH_MODES = sorted(name for name, s in CORPUS.items() if not s.gpu_only)
@@ -116,9 +115,6 @@ def test_solution_gets_full_marks_and_the_untouched_lab_zero(tmp_path):
     cells edited to print PASS (restored from the source, and reported), as an instructor runs
     it."""
     name = "06_moe_lab.ipynb"
-    for folder, source in (("solution", SOLUTIONS_DIR), ("lab", LABS_DIR)):
-        (tmp_path / folder).mkdir()
-        (tmp_path / folder / name).write_bytes((source / name).read_bytes())
     edited = json.loads((LABS_DIR / name).read_text())
     for cell in edited["cells"]:
         if role(cell) == "solution":
@@ -127,29 +123,7 @@ def test_solution_gets_full_marks_and_the_untouched_lab_zero(tmp_path):
             cell["source"] = "print('PASS')"
     (tmp_path / "edited").mkdir()
     (tmp_path / "edited" / name).write_text(json.dumps(edited))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "grading",
-            tmp_path / "solution",
-            tmp_path / "lab",
-            tmp_path / "edited",
-            "--out",
-            tmp_path / "out",
-            "--seed",
-            "1234",
-            "--jobs",
-            "2",
-            "--no-perf",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads((tmp_path / "out" / "report.json").read_text())
-    labs = {lab["notebook"].split("/")[-2]: lab for lab in report["labs"]}
+    labs = grade_solution_and_lab(tmp_path, name, "edited")
     solution, stub = labs["solution"], labs["lab"]
     messages = [f["message"] for f in solution["functions"]]
     # 3 + 4 + 5 points; the fused SwiGLU's 3 are extra credit, on top
