@@ -74,6 +74,12 @@ def _forward(
     end = n_keys
     if CAUSAL:
         end = tl.minimum(n_keys, (block_m + 1) * BLOCK_M + diagonal)
+    if MISTAKE == "skips_last_full_key_block":
+        # full blocks up to n_k - BLOCK_N, then a masked tail block at n_k // BLOCK_N * BLOCK_N:
+        # when n_k is a multiple of BLOCK_N the tail is empty and the last full block never seen
+        end = tl.where(n_k % BLOCK_N == 0, tl.minimum(end, n_k - BLOCK_N), end)
+    if MISTAKE == "keys_past_1024_ignored":  # one tile of at most 1024 keys, no loop beyond it
+        end = tl.minimum(end, 1024)
     for start in range(0, end, BLOCK_N):
         keys = start + cols
         if MISTAKE == "mixes_batches":
@@ -122,6 +128,8 @@ def _forward(
         m_i = m_new
     seen = l_i > 0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    if MISTAKE == "nan_for_rows_without_keys":  # 0 / 0 where a row sees no key
+        out = acc / l_i[:, None]
     tl.store(
         out_ptr + batch * sob + head * soh + rows[:, None] * son + dims[None, :],
         out.to(out_ptr.dtype.element_ty),
@@ -162,7 +170,7 @@ def submission(mistake: str):
             scores,
             *q.stride()[:3],
             *k.stride()[:3],
-            *v.stride()[:3],
+            *(k if mistake == "v_read_with_k_strides" else v).stride()[:3],
             *out.stride()[:3],
             n_heads,
             n_heads // k.shape[1],
@@ -224,6 +232,22 @@ CORPUS = {
     ),
 }
 
+# Wrong forwards that every fixed case lets through, caught by the class of cases drawn per run
+# (grading.labs.lab03_flash_attention.draw_cases): mistake -> (the index of that class among the
+# drawn cases, what the grader says there).
+DRAWN_CORPUS = {
+    # Nq = Nk = 128: rows 64 to 127 never see keys 64 to 127 (the diagonal's block)
+    "skips_last_full_key_block": (0, "elements wrong"),
+    # the keys past 1024 of a cache of 2049 or more are left out of every row's softmax
+    "keys_past_1024_ignored": (1, "elements wrong"),
+    # causal with Nq > Nk: the first Nq - Nk rows see no key; out must be 0, not 0 / 0
+    "nan_for_rows_without_keys": (2, "out: shape "),
+    # k and v with different strides (a KV cache and a transposed v): v read at k's offsets
+    "v_read_with_k_strides": (3, "elements wrong"),
+}
+DRAWN_DIAGNOSIS = {
+    "nan_for_rows_without_keys": "NaN",
+}
 
 # --------------------------------------------------------------------------------------------------
 # The extra-credit backward: delta pre-pass, a dK/dV kernel (a program per key block, summing over
@@ -266,7 +290,12 @@ def _probabilities_and_ds(
     visible = (rows[:, None] < n_q) & (keys[None, :] < n_k)
     if CAUSAL and MISTAKE != "backward_no_causal_mask":
         visible = visible & (keys[None, :] <= rows[:, None] + n_k - n_q)
-    p = tl.where(visible, tl.exp2(tl.dot(q, tl.trans(k)) * scale_log2 - lse2[:, None]), 0.0)
+    if MISTAKE == "backward_nan_for_rows_without_keys":
+        # masked with -inf scores, as the forward does: where lse is -inf too, -inf - -inf = NaN
+        s = tl.where(visible, tl.dot(q, tl.trans(k)) * scale_log2, float("-inf"))
+        p = tl.exp2(s - lse2[:, None])
+    else:
+        p = tl.where(visible, tl.exp2(tl.dot(q, tl.trans(k)) * scale_log2 - lse2[:, None]), 0.0)
     dp = tl.dot(do, tl.trans(v))
     if MISTAKE == "backward_no_delta":  # the softmax's Jacobian without its rank-one term
         ds = p * dp
@@ -316,7 +345,10 @@ def _dkdv(
         batch_head = (
             batch_kv * group + h
         )  # (batch * n_kv_heads + kv) * group + h = batch * n_heads + head
-        for m0 in range(0, n_q, BLOCK_M):
+        q_end = n_q
+        if MISTAKE == "backward_skips_last_full_query_block":  # as the forward's key blocks
+            q_end = tl.where(n_q % BLOCK_M == 0, n_q - BLOCK_M, n_q)
+        for m0 in range(0, q_end, BLOCK_M):
             rows = m0 + tl.arange(0, BLOCK_M)
             q_offsets = batch_head * n_q * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :]
             q = tl.load(q_ptr + q_offsets, mask=rows[:, None] < n_q, other=0.0)
@@ -386,7 +418,10 @@ def _dq(
     )
     delta = tl.load(delta_ptr + batch_head * n_q + rows, mask=rows < n_q, other=0.0)
     dq = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
-    for n0 in range(0, n_k, BLOCK_N):
+    k_end = n_k
+    if MISTAKE == "backward_keys_past_1024_ignored":  # dQ from the first 1024 keys only
+        k_end = tl.minimum(n_k, 1024)
+    for n0 in range(0, k_end, BLOCK_N):
         keys = n0 + tl.arange(0, BLOCK_N)
         kv_offsets = batch_kv * n_k * HEAD_DIM + keys[:, None] * HEAD_DIM + dims[None, :]
         k = tl.load(k_ptr + kv_offsets, mask=keys[:, None] < n_k, other=0.0)
@@ -458,4 +493,16 @@ BACKWARD_CORPUS = {
     ),
     # dK of KV head 0 gets query head 0's share, not heads 0 and 1's
     "backward_first_head_of_group": ("2x4x2x100x197x64 bfloat16", "dk: shape 2x4x2x100x197x64: "),
+}
+
+# Wrong backwards that every fixed case lets through, caught by the class drawn per run
+# (draw_backward_cases): mistake -> (the index of that class among the drawn cases, what the grader
+# says there).
+BACKWARD_DRAWN_CORPUS = {
+    # Nq a multiple of 128: the dK/dV kernel leaves out the last block of queries
+    "backward_skips_last_full_query_block": (0, "elements wrong"),
+    # causal with Nq > Nk: lse is -inf in the rows that see no key
+    "backward_nan_for_rows_without_keys": (1, "NaN"),
+    # more than 1024 keys: dQ misses the terms of the keys past 1024
+    "backward_keys_past_1024_ignored": (2, "dq: shape "),
 }

@@ -53,6 +53,58 @@ CASES = (
 )
 
 
+DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _causal(rng) -> tuple:
+    return CAUSAL if rng.random() < 0.5 else ()
+
+
+def draw_cases(rng) -> tuple[Case, ...]:
+    """Shapes drawn per run from the secret seed, one per class a wrong forward can hide in (the
+    same in both modes; head dim 64 where the interpreter would pay for 128):
+
+    * Nq and Nk multiples of 128, so of every BLOCK_M and BLOCK_N the course's kernels use (16 to
+      128): the last key block is full, the causal diagonal falls on block boundaries;
+    * a long KV cache: Nk from 2049 to 4095 (odd), more than 2**17 elements in k, more keys than
+      one tile of 1024 holds, a few queries at its end;
+    * long queries over a short cache, causal: Nq from 2050 to 3070 (even, more than 2**17
+      elements in q) against Nk < 300, so the first Nq - Nk rows see no key at all (out 0, lse
+      -inf, never NaN);
+    * q, k and v with strides of their own (batch 2): q (B, N, H, D) transposed, k the first Nk
+      positions of a longer (B, H, capacity, D) cache, v of a (B, capacity, H, D) one: the lab
+      promises any strides with a contiguous last dimension.
+    """
+    long_keys = 2 * rng.randrange(1025, 2048) + 1
+    long_queries = 2 * rng.randrange(1025, 1536)
+    return (
+        Case((1, 2, 1, 128 * rng.randrange(1, 3), 128 * rng.randrange(1, 3), 64),
+             rng.choice(DTYPES), params=_causal(rng)),
+        Case((1, 1, 1, rng.randrange(1, 40), long_keys, 64), rng.choice(DTYPES),
+             params=_causal(rng)),
+        Case((1, 1, 1, long_queries, rng.randrange(17, 300), 64), rng.choice(DTYPES),
+             params=CAUSAL),
+        Case((2, 2, 2, rng.randrange(20, 120), rng.randrange(20, 120), 64), rng.choice(DTYPES),
+             "kv cache", params=_causal(rng)),
+    )
+
+
+def draw_backward_cases(rng) -> tuple[Case, ...]:
+    """The backward's classes (smaller: it costs three kernels in the interpreter): Nq and Nk
+    multiples of 128, causal with Nq > Nk (rows that see no key have lse = -inf: their P and
+    gradients are 0, never NaN), and a long KV cache (Nk from 1025 to 1535: more keys than one
+    tile of 1024; on a GPU from 2049 to 4095, more than 2**17 elements in k and v)."""
+    causal = rng.random() < 0.5
+    return (
+        Case((1, 2, 1, 128 * rng.randrange(1, 3), 128 * rng.randrange(1, 3), 64),
+             rng.choice(DTYPES), **(CAUSAL_BACKWARD if causal else {})),
+        Case((1, 2, 1, rng.randrange(100, 200), rng.randrange(10, 60), 64), rng.choice(DTYPES),
+             **CAUSAL_BACKWARD),
+        Case((1, 1, 1, rng.randrange(1, 40), runtime.pick(gpu=2, cpu=1) * 2 * rng.randrange(
+            512, 768) + 1, 64), rng.choice(DTYPES)),
+    )
+
+
 def _attention_inputs(shape, dtype, device, gen):
     b, hq, hkv, n_q, n_k, d = shape
     return (
@@ -71,6 +123,17 @@ def _layout(layout, inputs):
             .transpose(1, 2)
             .copy_(t)
             for t in inputs
+        )
+    if layout == "kv cache":
+        q, k, v = inputs
+        (b, hq, n_q, d), (_, hkv, n_k, _) = q.shape, k.shape
+        room = n_k + 37  # the cache holds more positions than are in use
+        return (
+            torch.empty(b, n_q, hq, d, dtype=q.dtype, device=q.device).transpose(1, 2).copy_(q),
+            torch.empty(b, hkv, room, d, dtype=k.dtype, device=k.device)[:, :, :n_k].copy_(k),
+            torch.empty(b, room, hkv, d, dtype=v.dtype, device=v.device)
+            .transpose(1, 2)[:, :, :n_k]
+            .copy_(v),
         )
     if layout == "large_logits":
         q, k, v = inputs
@@ -280,6 +343,7 @@ BACKWARD = GradedFunction(
     flops=_backward_flops,
     memory_budget=_backward_memory_budget,
     cases=BACKWARD_CASES,
+    draw_cases=draw_backward_cases,
     input_names=("q", "k", "v", "o", "lse", "do"),
     perf=(
         PerfConfig(
@@ -320,6 +384,7 @@ LAB = LabSpec(
             flops=_flops,
             memory_budget=_memory_budget,
             cases=CASES,
+            draw_cases=draw_cases,
             input_names=("q", "k", "v"),
             # the lecture's first benchmark shape; its second, (32, 32, 4096, 128), needs a
             # 128 GiB float64 reference to check every timed round
