@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from kernels.communication import cost_model, ddp, launch, ring, sharded_optimizer
+from kernels.communication import cost_model, ddp, launch, ring, ring_pipelined, sharded_optimizer
 from kernels.memory_profiling import gpt
 
 # Odd sizes, sizes smaller than the world (empty chunks), not divisible by 2, 3 or 4.
@@ -50,6 +50,40 @@ def _ring_against_all_reduce(rank, world, sizes):
 @pytest.mark.parametrize("world", [2, 4])
 def test_ring_all_reduce_matches_dist_all_reduce(world):
     for failures in launch.run(_ring_against_all_reduce, world, (SIZES,), backend="gloo"):
+        assert failures == []
+
+
+def _pipelined_against_ring(rank, world):
+    """The pipelined ring makes the same additions in the same order as ring.py: bit for bit the
+    same result, for segments of one element, a few, and one per chunk, in every dtype."""
+    failures = []
+    for n in (0, 1, 2, 7, 1001, 4099):
+        for dtype in (torch.float32, torch.float64, torch.bfloat16):
+            g = torch.Generator().manual_seed(1000 * n + rank)
+            x = (torch.randn(n, generator=g) * 10 ** torch.randint(-3, 4, (n,), generator=g)).to(
+                dtype
+            )
+            want = ring.ring_all_reduce(x.clone())
+            for segment_bytes in (1, 100, 2**30) if n < 100 else (1000, 2**30):
+                for average in (False, True):
+                    got = torch.full_like(x, float("nan")).copy_(x)
+                    returned = ring_pipelined.pipelined_ring_all_reduce(
+                        got, average=average, segment_bytes=segment_bytes
+                    )
+                    ref = want / world if average else want
+                    if returned is not got or not torch.equal(got, ref):
+                        failures.append(f"n={n} {dtype} segment {segment_bytes} average {average}")
+    try:
+        ring_pipelined.pipelined_ring_all_reduce(torch.randn(4, 6)[:, ::2])
+        failures.append("a non-contiguous view was accepted")
+    except ValueError as e:
+        assert "contiguous" in str(e)
+    return failures
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_pipelined_ring_equals_the_simple_ring_bit_for_bit(world):
+    for failures in launch.run(_pipelined_against_ring, world, (), backend="gloo"):
         assert failures == []
 
 

@@ -3,12 +3,17 @@
 
     python -m kernels.communication.benchmark            # gloo, CPU processes (about a minute)
     python -m kernels.communication.benchmark --quick    # small sizes only (what the notebook runs)
+    python -m kernels.communication.benchmark --ring     # the ring's target only (a few minutes)
 
 On a machine with several GPUs the same command runs NCCL, one GPU per rank, and writes
 data/results/<gpu>/08_communication_nccl.json; with gloo it writes
-data/results/cpu-gloo/08_communication.json. Each file carries the environment fingerprint (CPU
-model and cores, GPU, torch, backend) and the load average before and after the run: CPU timings
-taken on a busy machine are noisy, and the file says how busy it was.
+data/results/cpu-gloo/08_communication.json. `--ring` measures the ring's target alone (>= 80% of
+`dist.all_reduce`'s bus bandwidth at >= 64 MiB): the course's two rings and `dist.all_reduce`,
+interleaved, in several fresh process groups, into
+data/results/cpu-<cores>core/08_communication_ring.json (NCCL:
+data/results/<gpu>/08_communication_ring_nccl.json). Each file carries the environment fingerprint
+(CPU model and cores, GPU, torch, backend) and the load average before and after the run: CPU
+timings taken on a busy machine are noisy, and the file says how busy it was.
 
 Method. Every timed operation is preceded by a barrier; each rank times itself with the host clock
 (gloo's collectives return when this rank's part is done; under NCCL the device is synchronized);
@@ -23,6 +28,7 @@ import copy
 import json
 import os
 import platform
+import resource
 import statistics
 import time
 
@@ -30,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from kernels import bench, runtime
-from kernels.communication import cost_model, ddp, launch, ring, sharded_optimizer
+from kernels.communication import cost_model, ddp, launch, ring, ring_pipelined, sharded_optimizer
 from kernels.memory_profiling import gpt
 
 MiB = 2**20
@@ -162,6 +168,137 @@ def all_reduce_sweep(world: int, sizes, reps: int, backend=None) -> list[dict]:
                 }
             )
     return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# The ring's target: >= 80% of dist.all_reduce's bus bandwidth for messages >= 64 MiB
+
+RING_TARGET = 0.80
+RING_IMPLS = {
+    "ring": ring.ring_all_reduce,  # ring.py: a fresh receive buffer per call, one step at a time
+    # one segment per chunk: ring.py's schedule with the receive buffer kept between calls
+    "one segment": lambda x: ring_pipelined.pipelined_ring_all_reduce(x, segment_bytes=2**62),
+    "pipelined": ring_pipelined.pipelined_ring_all_reduce,  # segments of SEGMENT_BYTES
+    "torch": dist.all_reduce,
+}
+
+
+def _minor_faults() -> int:
+    """Page faults this process (every thread: gloo's too) served without I/O, so far."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def _ring_rounds(rank, world, sizes, reps):
+    device = launch.device_for(rank, dist.get_backend())
+    out = {}
+    for size in sizes:
+        source = torch.randn(size // 4, device=device)
+        x = torch.empty_like(source)
+        names = list(RING_IMPLS)
+        times = {name: [] for name in names}
+        faults = {name: [] for name in names}
+        for rep in range(reps + 1):  # the first round warms up
+            # interleaved, and each round starts with another implementation
+            for name in names[rep % len(names) :] + names[: rep % len(names)]:
+                x.copy_(source)  # the same values every call, outside the timed region
+                before = _minor_faults()
+                t = _timed(lambda: RING_IMPLS[name](x), device)
+                if rep:
+                    times[name].append(t)
+                    faults[name].append(_minor_faults() - before)
+        out[size] = {"times": times, "minor_faults": faults}
+    return out
+
+
+def ring_target(worlds=(2, 4), sizes=(64 * MiB, 128 * MiB), reps=15, repeats=3, backend=None):
+    """The course's rings against `dist.all_reduce`: `repeats` fresh process groups per world
+    size, `reps` interleaved rounds each; per repeat the median time of each (the slowest rank's,
+    per round), its bus bandwidth and its share of `dist.all_reduce`'s (the ratio of medians)."""
+    rows = []
+    for world in worlds:
+        for repeat in range(repeats):
+            per_rank = launch.run(
+                _ring_rounds, world, (list(sizes), reps), backend=backend, timeout_s=600
+            )
+            for size in sizes:
+                med = {
+                    name: statistics.median(
+                        max(r[size]["times"][name][i] for r in per_rank) for i in range(reps)
+                    )
+                    for name in RING_IMPLS
+                }
+                for name in RING_IMPLS:
+                    rows.append(
+                        {
+                            "world": world,
+                            "bytes": size,
+                            "repeat": repeat,
+                            "impl": name,
+                            "median_s": med[name],
+                            "busbw_gbps": cost_model.bus_bandwidth(size, world, med[name]) / 1e9,
+                            "of_torch_busbw": med["torch"] / med[name],
+                            "minor_faults_per_call": statistics.median(
+                                per_rank[0][size]["minor_faults"][name]
+                            ),
+                        }
+                    )
+    return rows
+
+
+def ring_target_summary(rows) -> list[dict]:
+    """Per world, size and implementation: the median, lowest and highest share of
+    `dist.all_reduce`'s bus bandwidth over the repeats."""
+    keys = sorted({(r["world"], r["bytes"], r["impl"]) for r in rows})
+    out = []
+    for world, size, impl in keys:
+        shares = [
+            r["of_torch_busbw"]
+            for r in rows
+            if (r["world"], r["bytes"], r["impl"]) == (world, size, impl)
+        ]
+        out.append(
+            {
+                "world": world,
+                "bytes": size,
+                "impl": impl,
+                "share_median": statistics.median(shares),
+                "share_min": min(shares),
+                "share_max": max(shares),
+                "repeats": len(shares),
+            }
+        )
+    return out
+
+
+def run_ring_target(backend: str, repeats: int = 3) -> dict:
+    """`--ring`: measure, print and save the ring's target."""
+    results = {"fingerprint": environment(backend), "target": RING_TARGET}
+    started = time.perf_counter()
+    worlds = (2, 4) if backend == "gloo" or torch.cuda.device_count() >= 4 else (2,)
+    results["rows"] = rows = ring_target(worlds=worlds, repeats=repeats, backend=backend)
+    results["summary"] = summary = ring_target_summary(rows)
+    results["segment_bytes"] = ring_pipelined.SEGMENT_BYTES
+    results["elapsed_s"] = time.perf_counter() - started
+    results["load_average_after"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    for s in summary:
+        faults = statistics.median(
+            r["minor_faults_per_call"]
+            for r in rows
+            if (r["world"], r["bytes"], r["impl"]) == (s["world"], s["bytes"], s["impl"])
+        )
+        print(
+            f"N={s['world']} {s['bytes'] / MiB:5.0f} MiB {s['impl']:12s} "
+            f"{s['share_median']:5.0%} of dist.all_reduce's busbw "
+            f"({s['share_min']:.0%}-{s['share_max']:.0%} over {s['repeats']} repeats), "
+            f"{faults:7.0f} page faults per call"
+        )
+    if backend == "nccl":
+        path = bench.save_results("08_communication_ring_nccl", results)
+    else:
+        cores = os.cpu_count()
+        path = bench.save_results("08_communication_ring", results, gpu_slug=f"cpu-{cores}core")
+    print(f"wrote {path}")
+    return results
 
 
 # --------------------------------------------------------------------------------------------------
@@ -344,8 +481,13 @@ def _prediction(p: cost_model.OverlapPrediction) -> dict:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small sizes only, nothing written")
+    p.add_argument("--ring", action="store_true", help="the ring's target only (see above)")
+    p.add_argument("--repeats", type=int, default=3, help="--ring: fresh process groups per N")
     args = p.parse_args(argv)
     backend = launch.default_backend(2)
+    if args.ring:
+        run_ring_target(backend, args.repeats)
+        return
     big = [4 * 1024, 64 * 1024, MiB, 16 * MiB, 64 * MiB]
     sizes = {
         2: [4 * 1024, 64 * 1024, MiB] if args.quick else big,
