@@ -18,7 +18,12 @@ def _kahan(x_ptr, out_ptr, n, row_stride, BLOCK: tl.constexpr, MISTAKE: tl.const
     lanes = tl.arange(0, BLOCK)
     s = tl.zeros([BLOCK], dtype=tl.float32)
     c = tl.zeros([BLOCK], dtype=tl.float32)
-    for start in range(0, n, BLOCK):
+    end = n
+    if MISTAKE == "skips_last_full_block":
+        # full blocks up to n - BLOCK, then a masked tail at n // BLOCK * BLOCK, empty when n is a
+        # multiple of BLOCK: the last full block is never added
+        end = tl.where(n % BLOCK == 0, n - BLOCK, n)
+    for start in range(0, end, BLOCK):
         idx = start + lanes
         x = tl.load(x_ptr + row * row_stride + idx, mask=idx < n, other=0.0)
         y = x - c
@@ -39,7 +44,9 @@ def kahan_submission(mistake: str):
             raise ValueError("kahan_sum: x must be rows (rows, n) with contiguous rows")
         out = torch.empty(x.shape[0], dtype=torch.float32, device=x.device) if out is None else out
         if x.shape[0]:
-            _kahan[(x.shape[0],)](x, out, x.shape[1], x.stride(0), BLOCK=BLOCK, MISTAKE=mistake)
+            # rows_at_stride_n: row r read at r * n, as if the rows were back to back
+            stride = x.shape[1] if mistake == "rows_at_stride_n" else x.stride(0)
+            _kahan[(x.shape[0],)](x, out, x.shape[1], stride, BLOCK=BLOCK, MISTAKE=mistake)
         return out
 
     return kahan_sum
@@ -73,12 +80,16 @@ def fp8_submission(mistake: str):
         if not x.is_contiguous():
             raise ValueError("fp8_block_fake_quant: x must be contiguous")
         out = torch.empty_like(x) if out is None else out
-        if x.numel():
-            blocks = triton.cdiv(x.numel(), 128)
+        n = x.numel()
+        if mistake == "three_dimensions_mishandled" and x.dim() == 3:
+            n = x.shape[0] * x.shape[1]  # (a, b, c) taken for a matrix (a, b)
+        if n:
+            blocks = triton.cdiv(n, 128)
             groups = min(runtime.pick(gpu=32, cpu=256), triton.next_power_of_2(blocks))
-            _fake_quant[(triton.cdiv(blocks, groups),)](
-                x, out, x.numel(), GROUPS=groups, BLOCK=128, MISTAKE=mistake
-            )
+            programs = triton.cdiv(blocks, groups)
+            if mistake == "last_program_skipped" and n % (groups * 128) == 0:
+                programs -= 1  # the tail program, empty when the programs divide n evenly
+            _fake_quant[(programs,)](x, out, n, GROUPS=groups, BLOCK=128, MISTAKE=mistake)
         return out
 
     return fp8_block_fake_quant
@@ -108,5 +119,23 @@ CORPUS = {
         fp8_submission,
         "1 float32: n=1: 1 of 1 elements wrong",
         "(hint: scale",
+    ),
+}
+
+
+# Wrong submissions that every fixed case lets through, caught by the class of cases drawn per run
+# (draw_sum_cases, draw_fp8_cases): mistake -> (function, submission factory, the index of that
+# class among the drawn cases, what the grader says there).
+DRAWN_CORPUS = {
+    # n a multiple of 16384: the last 16384 (CPU) or 1024 (GPU) elements of each row left out
+    "skips_last_full_block": ("kahan_sum", kahan_submission, 0, "elements wrong"),
+    # rows 40 elements apart more than n: every row after the first summed from the wrong place
+    "rows_at_stride_n": ("kahan_sum", kahan_submission, 2, "elements wrong; first bad index 1"),
+    # a multiple of 32768 elements: the last 256 (CPU) or 32 (GPU) blocks never written
+    "last_program_skipped": (
+        "fp8_block_fake_quant", fp8_submission, 0, "NaN: elements never written"
+    ),
+    "three_dimensions_mishandled": (
+        "fp8_block_fake_quant", fp8_submission, 1, "NaN: elements never written"
     ),
 }

@@ -2,11 +2,14 @@
 kernels
 pass."""
 
+import random
+from dataclasses import replace
+
 import pytest
 
 from grading.harness import check_function
 from grading.labs import get_lab
-from tests.grader_corpus_lab04 import CORPUS
+from tests.grader_corpus_lab04 import CORPUS, DRAWN_CORPUS
 
 LAB = get_lab("04_mixed_precision")
 
@@ -18,6 +21,52 @@ def test_wrong_submission_is_caught(mistake):
     assert result.status == "fail" and result.points == 0
     assert message in result.message, result.message
     assert diagnosis in result.message, result.message
+
+
+def only(name, cases, **changes):
+    """The lab with function `name` graded on `cases` alone (no cases drawn from the seed)."""
+    spec = replace(LAB.function(name), cases=tuple(cases), draw_cases=None, **changes)
+    return replace(LAB, functions=(spec,))
+
+
+def drawn(name, seed: int) -> tuple:
+    """The cases function `name` draws for `seed`, as the grader draws them."""
+    return LAB.function(name).draw_cases(random.Random(f"cases {seed}"))
+
+
+@pytest.mark.parametrize("mistake", sorted(DRAWN_CORPUS))
+def test_only_a_drawn_case_catches(mistake):
+    """Every fixed case lets the mistake through (one call each: it does not depend on the
+    values); the class of cases drawn for it catches it, whatever the seed draws there."""
+    name, factory, index, phrase = DRAWN_CORPUS[mistake]
+    spec = LAB.function(name)
+    fixed = check_function(
+        only(name, spec.cases, trials=1), name, factory(mistake), seed=7, perf=False
+    )
+    assert fixed.status == "pass", fixed.message
+    case = drawn(name, 7)[index]
+    # behind the first fixed case (the harness wants a contiguous case to profile)
+    result = check_function(
+        only(name, [spec.cases[0], case]), name, factory(mistake), seed=7, perf=False
+    )
+    assert result.status == "fail" and result.points == 0
+    assert result.message.startswith(f"1 of 2 cases fail; first: {case.label}: "), result.message
+    assert phrase in result.message, result.message
+
+
+def test_every_draw_has_every_class():
+    """Whatever the seed, each drawn class is there: what the corpus above relies on."""
+    for seed in range(300):
+        multiple, long_rows, padded = drawn("kahan_sum", seed)
+        assert int(multiple.layout.removeprefix("n=")) % 16384 == 0
+        n = int(long_rows.layout.removeprefix("n="))
+        assert n % 2 == 0 and n > 2**17
+        assert padded.layout.startswith("padded n=")
+        whole, cube, large = drawn("fp8_block_fake_quant", seed)
+        assert whole.shape[0] * whole.shape[1] % 32768 == 0
+        assert len(cube.shape) == 3
+        numel = large.shape[0] * large.shape[1]
+        assert numel > 2**17 and numel % 2 == 0 and numel % 128
 
 
 @pytest.mark.parametrize("name", ["kahan_sum", "fp8_block_fake_quant"])

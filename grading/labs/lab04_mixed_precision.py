@@ -37,6 +37,19 @@ SUM_CASES = (
     Case((1,), torch.float32, "drift n=10000000"),  # 10**7 terms: where a naive fp32 sum drifts
 )
 SUM_PERF = (PerfConfig("sum/fp32/4096x65536", (4096,), torch.float32),)  # 256M elements, 1 GiB
+PAD = 40  # "padded n=K": each row K long inside a buffer row of K + PAD elements
+
+
+def draw_sum_cases(rng) -> tuple[Case, ...]:
+    """Rows drawn per run from the secret seed, one per class a wrong sum can hide in: n a multiple
+    of 16384 (so of every block the course's kernels and the lab's use: 1024, 4096, 16384), an
+    even n above 2**17, and rows inside a wider buffer ("padded": the row stride is not n; the
+    lab's check_rows accepts any row stride with contiguous rows)."""
+    return (
+        Case((rng.randrange(1, 4),), torch.float32, f"n={16384 * rng.randrange(1, 4)}"),
+        Case((2,), torch.float32, f"n={2 * rng.randrange(2**16 + 1, 2**18)}"),
+        Case((rng.randrange(2, 6),), torch.float32, f"padded n={rng.randrange(100, 20000)}"),
+    )
 
 
 def _sum_inputs(shape, dtype, device, gen):
@@ -52,13 +65,16 @@ def _seeded(x: torch.Tensor) -> torch.Generator:
 
 def _sum_layout(layout, inputs):
     (x,) = inputs
-    if not layout.startswith(("n=", "drift n=")):
+    if not layout.startswith(("n=", "drift n=", "padded n=")):
         return inputs
     n = int(layout.rsplit("=", 1)[1])
     g = _seeded(x)
     if layout.startswith("drift"):
         steps = torch.randint(0, 8, (x.shape[0], n), generator=g, device=x.device)
         return (0.01 + steps.to(x.dtype) * 2.0**-7,)
+    if layout.startswith("padded"):
+        wide = random_tensor((x.shape[0], n + PAD), x.dtype, x.device, g)
+        return (wide[:, :n],)
     return (random_tensor((x.shape[0], n), x.dtype, x.device, g),)
 
 
@@ -103,6 +119,7 @@ def _kahan_function(name, backend, course_kernel, points, description, hint):
         torch_native=_torch_sum,
         bytes_moved=_sum_bytes,
         cases=SUM_CASES,
+        draw_cases=draw_sum_cases,
         perf=SUM_PERF,
         hint=hint,
         input_names=("x",),
@@ -122,6 +139,23 @@ FP8_CASES = tuple(Case(s, d) for s in FP8_SHAPES for d in (torch.float32, torch.
     Case((3, 1000), torch.float32, "strided"),
 )
 FP8_PERF = (PerfConfig("fp8_block_fake_quant/fp32/16384x16384", (16384, 16384), torch.float32),)
+FP8_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def draw_fp8_cases(rng) -> tuple[Case, ...]:
+    """Shapes drawn per run from the secret seed, one per class a wrong quantizer can hide in: a
+    number of elements that is a multiple of 32768 (256 blocks of 128: whole programs of every
+    GROUPS up to 256), three dimensions (blocks run over the flattened tensor), and more than
+    2**17 elements, an even number but not a multiple of 128 (a short last block)."""
+    return (
+        Case((64 * rng.randrange(1, 5), 512), rng.choice(FP8_DTYPES)),
+        Case((rng.randrange(2, 4), rng.randrange(3, 9), 2 * rng.randrange(64, 160) + 1),
+             rng.choice(FP8_DTYPES)),
+        # rows odd, each 128 * m + 2 * j long (0 < j < 64): never a multiple of 128
+        Case((2 * rng.randrange(1, 5) + 1,
+              128 * rng.randrange(352, 512) + 2 * rng.randrange(1, 64)),
+             rng.choice(FP8_DTYPES)),
+    )
 
 
 def _fp8_inputs(shape, dtype, device, gen):
@@ -197,6 +231,7 @@ LAB = LabSpec(
             torch_native=_torch_fp8,
             bytes_moved=_fp8_bytes,
             cases=FP8_CASES,
+            draw_cases=draw_fp8_cases,
             perf=FP8_PERF,
             input_names=("x",),
             hint="scale = 2**(floor(log2 amax) - 8) from the block's largest |x|; clamp x / scale "
