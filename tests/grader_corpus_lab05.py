@@ -110,3 +110,94 @@ CORPUS = {"off_by_one_chunk": "1 float32: n=1: 1 of 1 elements wrong"}
 GPU_ONLY = {
     "full_logits": "MiB of device memory beyond its inputs and outputs at its peak; the budget is"
 }
+
+
+# --------------------------------------------------------------------------------------------------
+# The lab's streaming kernel (one program per BLOCK_T tokens, the vocabulary in chunks, the online
+# log-sum-exp), with mistakes that every fixed case lets through and a class of drawn cases catches.
+
+STREAM_BLOCK_V = runtime.pick(gpu=128, cpu=256)
+
+
+@triton.jit
+def _streaming_kernel(
+    x_ptr,
+    w_ptr,
+    t_ptr,
+    loss_ptr,
+    tokens,
+    vocab,
+    hidden,
+    ignore_index,
+    BLOCK_T: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    MISTAKE: tl.constexpr,
+):
+    toks = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tok_ok = toks < tokens
+    targets = tl.load(t_ptr + toks, mask=tok_ok, other=ignore_index)
+    m = tl.full((BLOCK_T,), float("-inf"), tl.float32)
+    s = tl.zeros((BLOCK_T,), tl.float32)
+    zt = tl.zeros((BLOCK_T,), tl.float32)
+    hs = tl.arange(0, BLOCK_H)
+    v_end = vocab
+    if MISTAKE == "skips_last_full_vocab_chunk":
+        # full chunks up to vocab - BLOCK_V, then a masked tail chunk, empty when vocab is a
+        # multiple of BLOCK_V: the last full chunk is never seen
+        v_end = tl.where(vocab % BLOCK_V == 0, vocab - BLOCK_V, vocab)
+    if MISTAKE == "vocab_past_32768_ignored":
+        v_end = tl.minimum(vocab, 32768)
+    h_end = hidden
+    if MISTAKE == "hidden_past_1024_ignored":  # one tile of at most 1024 columns of x
+        h_end = tl.minimum(hidden, 1024)
+    for v0 in range(0, v_end, BLOCK_V):
+        vs = v0 + tl.arange(0, BLOCK_V)
+        z = tl.zeros((BLOCK_T, BLOCK_V), tl.float32)
+        for h0 in range(0, h_end, BLOCK_H):
+            xb = tl.load(
+                x_ptr + toks[:, None].to(tl.int64) * hidden + h0 + hs[None, :],
+                mask=tok_ok[:, None] & (h0 + hs[None, :] < hidden),
+                other=0.0,
+            ).to(tl.float32)
+            wb = tl.load(
+                w_ptr + vs[:, None].to(tl.int64) * hidden + h0 + hs[None, :],
+                mask=(vs[:, None] < vocab) & (h0 + hs[None, :] < hidden),
+                other=0.0,
+            ).to(tl.float32)
+            z += tl.dot(xb, tl.trans(wb), input_precision="ieee")
+        z = tl.where(vs[None, :] < vocab, z, float("-inf"))
+        new_m = tl.maximum(m, tl.max(z, axis=1))
+        s = s * tl.exp(m - new_m) + tl.sum(tl.exp(z - new_m[:, None]), axis=1)
+        m = new_m
+        zt += tl.sum(tl.where(vs[None, :] == targets[:, None], z, 0.0), axis=1)
+    loss = tl.where(targets == ignore_index, 0.0, m + tl.log(s) - zt)
+    tl.store(loss_ptr + toks, loss.to(loss_ptr.dtype.element_ty), mask=tok_ok)
+
+
+def streaming_submission(mistake: str):
+    def token_losses(x, w, targets, ignore_index=-100, out=None):
+        check_linear_ce_args("token_losses", x, w, targets, device_type=runtime.DEVICE)
+        tokens = x.shape[0]
+        out = torch.empty(tokens, dtype=x.dtype, device=x.device) if out is None else out
+        programs = triton.cdiv(tokens, BLOCK_T)
+        if mistake == "skips_last_full_token_block" and tokens % BLOCK_T == 0:
+            programs -= 1  # the tail program, empty when BLOCK_T divides the tokens
+        if programs:
+            _streaming_kernel[(programs,)](
+                x, w, targets, out, tokens, w.shape[0], x.shape[1], ignore_index,
+                BLOCK_T=BLOCK_T, BLOCK_V=STREAM_BLOCK_V, BLOCK_H=BLOCK_H, MISTAKE=mistake,
+            )
+        return out
+
+    return token_losses
+
+
+# mistake -> (the index of the class among the drawn cases that catches it, what the grader says)
+DRAWN_CORPUS = {
+    "skips_last_full_token_block": (0, "NaN: elements never written"),
+    "skips_last_full_vocab_chunk": (1, "elements wrong"),
+    "hidden_past_1024_ignored": (2, "elements wrong"),
+}
+# caught by the vocabulary above 2**16 that a GPU draws (lab05.large_vocabulary_case)
+LARGE_VOCABULARY = ("vocab_past_32768_ignored", "elements wrong")

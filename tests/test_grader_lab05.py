@@ -1,12 +1,23 @@
 """Lab 05's wrong submissions are caught, each with the reason a student can act on; the solution
 passes."""
 
+import random
+from dataclasses import replace
+
 import pytest
 
 from grading.harness import check_function
 from grading.labs import get_lab
+from grading.spec import Case
 from kernels import runtime
-from tests.grader_corpus_lab05 import CORPUS, GPU_ONLY, submission
+from tests.grader_corpus_lab05 import (
+    CORPUS,
+    DRAWN_CORPUS,
+    GPU_ONLY,
+    LARGE_VOCABULARY,
+    streaming_submission,
+    submission,
+)
 
 LAB = get_lab("05_memory_profiling")
 
@@ -25,6 +36,66 @@ def test_materialized_logits_break_the_memory_budget(mistake):
         assert result.status == "fail" and GPU_ONLY[mistake] in result.message, result.message
     else:  # the values are right: only a GPU's allocator sees the logits it should not store
         assert result.status == "pass", result.message
+
+
+def only(cases, **changes):
+    """The lab with token_losses graded on `cases` alone (no cases drawn from the seed)."""
+    spec = replace(LAB.function("token_losses"), cases=tuple(cases), draw_cases=None, **changes)
+    return replace(LAB, functions=(spec,))
+
+
+SPEC = LAB.function("token_losses")
+FIXED = tuple(c for c in SPEC.cases if c.shape[0] < 4096)  # a GPU adds 4096 tokens
+
+
+def caught(mistake, case) -> str:
+    """The message of grading the mistake on the first fixed case and `case`, which must fail."""
+    result = check_function(
+        only([SPEC.cases[0], case]), "token_losses", streaming_submission(mistake), seed=7,
+        perf=False,
+    )
+    assert result.status == "fail" and result.points == 0
+    assert result.message.startswith(f"1 of 2 cases fail; first: {case.label}: "), result.message
+    return result.message
+
+
+@pytest.mark.parametrize("mistake", sorted(DRAWN_CORPUS))
+def test_only_a_drawn_case_catches(mistake):
+    """Every fixed case lets the mistake through (one call each: it does not depend on the
+    values); the class of cases drawn for it catches it, whatever the seed draws there."""
+    index, phrase = DRAWN_CORPUS[mistake]
+    fixed = check_function(
+        only(FIXED, trials=1), "token_losses", streaming_submission(mistake), seed=7, perf=False
+    )
+    assert fixed.status == "pass", fixed.message
+    case = SPEC.draw_cases(random.Random("cases 7"))[index]
+    assert phrase in caught(mistake, case)
+
+
+def test_a_vocabulary_past_32768_is_drawn_on_a_gpu():
+    """The class a GPU draws (the interpreter would take 13 s) catches a kernel that stops at
+    32768 vocabulary rows; in CPU mode the class's smallest members show it, 2 chunks past."""
+    from grading.labs.lab05_memory_profiling import large_vocabulary_case
+
+    mistake, phrase = LARGE_VOCABULARY
+    fixed = check_function(
+        only(FIXED, trials=1), "token_losses", streaming_submission(mistake), seed=7, perf=False
+    )
+    assert fixed.status == "pass", fixed.message
+    draws = [large_vocabulary_case(random.Random(seed)) for seed in range(200)]
+    assert all(c.shape[2] > 2**16 for c in draws) and max(c.shape[2] for c in draws) > 120000
+    case = runtime.pick(gpu=draws[0], cpu=Case((3, 16, 32768 + 300), draws[0].dtype))
+    assert phrase in caught(mistake, case)
+    assert (len(SPEC.draw_cases(random.Random("cases 7"))) == 4) == runtime.ON_GPU
+
+
+def test_every_draw_has_every_class():
+    """Whatever the seed, each drawn class is there: what the corpus above relies on."""
+    for seed in range(300):
+        multiple, chunks, wide = SPEC.draw_cases(random.Random(f"cases {seed}"))[:3]
+        assert multiple.shape[0] % 64 == 0 and multiple.shape[0] > 64
+        assert chunks.shape[2] % 256 == 0 and chunks.shape[1] % 2 == 1
+        assert wide.shape[1] > 1024 and wide.shape[1] * wide.shape[2] > 2**17
 
 
 def test_course_kernel_passes():

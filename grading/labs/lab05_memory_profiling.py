@@ -11,7 +11,8 @@ from grading.spec import Case, GradedFunction, LabSpec, PerfConfig
 from kernels import runtime
 from kernels.memory_profiling import estimator, gpt, profiling, reference, triton_chunked_loss
 
-# A case's shape is (tokens,), the output's; its hidden size and vocabulary come from this table.
+# A fixed case's shape is (tokens,), the output's; its hidden size and vocabulary come from this
+# table (a drawn case's shape is (tokens, hidden, vocab): draw_cases).
 # Odd
 # sizes, vocabularies that are not a multiple of any block, a token count not a multiple of
 # BLOCK_T; on a
@@ -33,15 +34,49 @@ CASES = (
 IGNORED_EVERY = 7  # every 7th token (from the 3rd) carries no loss: ignore_index = -100
 
 
+def draw_cases(rng) -> tuple[Case, ...]:
+    """Problems drawn per run from the secret seed, one per class a wrong kernel can hide in; a
+    drawn case's shape is (tokens, hidden, vocab):
+
+    * tokens a multiple of 64 (BLOCK_T of the lab and the course's kernel): 192 to 512 of them
+      (on a GPU 2112 to 4096: more than 2**17 elements in x);
+    * a vocabulary that is a multiple of 256 (every BLOCK_V the lab and the course use), with an
+      odd hidden size (its last BLOCK_H step partial);
+    * a hidden size above 1024, up to 4096 (the lab's timed width): more than 2**17 elements in w;
+    * on a GPU only, a vocabulary above 2**16, up to Llama 3's 128256 (the largest the lab times):
+      the interpreter would take about 13 s (two calls of 330 to 500 vocabulary chunks).
+    """
+    cases = (
+        Case((64 * rng.randrange(*runtime.pick(gpu=(33, 65), cpu=(3, 9))), 64,
+              2 * rng.randrange(64, 128) + 1), rng.choice(DTYPES)),
+        Case((2 * rng.randrange(1, 32) + 1, 2 * rng.randrange(16, 60) + 1,
+              256 * rng.randrange(2, 9)), rng.choice(DTYPES)),
+        Case((rng.randrange(1, 9), 8 * rng.randrange(129, 513), 2 * rng.randrange(65, 128) + 1),
+             rng.choice(DTYPES)),
+    )
+    if runtime.ON_GPU:
+        cases += (large_vocabulary_case(rng),)
+    return cases
+
+
+def large_vocabulary_case(rng) -> Case:
+    """A few tokens over a vocabulary above 2**16, up to 128256 (drawn on a GPU only)."""
+    return Case((rng.randrange(1, 5), 16, rng.randrange(2**16 + 1, 128257)), rng.choice(DTYPES))
+
+
 def _inputs(shape, dtype, device, gen):
     tokens = shape[0]
-    hidden, vocab = DIMS[tokens]
+    hidden, vocab = DIMS[tokens] if len(shape) == 1 else shape[1:]
     x = torch.randn(tokens, hidden, device=device, generator=gen).to(dtype)
     # scaled so logits are about N(0, 1), as in a trained model, not N(0, hidden)
     w = (torch.randn(vocab, hidden, device=device, generator=gen) / hidden**0.5).to(dtype)
     targets = torch.randint(0, vocab, (tokens,), device=device, generator=gen)
     targets[3::IGNORED_EVERY] = reference.IGNORE_INDEX
     return x, w, targets
+
+
+def _outputs(shape, dtype):
+    return (((shape[0],), dtype),)  # one loss per token, in x's dtype
 
 
 def _course(x, w, targets, out=None):
@@ -89,6 +124,8 @@ LAB = LabSpec(
             bytes_moved=_bytes,
             flops=_flops,
             cases=CASES,
+            draw_cases=draw_cases,
+            output_shapes=_outputs,
             perf=(PerfConfig("token_losses/bf16/8192x4096x128256", (8192,), torch.bfloat16),),
             memory_budget=_budget,
             input_names=("x", "w", "targets"),
