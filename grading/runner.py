@@ -464,6 +464,25 @@ class WorkerCaller:
         found = reply.get("result")
         return None if found is None else CaseResult(**found)
 
+    def run_group(self, job: dict, inputs: tuple):
+        """A process group's run in the worker (`GradedFunction.run_group`): its answer, read as
+        data only; the spec's `grade_group` checks every field before judging it."""
+        import torch
+
+        reply = self.worker.request({"op": "group", "name": self.name, "job": job,
+                                     "inputs": self._send(inputs)})
+        if reply.get("not_implemented"):
+            raise NotImplementedError
+        name = reply.get("record")
+        if not isinstance(name, str) or "/" in name or not name.endswith(".pt"):
+            raise WorkerReplyError(f"a record named {name!r}")
+        try:
+            fd = os.open(self.folder / name, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as f:
+                return torch.load(f, weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - whatever is wrong with it, it is not a record
+            raise WorkerReplyError(f"an unreadable record ({type(exc).__name__}: {exc})") from exc
+
     def measure(self, spec, config, seed: int, rows):
         from grading.results import PerfResult
 
@@ -581,8 +600,12 @@ def _grade_in_worker(worker: WorkerProcess, lab: dict, spec, todo, done: dict, s
         kind = worker.request({"op": "function", "name": fn_spec.name}).get("kind")
         caller = WorkerCaller(worker, folder, fn_spec.name)
         try:
-            result = harness.grade_function(spec, fn_spec.name, kind, caller, seed=seed,
-                                            perf=None if opts.perf else False, context=context)
+            if fn_spec.grade_group is not None:  # run in a process group, judged here (lab 08)
+                result = fn_spec.grade_group(fn_spec, kind, caller.run_group, seed, context.step)
+            else:
+                result = harness.grade_function(spec, fn_spec.name, kind, caller, seed=seed,
+                                                perf=None if opts.perf else False,
+                                                context=context)
         except ContextLostInWorker as exc:
             done[fn_spec.name] = _error_function(
                 fn_spec, seed, f"case {exc}; the rest of the lab was graded in a new process")
@@ -650,6 +673,8 @@ def grade_lab(notebook: Path, lab_id: str, seed: int, opts: Options,
     env = _worker_env(opts)
     cmd = [sys.executable, "-m", "grading.worker", "--lab", lab_id, "--notebook", str(notebook),
            *opts.worker_args()]
+    if spec.functions and all(f.run_group for f in spec.functions) and "--cpu" not in cmd:
+        cmd.append("--cpu")  # gloo groups of CPU processes: a worker without CUDA can fork them
     with tempfile.TemporaryDirectory(prefix=f"grading-{lab_id}-") as tmp:
         folder = Path(tmp)
         while len(done) < len(spec.functions):

@@ -137,6 +137,12 @@ class GradedFunction:
       `reference_fp64`, `scale` and `bit_exact` (and, in timing, to the course kernel,
       PyTorch's version,
       `bytes_moved` and `flops`).
+    * `grade_group` / `run_group` optional: a function graded in a process group of several
+      processes (lab 08), not through the cases above. `run_group(fn, job, inputs)` runs where the
+      student's code runs (the worker): it starts the processes, calls `fn` in each, and returns
+      what each produced (plain data and tensors), no verdict. `grade_group(spec, kind, call, seed,
+      step)` runs in the grader: it makes the inputs, gets `run_group`'s answer through
+      `call(job, inputs)`, judges it and returns a `FunctionResult`.
     """
 
     name: str
@@ -169,6 +175,8 @@ class GradedFunction:
     diagnose: Callable | None = None
     graph_capture: bool = False
     draw_cases: Callable | None = None
+    grade_group: Callable | None = None
+    run_group: Callable | None = None
 
     def cases_for(self, seed: int) -> tuple[Case, ...]:
         """The fixed cases, then those drawn for this seed."""

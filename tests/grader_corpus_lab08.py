@@ -17,15 +17,21 @@ def _exchange(send, dst, recv, src):
 
 def ring(mistake: str = ""):
     """ "partial_chunks": the reduce-scatter stops one step early, so each chunk sums only N - 1
-    ranks. "no_average": average=True is ignored. "uses_all_reduce": the answer from the
-    collective. "not_in_place": returns a new tensor. "divisible_only": assumes N divides the size.
-    "deadlock": every rank receives before it sends. "stub": not implemented."""
+    ranks. "skips_last_chunk": the all-gather stops one step early, so one chunk per rank is never
+    received. "no_average": average=True is ignored. "uses_all_reduce": the answer from the
+    collective. "uses_process_group": the collective through the ProcessGroup object, around
+    `dist.all_reduce`. "not_in_place": returns a new tensor. "divisible_only": assumes N divides
+    the size. "float32_inbox": receives into a float32 buffer whatever the dtype. "deadlock":
+    every rank receives before it sends. "stub": not implemented."""
 
     def ring_all_reduce(tensor, average=False):
         if mistake == "stub":
             raise NotImplementedError()
         if mistake == "uses_all_reduce":
             dist.all_reduce(tensor)
+            return tensor.div_(dist.get_world_size()) if average else tensor
+        if mistake == "uses_process_group":
+            dist.group.WORLD.allreduce([tensor]).wait()
             return tensor.div_(dist.get_world_size()) if average else tensor
         world, rank = dist.get_world_size(), dist.get_rank()
         right, left = (rank + 1) % world, (rank - 1) % world
@@ -35,13 +41,17 @@ def ring(mistake: str = ""):
             chunks = list(tensor.view(world, -1))
         else:
             chunks = tensor.view(-1).tensor_split(world)
-        inbox = torch.empty_like(chunks[0])
+        if mistake == "float32_inbox":
+            inbox = torch.empty(chunks[0].numel())
+        else:
+            inbox = torch.empty_like(chunks[0])
         steps = world - 2 if mistake == "partial_chunks" else world - 1
         for step in range(steps):
             recv = chunks[(rank - step - 1) % world]
             _exchange(chunks[(rank - step) % world], right, inbox[: recv.numel()], left)
             recv.add_(inbox[: recv.numel()])
-        for step in range(world - 1):
+        steps = world - 2 if mistake == "skips_last_chunk" else world - 1
+        for step in range(steps):
             _exchange(chunks[(rank + 1 - step) % world], right, chunks[(rank - step) % world], left)
         if average and mistake != "no_average":
             tensor.div_(world)
@@ -50,18 +60,29 @@ def ring(mistake: str = ""):
     return ring_all_reduce
 
 
-# what the ring check must say (in the first failing world size's list)
+# what the ring check must say (the first problem: the world sizes are checked in order, N = 2
+# first; the cases every shape in every dtype, average=True on every other one)
 RING = {
-    "partial_chunks": "N=2, shape (1,): max error",
-    "no_average": "N=2, shape (1,), average=True: returned the sum, not the average: divide by the "
-    "world size",
-    "uses_all_reduce": "uses dist.all_reduce: build the ring from sends and receives",
-    "not_in_place": "N=2, shape (1,): must reduce in place and return its argument",
-    "divisible_only": "N=2: raised RuntimeError: shape '[2, -1]' is invalid for input of size 1",
+    "partial_chunks": "N=2, shape (1,) float32, average=True, rank 0: max error",
+    "skips_last_chunk": "N=2, shape (1,) float32, average=True, rank 0: max error",
+    "no_average": "N=2, shape (1,) float32, average=True, rank 0: returned the sum, not the "
+    "average: divide by the world size",
+    "uses_all_reduce": "N=2, shape (0,) float32: uses the library collective dist.all_reduce "
+    "(c10d.allreduce_.default): build the ring from sends and receives",
+    "uses_process_group": "N=2, shape (0,) float32: uses the library collective dist.all_reduce "
+    "(c10d.allreduce_.default)",
+    "not_in_place": "N=2, shape (0,) float32: must reduce in place and return its argument (it "
+    "returned another tensor)",
+    "divisible_only": "N=2, shape (1,) float32, average=True: raised RuntimeError: shape '[2, -1]' "
+    "is invalid for input of size 1",
+    "float32_inbox": "N=2, shape (1,) float64: ",  # then the rank that gloo ended, and:
     "deadlock": "N=2: did not finish within 3 s: a receive whose send never comes",
 }
-RING_PARTIAL_N4 = "N=4, shape (1,): max error"  # N = 4: three of four ranks summed
-RING_PARTIAL_CHUNKS = "chunks [0] of 4 are wrong"  # one element: only chunk 0 is not empty
+RING_ALSO = {  # more of the same message
+    "partial_chunks": "chunks [0] of 2 are wrong",
+    "skips_last_chunk": "chunks [0] of 2 are wrong",
+    "float32_inbox": "do a send and its receive disagree in size or dtype?",
+}
 
 
 def ddp(mistake: str = ""):
@@ -138,8 +159,8 @@ DDP = {
     "nothing overlaps it",
     "synchronous": "N=2, bucket_mb=0.02: an all-reduce inside backward is synchronous (no "
     "async_op=True)",
-    "no_broadcast": "N=2, bucket_mb=0.02: the replicas do not start from rank 0's weights: "
-    "broadcast every parameter from rank 0 in __init__",
+    "no_broadcast": "N=2, bucket_mb=0.02: the replicas do not start from rank 0's weights "
+    "(rank 1's differ after __init__): broadcast every parameter from rank 0 in __init__",
     "per_parameter": "N=2, bucket_mb=0.02: 28 all-reduces per step for 28 parameters in buckets "
     "of 0.02 MiB: expected more than one and fewer than one per parameter",
     "never_reduced": "is this rank's own gradient: it was never all-reduced",

@@ -1,44 +1,113 @@
-"""Lab 08's wrong submissions are caught, each with the reason a student can act on; the course's
-implementations and the solution notebook's pass. Everything runs in gloo process groups of CPU
-processes (forked: a fraction of a second each)."""
+"""Lab 08's wrong submissions get zero points, each with the reason a student can act on; the
+course's implementations and the solution notebook get full points, in the check cells and
+through `python -m grading` (the ranks run in the sandboxed worker; the verdict is made in the
+grader). Everything runs in gloo process groups of CPU processes (forked: a fraction of a second
+each)."""
 
+import json
+
+import nbformat
 import pytest
+import torch
 
 from grading.labs import get_lab, lab08_communication
+from grading.notebooks import SOLUTIONS_DIR
 from kernels.communication import ddp as course_ddp
 from kernels.communication import ring as course_ring
-from tests.grader_corpus_lab08 import DDP, RING, RING_PARTIAL_CHUNKS, RING_PARTIAL_N4, ddp, ring
+from kernels.communication import ring_pipelined
+from tests.grader_corpus_lab08 import DDP, RING, RING_ALSO, ddp, ring
+from tests.grading_cli import grade_solution_and_lab
+
+LAB = get_lab("08_communication")
+SEED = 1234
 
 
-def test_lab_is_registered():
-    assert get_lab("08_communication").id == "08_communication"
+def _grade(name, submission):
+    spec = LAB.function(name)
+    grade = (
+        lab08_communication.grade_ring
+        if name == "ring_all_reduce"
+        else (lab08_communication.grade_ddp)
+    )
+    return grade(
+        spec, "function", lambda job, inputs: spec.run_group(submission, job, inputs), SEED
+    )
 
 
-def test_course_ring_and_corpus_solution_pass():
-    for fn in (course_ring.ring_all_reduce, ring()):
-        assert lab08_communication.ring_all_reduce_problems(fn) == {2: [], 4: []}
+def test_lab_grades_both_parts_in_process_groups():
+    assert [f.name for f in LAB.functions] == ["ring_all_reduce", "BucketedDDP"]
+    assert all(f.grade_group and f.run_group and f.points == 5 for f in LAB.functions)
+
+
+@pytest.mark.parametrize(
+    "submission",
+    [course_ring.ring_all_reduce, ring_pipelined.pipelined_ring_all_reduce, ring()],
+    ids=["course-ring", "course-pipelined-ring", "corpus-solution"],
+)
+def test_right_rings_get_full_points(submission):
+    result = _grade("ring_all_reduce", submission)
+    assert (result.status, result.points) == ("pass", 5), result.message
+    # every world size, every case: 8 shapes (0 and 1 element, odd, 2-D, two drawn) x 3 dtypes
+    assert [c.case for c in result.cases] == ["N=2: 24 tensors", "N=3: 24 tensors"]
 
 
 @pytest.mark.parametrize("mistake", sorted(RING))
-def test_wrong_ring_is_caught(mistake, monkeypatch):
-    monkeypatch.setattr(lab08_communication, "TIMEOUT_S", 3.0)  # the deadlock: 3 s, not 30
-    worlds = (2,) if mistake != "partial_chunks" else (2, 4)
-    problems = lab08_communication.ring_all_reduce_problems(ring(mistake), worlds=worlds)
-    assert problems[2], problems
-    assert RING[mistake] in problems[2][0], problems[2]
-    if mistake == "partial_chunks":  # at N = 4 the check names the chunks the ring left unsummed
-        assert RING_PARTIAL_N4 in problems[4][0] and RING_PARTIAL_CHUNKS in problems[4][0]
+def test_wrong_ring_gets_zero_with_its_reason(mistake, monkeypatch):
+    monkeypatch.setattr(lab08_communication, "TIMEOUT_S", 3.0)  # the deadlock: 3 s, not 20
+    result = _grade("ring_all_reduce", ring(mistake))
+    assert (result.status, result.points) == ("fail", 0), result.message
+    assert RING[mistake] in result.message, result.message
+    assert RING_ALSO.get(mistake, "") in result.message, result.message
 
 
-def test_course_ddp_and_corpus_solution_pass():
-    for cls in (course_ddp.DataParallel, ddp()):
-        assert lab08_communication.data_parallel_problems(cls) == []
+def test_ring_cases_cover_what_the_lab_promises():
+    for world in lab08_communication.WORLDS:
+        cases = lab08_communication.ring_cases(SEED, world)
+        sizes = {torch.Size(c["shape"]).numel() for c in cases}
+        assert {0, 1} <= sizes and any(n % world for n in sizes) and any(n > 2**16 for n in sizes)
+        assert {c["dtype"] for c in cases} == {"float32", "float64", "bfloat16"}
+        assert {c["average"] for c in cases} == {False, True}
+        assert any(len(c["shape"]) == 2 for c in cases)
+        # another seed draws other sizes: no fixed list to learn
+        other = lab08_communication.ring_cases(SEED + 1, world)
+        assert [c["shape"] for c in other] != [c["shape"] for c in cases]
+
+
+def test_a_forged_reply_is_not_a_verdict():
+    """The parent judges what the ranks sent back: a reply that is not results, or results that
+    claim the right answer without it, fail."""
+    world = 2
+    cases = lab08_communication.ring_cases(SEED, world)
+    inputs = lab08_communication.ring_inputs(SEED, world, cases)
+    for forged in ({"ranks": "all correct"}, {"ranks": [[{"output": 1}]] * world}, [], None):
+        problem = lab08_communication.judge_ring(world, cases, inputs, forged)
+        assert "could not be read" in problem
+    unchanged = {
+        "ranks": [
+            [
+                {"output": x, "in_place": True, "returned": "Tensor", "collectives": []}
+                for x in inputs[rank]
+            ]
+            for rank in range(world)
+        ]
+    }
+    problem = lab08_communication.judge_ring(world, cases, inputs, unchanged)
+    assert "the tensor is unchanged: nothing was reduced" in problem
+
+
+@pytest.mark.parametrize(
+    "submission", [course_ddp.DataParallel, ddp()], ids=["course-ddp", "corpus-solution"]
+)
+def test_right_ddp_gets_full_points(submission):
+    result = _grade("BucketedDDP", submission)
+    assert (result.status, result.points) == ("pass", 5), result.message
 
 
 @pytest.mark.parametrize("mistake", sorted(DDP))
-def test_wrong_ddp_is_caught(mistake):
-    problems = lab08_communication.data_parallel_problems(ddp(mistake))
-    assert len(problems) == 1 and DDP[mistake] in problems[0], problems
+def test_wrong_ddp_gets_zero_with_its_reason(mistake):
+    result = _grade("BucketedDDP", ddp(mistake))
+    assert (result.status, result.points) == ("fail", 0), result.message
+    assert DDP[mistake] in result.message, result.message
 
 
 def test_check_cells_print_pass_fail_and_not_implemented(capsys):
@@ -47,14 +116,14 @@ def test_check_cells_print_pass_fail_and_not_implemented(capsys):
     assert not lab08_communication.check_ring_all_reduce(ring("stub"))
     assert not lab08_communication.check_data_parallel(ddp("after_backward"))
     out = capsys.readouterr().out
-    assert "PASS  ring_all_reduce N=2" in out and "PASS  ring_all_reduce N=4" in out
-    assert "FAIL  ring_all_reduce N=2: N=2, shape (1,), average=True: returned the sum" in out
+    assert "PASS  ring_all_reduce N=2: 24 tensors" in out
+    assert "PASS  ring_all_reduce N=3: 24 tensors" in out
+    assert "FAIL  ring_all_reduce N=2: 24 tensors: N=2, shape (1,) float32, average=True" in out
     assert "NOT IMPLEMENTED  ring_all_reduce: not implemented yet" in out
-    assert "FAIL  BucketedDDP" in out
+    assert "FAIL  BucketedDDP N=2, buckets of 0.02 MiB and one bucket: N=2, bucket_mb=0.02" in out
 
 
 def test_untouched_lab_runs_and_says_not_implemented():
-    import nbformat
     from nbclient import NotebookClient
 
     from grading.notebooks import LABS_DIR, role
@@ -72,3 +141,42 @@ def test_untouched_lab_runs_and_says_not_implemented():
         "NOT IMPLEMENTED  ring_all_reduce: not implemented yet\n",
         "NOT IMPLEMENTED  BucketedDDP: not implemented yet\n",
     ]
+
+
+WRONG_RING = '''def ring_all_reduce(tensor, average=False):
+    """Sum (or average) `tensor` over the ranks of the default process group, in place, with
+    sends and receives only; return `tensor`."""
+    dist.all_reduce(tensor)
+    if average:
+        tensor.div_(dist.get_world_size())
+    return tensor
+'''
+
+
+def test_python_m_grading_runs_the_ranks_in_the_worker_and_judges_in_the_grader(tmp_path):
+    """The solution: 10 of 10; the untouched lab: not implemented; a ring that calls
+    dist.all_reduce: 0 for the ring with the reason, 5 for its (right) BucketedDDP."""
+    nb = nbformat.read(SOLUTIONS_DIR / "08_communication_lab.ipynb", as_version=4)
+    cell = next(
+        c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "ring_all_reduce"
+    )
+    cell.source = WRONG_RING
+    (tmp_path / "wrong").mkdir()
+    nbformat.write(nb, tmp_path / "wrong" / "08_communication_lab.ipynb")
+    labs = grade_solution_and_lab(tmp_path, "08_communication_lab.ipynb", "wrong")
+    points = {
+        folder: {f["name"]: (f["status"], f["points"], f["max_points"]) for f in lab["functions"]}
+        for folder, lab in labs.items()
+    }
+    assert points["solution"] == {
+        "ring_all_reduce": ("pass", 5, 5),
+        "BucketedDDP": ("pass", 5, 5),
+    }, json.dumps(labs["solution"], indent=1)[:3000]
+    assert points["lab"] == {
+        "ring_all_reduce": ("not implemented", 0, 5),
+        "BucketedDDP": ("not implemented", 0, 5),
+    }
+    assert points["wrong"] == {"ring_all_reduce": ("fail", 0, 5), "BucketedDDP": ("pass", 5, 5)}
+    ring_result = labs["wrong"]["functions"][0]
+    assert "uses the library collective dist.all_reduce" in ring_result["message"]
+    assert labs["solution"]["elapsed_s"] < 30  # two process groups for the ring, one for DDP
