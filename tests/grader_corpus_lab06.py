@@ -240,3 +240,111 @@ def grouped_gemm(x, w, sorted_ids, tile_expert, top_k, out=None):
     # the control: the solution itself
     "solution": Submission({}, {name: PASS for name in GRADED}),
 }
+
+
+# --------------------------------------------------------------------------------------------------
+# Wrong submissions that every fixed case lets through, caught by the class of cases drawn per run
+# (grading.labs.lab06_moe: draw_router_cases, draw_permute_cases, draw_gemm_cases): name ->
+# (the edited cells, the function, the index of the class among its drawn cases, what the grader
+# says there).
+DRAWN_CORPUS: dict[str, tuple[dict[str, str], str, int, str]] = {
+    # tokens a multiple of the block: the last block of tokens is never routed
+    "router_skips_last_full_block": (
+        edit(
+            "route_topk",
+            "triton.cdiv(tokens, BLOCK_T)",
+            "triton.cdiv(tokens, BLOCK_T) - (tokens % BLOCK_T == 0)",
+        ),
+        "route_topk",
+        0,
+        "the last block of tokens was skipped (tokens=",
+    ),
+    # tl.arange(0, experts): Triton's ranges must be powers of two
+    "router_experts_not_padded": (
+        edit("route_topk", "E_PAD=triton.next_power_of_2(experts)", "E_PAD=experts"),
+        "route_topk",
+        1,
+        "arange's range must be a power of 2",
+    ),
+    # every padded slot stored too: past the last token's top_k, into the grader's guard band
+    "router_stores_padded_slots": (
+        edit(
+            "route_topk",
+            "mask = t_ok[:, None] & (slot[None, :] < TOP_K)",
+            "mask = t_ok[:, None] & (slot[None, :] < K_PAD)",
+        ),
+        "route_topk",
+        1,
+        "wrote past the end of out (ids)",
+    ),
+    # rows taken to be `experts` apart: wrong for logits in a wider buffer
+    "router_rows_at_stride_experts": (
+        edit("route_topk", "logits.stride(0)", "experts"),
+        "route_topk",
+        2,
+        "elements wrong",
+    ),
+    # a number of assignments that is a multiple of the block: the last block never counted
+    "permute_skips_last_full_block": (
+        edit(
+            "permute",
+            "blocks = max(1, triton.cdiv(n, block))",
+            "blocks = max(1, triton.cdiv(n, block) - (n % block == 0))",
+        ),
+        "permute",
+        0,
+        "block was dropped; launch cdiv(n, BLOCK) programs",
+    ),
+    # E_PAD counts stored for E experts: past the end of counts unless E is a power of two
+    "permute_counts_unmasked": (
+        edit(
+            "permute",
+            "tl.store(counts_ptr + e, running, mask=e_ok)",
+            "tl.store(counts_ptr + e, running)",
+        ),
+        "permute",
+        1,
+        "wrote past the end of out (counts)",
+    ),
+    # one step of the tile -> expert map: the tiles past the first BLOCK_TILES are left unwritten
+    # (a scan that stops after one step of blocks would leave rows unplaced: out-of-bounds stores)
+    "permute_tile_map_one_step": (
+        edit(
+            "permute",
+            "for t0 in range(0, tiles, BLOCK_TILES):",
+            "for t0 in range(0, tl.minimum(tiles, BLOCK_TILES), BLOCK_TILES):",
+        ),
+        "permute",
+        2,
+        "elements wrong",
+    ),
+    # hidden a multiple of BLOCK_K: the last full step of the K loop is left out
+    "gemm_skips_last_full_k_step": (
+        edit(
+            "grouped_gemm",
+            "for k0 in range(0, K, BLOCK_K):",
+            "for k0 in range(0, tl.where(K % BLOCK_K == 0, K - BLOCK_K, K), BLOCK_K):",
+        ),
+        "grouped_gemm",
+        0,
+        "elements wrong",
+    ),
+    # token = assignment >> (top_k - 1): right for top-1 and top-2, wrong for top-3 and top-6
+    "gemm_gathers_with_a_shift": (
+        edit("grouped_gemm", "assignment // TOP_K", "assignment >> (TOP_K - 1)"),
+        "grouped_gemm",
+        0,
+        "elements wrong",
+    ),
+    # the hidden columns past 1024 never reach the accumulator
+    "gemm_hidden_past_1024_ignored": (
+        edit(
+            "grouped_gemm",
+            "for k0 in range(0, K, BLOCK_K):",
+            "for k0 in range(0, tl.minimum(K, 1024), BLOCK_K):",
+        ),
+        "grouped_gemm",
+        1,
+        "elements wrong",
+    ),
+}

@@ -4,6 +4,8 @@ corpus
 failures only a GPU can show are asserted on a GPU and skipped, saying so, on a CPU."""
 
 import json
+import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ from grading.labs import get_lab
 from grading.labs.lab06_moe import HOT_EXPERT, check_layer
 from grading.notebooks import LABS_DIR, grade_id, role
 from kernels import runtime
-from tests.grader_corpus_lab06 import CORPUS, SOLUTION, SOLUTION_CELLS, edit
+from tests.grader_corpus_lab06 import CORPUS, DRAWN_CORPUS, SOLUTION, SOLUTION_CELLS, edit
 from tests.grading_cli import grade_solution_and_lab
 
 LAB = get_lab("06_moe")
@@ -60,6 +62,59 @@ def test_gpu_only_submission_is_caught_on_a_gpu(name, tmp_path):
             f"GPU-only: {CORPUS[name].gpu_only}; the CUDA-graph capture check runs on a GPU"
         )
     assert_classified(name, True, tmp_path)
+
+
+def only(name, cases, **changes):
+    """The lab with function `name` graded on `cases` alone (no cases drawn from the seed)."""
+    spec = replace(LAB.function(name), cases=tuple(cases), draw_cases=None, **changes)
+    return replace(LAB, functions=(spec,))
+
+
+def drawn(name, seed: int) -> tuple:
+    """The cases function `name` draws for `seed`, as the grader draws them."""
+    return LAB.function(name).draw_cases(random.Random(f"cases {seed}"))
+
+
+def fixed_cases(name) -> tuple:
+    """The fixed cases of both modes (a GPU adds thousands of tokens)."""
+    return tuple(c for c in LAB.function(name).cases if c.shape[0] < 2048)
+
+
+@pytest.mark.parametrize("mistake", sorted(DRAWN_CORPUS))
+def test_only_a_drawn_case_catches(mistake, tmp_path):
+    """Every fixed case lets the mistake through (one call each: it does not depend on the
+    values); the class of cases drawn for it catches it, whatever the seed draws there."""
+    cells, name, index, phrase = DRAWN_CORPUS[mistake]
+    function = getattr(import_submission(cells, tmp_path), name)
+    fixed = check_function(
+        only(name, fixed_cases(name), trials=1), name, function, seed=7, perf=False
+    )
+    assert fixed.status == "pass", fixed.message
+    first, case = LAB.function(name).cases[0], drawn(name, 7)[index]
+    # behind the first fixed case (the harness wants a contiguous case to profile)
+    result = check_function(only(name, [first, case]), name, function, seed=7, perf=False)
+    assert result.status == "fail" and result.points == 0
+    assert result.message.startswith(f"1 of 2 cases fail; first: {case.label}: "), result.message
+    assert phrase in result.message, result.message
+
+
+def test_every_draw_has_every_class():
+    """Whatever the seed, each drawn class is there: what the corpus above relies on."""
+    def power_of_two(n):
+        return n & (n - 1) == 0
+
+    for seed in range(300):
+        multiple, odd, strided = drawn("route_topk", seed)
+        assert multiple.shape[0] % 128 == 0
+        assert not power_of_two(odd.shape[1]) and not power_of_two(odd.shape[2])
+        assert strided.layout == "row stride"
+        whole, odd, long = drawn("permute", seed)[:3]
+        assert whole.shape[0] * whole.shape[2] % 2048 == 0 and not power_of_two(odd.shape[1])
+        assert long.shape[0] * long.shape[2] > runtime.pick(gpu=2**17, cpu=4096)
+        for name in ("grouped_gemm", "grouped_gemm_swiglu"):
+            tiles, wide = drawn(name, seed)[:2]
+            assert tiles.shape[3] % 128 == 0 and tiles.shape[4] % 256 == 0
+            assert tiles.shape[2] in (3, 6) and 1024 < wide.shape[3] <= 4096
 
 
 def test_every_edit_must_match_the_solution():

@@ -97,6 +97,31 @@ ROUTER_CASES = (
 )
 
 
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _drawn(shape, dtype, param: str, layout: str = "contiguous") -> Case:
+    """One case whose scalar `param` (experts or top_k) is also passed by name, as _moe_cases."""
+    return _moe_cases([shape], [dtype], param, layout)[0]
+
+
+def draw_router_cases(rng) -> tuple[Case, ...]:
+    """Routings drawn per run from the secret seed, one per class a wrong router can hide in:
+    tokens a multiple of 128 (so of every BLOCK_T, 16 to 128), 128 to 512 of them (on a GPU 2176
+    to 3968 over 64 experts: more than 2**17 logits; the interpreter would take 2 s); experts (65
+    to 127, odd) and top_k (3, 5 or 6) that are not powers of two (the padded experts and slots
+    must be masked); and logits whose rows lie in a wider buffer ("row stride": the lab promises
+    strided rows with contiguous columns)."""
+    blocks = rng.randrange(*runtime.pick(gpu=(17, 32), cpu=(1, 5)))
+    return (
+        _drawn((128 * blocks, 64, 2), rng.choice(DTYPES), "top_k"),
+        _drawn((2 * rng.randrange(8, 50) + 1, 2 * rng.randrange(33, 64) + 1,
+                rng.choice((3, 5, 6))), rng.choice(DTYPES), "top_k"),
+        _drawn((2 * rng.randrange(8, 50) + 1, rng.choice((8, 16, 32)), rng.randrange(1, 3)),
+               rng.choice(DTYPES), "top_k", "row stride"),
+    )
+
+
 def _router_inputs(shape, dtype, device, gen):
     """Logits whose values within a token are at least 2/3 of LOGIT_GAP (0.5) apart: a random
     permutation
@@ -114,6 +139,11 @@ def _router_inputs(shape, dtype, device, gen):
 
 
 def _router_layout(layout, inputs):
+    if layout == "row stride":  # the logits of a wider buffer: rows 24 elements further apart
+        (logits,) = inputs
+        tokens, experts = logits.shape
+        wide = torch.empty(tokens, experts + 24, dtype=logits.dtype, device=logits.device)
+        return (wide[:, :experts].copy_(logits),)
     if layout != "skewed":
         return inputs
     logits = inputs[0].clone()  # the hot expert's logit swapped with the token's largest
@@ -160,8 +190,11 @@ def _router_diagnosis(output, result, want, bad, logits, top_k):
     # before
     if first and first % 16 == 0 and bad_tokens.numel() == tokens - first:
         unwritten = " (never written)" if _never_written(result[first:]) else ""
+        # tokens a multiple of the block: the last block, a whole one, was skipped
+        what = "wrong for tokens not a multiple of the block" if tokens % 16 else (
+            "the last block of tokens was skipped")
         return (
-            f"wrong for tokens not a multiple of the block (tokens={tokens}, first bad token "
+            f"{what} (tokens={tokens}, first bad token "
             f"{first}): the last "
             f"{tokens - first} tokens are wrong{unwritten}; launch cdiv(tokens, BLOCK_T) programs "
             "and mask the "
@@ -233,6 +266,7 @@ ROUTER = GradedFunction(
     torch_native=_torch_router,
     bytes_moved=_router_bytes,
     cases=ROUTER_CASES,
+    draw_cases=draw_router_cases,
     input_names=("logits",),
     graph_capture=True,
     own_kernels_only=True,
@@ -269,6 +303,24 @@ PERMUTE_CASES = (
         cpu=(),
     )
 )
+
+
+def draw_permute_cases(rng) -> tuple[Case, ...]:
+    """Routings drawn per run from the secret seed, one per class a wrong permutation can hide in:
+    a number of assignments that is a multiple of 2048 (so of every block of assignments the lab
+    and the course use: 64 and 256 in the interpreter, 16384 / E on a GPU); experts that are not a
+    power of two (9 to 127, odd: the padded experts must be masked); and more blocks of assignments
+    than one step of the scan takes (4097 to 8192 assignments; on a GPU 2**17 to 2**18)."""
+    long = runtime.pick(gpu=2**16, cpu=2048)
+    return (
+        _drawn((1024 * rng.randrange(1, 3), 8, 2), rng.choice((torch.int32, torch.int64)),
+               "experts"),
+        _drawn((2 * rng.randrange(8, 100) + 1, 2 * rng.randrange(4, 64) + 1,
+                rng.randrange(1, 5)), rng.choice((torch.int32, torch.int64)), "experts"),
+        _drawn((rng.randrange(long + 1, 2 * long + 1), rng.choice((16, 32)), 2),
+               rng.choice((torch.int32, torch.int64)), "experts", rng.choice(("contiguous",
+                                                                               "skewed"))),
+    )
 
 
 def _permute_inputs(shape, dtype, device, gen):
@@ -311,7 +363,7 @@ def _permute_diagnosis(output, result, want, bad, ids, experts):
                 f"only the first {counted} of {n} assignments were counted (tokens={ids.shape[0]} "
                 f"x top_k={top_k}; "
                 f"first missing: assignment {counted}, token {counted // top_k}): the last "
-                "partial block was "
+                f"{'partial ' if n % 16 else ''}block was "
                 f"dropped; launch cdiv(n, BLOCK) programs and mask the last one"
             )
     if output == "padded_offsets":
@@ -386,6 +438,7 @@ PERMUTE = GradedFunction(
     torch_native=_torch_permute,
     bytes_moved=_permute_bytes,
     cases=PERMUTE_CASES,
+    draw_cases=draw_permute_cases,
     input_names=("ids",),
     graph_capture=True,
     own_kernels_only=True,
@@ -437,6 +490,25 @@ GEMM_CASES = _gemm_cases(
     ),
 )
 SWIGLU_CASES = _gemm_cases([torch.bfloat16, torch.float16])
+
+
+def draw_gemm_cases(rng) -> tuple[Case, ...]:
+    """Problems drawn per run from the secret seed, one per class a wrong grouped GEMM can hide in:
+    hidden a multiple of 128 and N = 256 (every BLOCK_K and BLOCK_N the lab and the course use),
+    with top_k 3 or 6 (not a power of two: token = sorted_ids // top_k); hidden above 1024, up
+    to 4096 (the lab's timed width), for a few tokens; and on a GPU only, more than 2**17 output
+    elements (1025 to 2048 tokens over 32 experts, N up to 2048: the interpreter would take
+    minutes)."""
+    cases = (
+        _drawn((2 * rng.randrange(2, 8) + 1, 8, rng.choice((3, 6)), 128 * rng.randrange(1, 3),
+                256), rng.choice((torch.bfloat16, torch.float16)), "top_k"),
+        _drawn((rng.randrange(1, 6), 8, 1, 8 * rng.randrange(129, 513), 8 * rng.randrange(5, 8)),
+               rng.choice((torch.bfloat16, torch.float16)), "top_k"),
+    )
+    if runtime.ON_GPU:
+        cases += (_drawn((rng.randrange(1025, 2049), 32, 2, 256, 8 * rng.randrange(129, 257)),
+                         torch.bfloat16, "top_k"),)
+    return cases
 SEED_SHAPE = (
     2048,
     32,
@@ -665,6 +737,7 @@ GEMM = GradedFunction(
     bytes_moved=_gemm_bytes,
     flops=_gemm_flops,
     cases=GEMM_CASES,
+    draw_cases=draw_gemm_cases,
     input_names=("x", "w", "sorted_ids", "tile_expert"),
     graph_capture=True,
     own_kernels_only=True,
@@ -697,6 +770,7 @@ SWIGLU = GradedFunction(
     bytes_moved=_gemm_bytes,
     flops=_gemm_flops,
     cases=SWIGLU_CASES,
+    draw_cases=draw_gemm_cases,
     input_names=("x", "w_gate", "w_up", "sorted_ids", "tile_expert"),
     graph_capture=True,
     own_kernels_only=True,
