@@ -474,6 +474,19 @@ def committed_results() -> dict[str, dict]:
     return found
 
 
+def committed_ring_target(backend: str = "gloo") -> tuple[dict | None, str]:
+    """(the committed `--ring` run of `backend`, its path), or (None, "") where there is none:
+    gloo's in data/results/cpu-<cores>core/, NCCL's in a GPU's folder."""
+    pattern = "cpu-*core/08_communication_ring.json"
+    if backend == "nccl":
+        pattern = "*/08_communication_ring_nccl.json"
+    found = sorted(bench.RESULTS_DIR.glob(pattern))
+    if not found:
+        return None, ""
+    path = found[-1]
+    return json.loads(path.read_text()), str(path.relative_to(bench.RESULTS_DIR.parents[1]))
+
+
 def _prediction(p: cost_model.OverlapPrediction) -> dict:
     return {**p.__dict__, "hidden_fraction": p.hidden_fraction}
 
