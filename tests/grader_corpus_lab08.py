@@ -4,6 +4,8 @@ checks must say about each.
 Each is the lab's solution with one mistake a student makes. The processes are forked, so these
 closures run in them as they are."""
 
+import threading
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -20,9 +22,10 @@ def ring(mistake: str = ""):
     ranks. "skips_last_chunk": the all-gather stops one step early, so one chunk per rank is never
     received. "no_average": average=True is ignored. "uses_all_reduce": the answer from the
     collective. "uses_process_group": the collective through the ProcessGroup object, around
-    `dist.all_reduce`. "not_in_place": returns a new tensor. "divisible_only": assumes N divides
-    the size. "float32_inbox": receives into a float32 buffer whatever the dtype. "deadlock":
-    every rank receives before it sends. "stub": not implemented."""
+    `dist.all_reduce`. "uses_a_thread": the collective, called from another thread.
+    "not_in_place": returns a new tensor. "divisible_only": assumes N divides the size.
+    "float32_inbox": receives into a float32 buffer whatever the dtype. "deadlock": every rank
+    receives before it sends. "stub": not implemented."""
 
     def ring_all_reduce(tensor, average=False):
         if mistake == "stub":
@@ -32,6 +35,11 @@ def ring(mistake: str = ""):
             return tensor.div_(dist.get_world_size()) if average else tensor
         if mistake == "uses_process_group":
             dist.group.WORLD.allreduce([tensor]).wait()
+            return tensor.div_(dist.get_world_size()) if average else tensor
+        if mistake == "uses_a_thread":
+            helper = threading.Thread(target=dist.all_reduce, args=(tensor,))
+            helper.start()
+            helper.join()
             return tensor.div_(dist.get_world_size()) if average else tensor
         world, rank = dist.get_world_size(), dist.get_rank()
         right, left = (rank + 1) % world, (rank - 1) % world
@@ -71,6 +79,8 @@ RING = {
     "(c10d.allreduce_.default): build the ring from sends and receives",
     "uses_process_group": "N=2, shape (0,) float32: uses the library collective dist.all_reduce "
     "(c10d.allreduce_.default)",
+    "uses_a_thread": "N=2, rank 0: uses the library collective dist.all_reduce "
+    "(c10d.allreduce_.default) outside the calling thread",
     "not_in_place": "N=2, shape (0,) float32: must reduce in place and return its argument (it "
     "returned another tensor)",
     "divisible_only": "N=2, shape (1,) float32, average=True: raised RuntimeError: shape '[2, -1]' "

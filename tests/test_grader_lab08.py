@@ -79,15 +79,23 @@ def test_a_forged_reply_is_not_a_verdict():
     world = 2
     cases = lab08_communication.ring_cases(SEED, world)
     inputs = lab08_communication.ring_inputs(SEED, world, cases)
-    for forged in ({"ranks": "all correct"}, {"ranks": [[{"output": 1}]] * world}, [], None):
+    for forged in (
+        {"ranks": "all correct"},
+        {"ranks": [{"cases": [{"output": 1}]}] * world},
+        [],
+        None,
+    ):
         problem = lab08_communication.judge_ring(world, cases, inputs, forged)
         assert "could not be read" in problem
     unchanged = {
         "ranks": [
-            [
-                {"output": x, "in_place": True, "returned": "Tensor", "collectives": []}
-                for x in inputs[rank]
-            ]
+            {
+                "cases": [
+                    {"output": x, "in_place": True, "returned": "Tensor", "collectives": []}
+                    for x in inputs[rank]
+                ],
+                "all_threads": [],
+            }
             for rank in range(world)
         ]
     }

@@ -25,14 +25,18 @@ searches its own memory could find the other ranks' inputs and add them up witho
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
+import os
 import random
 import re
+import sys
 import traceback
 
 import torch
 import torch.distributed as dist
+from torch._C._profiler import _ExperimentalConfig
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from grading.results import CaseResult, FunctionResult
@@ -84,6 +88,46 @@ class _CollectiveWatch(TorchDispatchMode):
         if name.startswith("c10d.") and name not in POINT_TO_POINT and name not in self.ops:
             self.ops.append(name)
         return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """The profiler announces its start and stop on the process's stderr (C++): not the
+    student's output."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+class _AllThreadsWatch:
+    """The process-group operations every thread of this process ran inside the block, other than
+    sends and receives (PyTorch's profiler, all threads): a collective called from another thread,
+    which the dispatch mode above (this thread's only) cannot see."""
+
+    def __enter__(self):
+        self.ops: list[str] = []
+        self.profiler = torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU],
+            experimental_config=_ExperimentalConfig(profile_all_threads=True),
+        )
+        with _quiet_stderr():
+            self.profiler.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        with _quiet_stderr():
+            self.profiler.__exit__(*exc)
+        for event in self.profiler.events():
+            name = "c10d." + event.name.removeprefix("c10d::") + ".default"
+            if event.name.startswith("c10d::") and name not in POINT_TO_POINT:
+                if name not in self.ops:
+                    self.ops.append(name)
 
 
 class _RankFailed(Exception):
@@ -201,25 +245,26 @@ def ring_inputs(seed: int, world: int, cases: list[dict]) -> list[list[torch.Ten
 def _ring_rank(rank, world, fn, cases, inputs):
     """In each rank: fn on this rank's input of every case, in order; what it left and returned."""
     mine, out = inputs[rank], []
-    for case, x in zip(cases, mine):
-        tensor = x.clone()
-        label = _label(world, case["shape"], case["dtype"], case["average"])
-        with _CollectiveWatch() as seen:
-            try:
-                returned = fn(tensor, average=True) if case["average"] else fn(tensor)
-            except NotImplementedError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the student's error, reported with its case
-                raise _raised(label, exc) from None
-        out.append(
-            {
-                "output": tensor.detach().clone(),
-                "in_place": returned is tensor,
-                "returned": type(returned).__name__,
-                "collectives": list(seen.ops),
-            }
-        )
-    return _as_bytes(out)
+    with _AllThreadsWatch() as threads:
+        for case, x in zip(cases, mine):
+            tensor = x.clone()
+            label = _label(world, case["shape"], case["dtype"], case["average"])
+            with _CollectiveWatch() as seen:
+                try:
+                    returned = fn(tensor, average=True) if case["average"] else fn(tensor)
+                except NotImplementedError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the student's error, with its case
+                    raise _raised(label, exc) from None
+            out.append(
+                {
+                    "output": tensor.detach().clone(),
+                    "in_place": returned is tensor,
+                    "returned": type(returned).__name__,
+                    "collectives": list(seen.ops),
+                }
+            )
+    return _as_bytes({"cases": out, "all_threads": threads.ops})
 
 
 def run_ring(fn, job: dict, inputs: tuple) -> dict:
@@ -250,18 +295,31 @@ def _well_formed_ring(found, world: int, n_cases: int) -> bool:
     return (
         isinstance(ranks, list)
         and len(ranks) == world
-        and all(isinstance(r, list) and len(r) == n_cases for r in ranks)
+        and all(
+            isinstance(r, dict)
+            and _strings(r.get("all_threads"))
+            and isinstance(r.get("cases"), list)
+            and len(r["cases"]) == n_cases
+            for r in ranks
+        )
         and all(
             isinstance(c, dict)
             and _is_tensor(c.get("output"))
             and isinstance(c.get("in_place"), bool)
             and isinstance(c.get("returned"), str)
-            and isinstance(c.get("collectives"), list)
-            and all(isinstance(op, str) for op in c["collectives"])
+            and _strings(c.get("collectives"))
             for r in ranks
-            for c in r
+            for c in r["cases"]
         )
     )
+
+
+def _strings(x) -> bool:
+    return isinstance(x, list) and all(isinstance(s, str) for s in x)
+
+
+def _library(ops: list[str]) -> str:
+    return ", ".join(sorted({LIBRARY_COLLECTIVES.get(op, op) for op in ops}))
 
 
 def judge_ring(world: int, cases: list[dict], inputs, found) -> str:
@@ -271,7 +329,7 @@ def judge_ring(world: int, cases: list[dict], inputs, found) -> str:
         return f"N={world}: the ranks' results could not be read (not what the call returns)"
     if "error" in found:
         return found["error"]
-    ranks = found["ranks"]
+    ranks = [r["cases"] for r in found["ranks"]]
     for k, case in enumerate(cases):
         dtype, average = getattr(torch, case["dtype"]), case["average"]
         label = _label(world, case["shape"], case["dtype"], average)
@@ -283,10 +341,9 @@ def judge_ring(world: int, cases: list[dict], inputs, found) -> str:
         allowed = (world + 1) * torch.finfo(dtype).eps * magnitude + torch.finfo(dtype).tiny
         for rank, got in enumerate(ranks):
             c = got[k]
-            used = [LIBRARY_COLLECTIVES.get(op, op) for op in c["collectives"]]
-            if used:
+            if c["collectives"]:
                 return (
-                    f"{label}: uses the library collective {', '.join(sorted(set(used)))} "
+                    f"{label}: uses the library collective {_library(c['collectives'])} "
                     f"({', '.join(c['collectives'])}): build the ring from sends and receives"
                 )
             if not c["in_place"]:
@@ -312,6 +369,13 @@ def judge_ring(world: int, cases: list[dict], inputs, found) -> str:
                 f"{where}: max error {worst:.3g} where rounding allows "
                 f"{allowed.reshape(-1)[err.reshape(-1).nan_to_num(float('inf')).argmax()]:.3g}"
                 + (f"; {chunks}" if chunks else "")
+            )
+    for rank, r in enumerate(found["ranks"]):
+        if r["all_threads"]:
+            return (
+                f"N={world}, rank {rank}: uses the library collective {_library(r['all_threads'])} "
+                f"({', '.join(r['all_threads'])}) outside the calling thread: build the ring from "
+                "sends and receives"
             )
     return ""
 
