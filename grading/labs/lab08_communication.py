@@ -19,8 +19,10 @@ is two halves, apart:
 The lab's check cells (`check_ring_all_reduce`, `check_data_parallel`) run both halves in the
 notebook's process with seed 0, and print one PASS or FAIL line per process group with the reason.
 
-Not defended: the ranks are forked from one process that holds every rank's inputs, so code that
-searches its own memory could find the other ranks' inputs and add them up without a message.
+Not defended: the ranks are forked from one process that holds every rank's inputs (the worker,
+which also runs the launcher), so code that searches its memory, or replaces the launcher, could
+add the ranks' inputs up without a message; what comes back is still judged against the grader's
+own references.
 """
 
 from __future__ import annotations
