@@ -41,6 +41,7 @@ import torch.distributed as dist
 from torch._C._profiler import _ExperimentalConfig
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from grading.harness import function_kind
 from grading.results import CaseResult, FunctionResult
 from grading.spec import GradedFunction, LabSpec
 from kernels.communication import launch
@@ -688,7 +689,7 @@ def _callable(result: FunctionResult, kind, name: str, what: str = "function") -
     if kind is None:
         result.status, result.message = "missing", f"no {what} named {name} was defined"
         return False
-    if kind != "function":  # what grading.harness.function_kind says of anything callable
+    if kind != "function":  # what function_kind says of anything callable
         result.message = f"{name} is a {kind}, not a {what}"
         return False
     return True
@@ -745,10 +746,6 @@ def _local(spec, fn):
     return lambda job, inputs: spec.run_group(fn, job, inputs)
 
 
-def _kind(obj) -> str | None:
-    return None if obj is None else "function" if callable(obj) else type(obj).__name__
-
-
 def _print(name: str, result: FunctionResult) -> bool:
     if result.status == "not implemented":
         print(f"NOT IMPLEMENTED  {name}: not implemented yet")
@@ -765,10 +762,10 @@ def _print(name: str, result: FunctionResult) -> bool:
 def check_ring_all_reduce(fn, seed: int = 0) -> bool:
     """The check cell of part 1: prints a PASS or FAIL line per world size."""
     spec = LAB.function("ring_all_reduce")
-    return _print("ring_all_reduce", grade_ring(spec, _kind(fn), _local(spec, fn), seed))
+    return _print("ring_all_reduce", grade_ring(spec, function_kind(fn), _local(spec, fn), seed))
 
 
 def check_data_parallel(cls, seed: int = 0) -> bool:
     """The check cell of part 2: one PASS line, or the FAIL with its reason."""
     spec = LAB.function("BucketedDDP")
-    return _print("BucketedDDP", grade_ddp(spec, _kind(cls), _local(spec, cls), seed))
+    return _print("BucketedDDP", grade_ddp(spec, function_kind(cls), _local(spec, cls), seed))
