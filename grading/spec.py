@@ -147,7 +147,7 @@ class GradedFunction:
 
     name: str
     points: int
-    backend: str  # "triton" (runs in CPU mode too) or "cupy" (GPU only)
+    backend: str  # "triton" (runs in CPU mode too), "cupy" (GPU only) or "gloo" (CPU ranks)
     description: str
     make_inputs: Callable
     reference_fp64: Callable
