@@ -157,6 +157,9 @@ def check(lab_id: str, name: str, fn, *, seed: int | None = None) -> None:
     from grading.labs import get_lab
 
     lab = get_lab(lab_id)
+    if lab.function(name).grade_group is not None:
+        raise ValueError(f"{name} runs in a process group of several ranks: use the check cell "
+                         f"of lab {lab_id}, which starts the ranks")
     seed = NOTEBOOK_SEED if seed is None else seed
     result = check_function(lab, name, fn, seed=seed, perf=False)
     for line in correctness_lines(lab.function(name), result):

@@ -191,3 +191,11 @@ def test_python_m_grading_runs_the_ranks_in_the_worker_and_judges_in_the_grader(
     assert labs["solution"]["elapsed_s"] < 30  # two process groups for the ring, one for DDP
     if sandbox.status()[0]:  # bubblewrap's --unshare-net keeps loopback, where the groups meet
         assert labs["solution"]["sandbox"] == "bubblewrap"
+
+
+def test_grading_check_points_a_group_function_to_its_check_cell():
+    """`grading.check` runs one process; a process-group function says where it is checked."""
+    import grading
+
+    with pytest.raises(ValueError, match="process group of several ranks: use the check cell"):
+        grading.check("08_communication", "ring_all_reduce", course_ring.ring_all_reduce)
