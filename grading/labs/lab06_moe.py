@@ -108,7 +108,7 @@ def _drawn(shape, dtype, param: str, layout: str = "contiguous") -> Case:
 def draw_router_cases(rng) -> tuple[Case, ...]:
     """Routings drawn per run from the secret seed, one per class a wrong router can hide in:
     tokens a multiple of 128 (so of every BLOCK_T, 16 to 128), 128 to 512 of them (on a GPU 2176
-    to 3968 over 64 experts: more than 2**17 logits; the interpreter would take 2 s); experts (65
+    to 3968 over 64 experts: more than 2**17 logits; the interpreter would take 2 s); experts (67
     to 127, odd) and top_k (3, 5 or 6) that are not powers of two (the padded experts and slots
     must be masked); and logits whose rows lie in a wider buffer ("row stride": the lab promises
     strided rows with contiguous columns)."""
