@@ -9,6 +9,7 @@ import pytest
 
 from grading.harness import check_function
 from grading.labs import get_lab
+from kernels import runtime
 from tests.grader_corpus_lab04 import CORPUS, DRAWN_CORPUS
 
 LAB = get_lab("04_mixed_precision")
@@ -43,7 +44,9 @@ def test_only_a_drawn_case_catches(mistake):
     fixed = check_function(
         only(name, spec.cases, trials=1), name, factory(mistake), seed=7, perf=False
     )
-    assert fixed.status == "pass", fixed.message
+    # a GPU's fixed rows are 65536 long, a multiple of its 1024-lane block: caught there already
+    blind = not (runtime.ON_GPU and mistake == "skips_last_full_block")
+    assert (fixed.status == "pass") == blind, fixed.message
     case = drawn(name, 7)[index]
     # behind the first fixed case (the harness wants a contiguous case to profile)
     result = check_function(
