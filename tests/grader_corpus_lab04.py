@@ -81,6 +81,8 @@ def fp8_submission(mistake: str):
             raise ValueError("fp8_block_fake_quant: x must be contiguous")
         out = torch.empty_like(x) if out is None else out
         n = x.numel()
+        if mistake == "zero_dimensions_mishandled":
+            n = len(x) * x[0].numel()  # rows times a row's elements: a 0-d tensor has no len()
         if mistake == "three_dimensions_mishandled" and x.dim() == 3:
             n = x.shape[0] * x.shape[1]  # (a, b, c) taken for a matrix (a, b)
         if n:
@@ -137,5 +139,8 @@ DRAWN_CORPUS = {
     ),
     "three_dimensions_mishandled": (
         "fp8_block_fake_quant", fp8_submission, 1, "NaN: elements never written"
+    ),
+    "zero_dimensions_mishandled": (
+        "fp8_block_fake_quant", fp8_submission, 3, "TypeError: len() of a 0-d tensor"
     ),
 }

@@ -65,11 +65,12 @@ def test_every_draw_has_every_class():
         n = int(long_rows.layout.removeprefix("n="))
         assert n % 2 == 0 and n > 2**17
         assert padded.layout.startswith("padded n=")
-        whole, cube, large = drawn("fp8_block_fake_quant", seed)
+        whole, cube, large, scalar = drawn("fp8_block_fake_quant", seed)
         assert whole.shape[0] * whole.shape[1] % 32768 == 0
         assert len(cube.shape) == 3
         numel = large.shape[0] * large.shape[1]
         assert numel > 2**17 and numel % 2 == 0 and numel % 128
+        assert scalar.shape == ()
 
 
 @pytest.mark.parametrize("name", ["kahan_sum", "fp8_block_fake_quant"])

@@ -145,8 +145,9 @@ FP8_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 def draw_fp8_cases(rng) -> tuple[Case, ...]:
     """Shapes drawn per run from the secret seed, one per class a wrong quantizer can hide in: a
     number of elements that is a multiple of 32768 (256 blocks of 128: whole programs of every
-    GROUPS up to 256), three dimensions (blocks run over the flattened tensor), and more than
-    2**17 elements, an even number but not a multiple of 128 (a short last block)."""
+    GROUPS up to 256), three dimensions and none (blocks run over the flattened tensor, whatever
+    its rank), and more than 2**17 elements, an even number but not a multiple of 128 (a short
+    last block)."""
     return (
         Case((64 * rng.randrange(1, 5), 512), rng.choice(FP8_DTYPES)),
         Case((rng.randrange(2, 4), rng.randrange(3, 9), 2 * rng.randrange(64, 160) + 1),
@@ -155,6 +156,7 @@ def draw_fp8_cases(rng) -> tuple[Case, ...]:
         Case((2 * rng.randrange(1, 5) + 1,
               128 * rng.randrange(352, 512) + 2 * rng.randrange(1, 64)),
              rng.choice(FP8_DTYPES)),
+        Case((), rng.choice(FP8_DTYPES)),
     )
 
 
