@@ -91,14 +91,14 @@ def draw_cases(rng) -> tuple[Case, ...]:
 
 def draw_backward_cases(rng) -> tuple[Case, ...]:
     """The backward's classes (smaller: it costs three kernels in the interpreter): Nq and Nk
-    multiples of 128, causal with Nq > Nk (rows that see no key have lse = -inf: their P and
-    gradients are 0, never NaN), and a long KV cache (Nk from 1025 to 1535: more keys than one
+    multiples of 128, causal with Nq > Nk and GQA 4:1 (rows that see no key have lse = -inf: their
+    P and gradients are 0, never NaN), and a long KV cache (Nk from 1025 to 1535: more keys than one
     tile of 1024; on a GPU from 2049 to 3069, more than 2**17 elements in k and v)."""
     causal = rng.random() < 0.5
     return (
         Case((1, 2, 1, 128 * rng.randrange(1, 3), 128 * rng.randrange(1, 3), 64),
              rng.choice(DTYPES), **(CAUSAL_BACKWARD if causal else {})),
-        Case((1, 2, 1, rng.randrange(100, 200), rng.randrange(10, 60), 64), rng.choice(DTYPES),
+        Case((1, 4, 1, rng.randrange(100, 200), rng.randrange(10, 60), 64), rng.choice(DTYPES),
              **CAUSAL_BACKWARD),
         Case((1, 1, 1, rng.randrange(1, 40), runtime.pick(gpu=2, cpu=1) * 2 * rng.randrange(
             512, 768) + 1, 64), rng.choice(DTYPES)),
