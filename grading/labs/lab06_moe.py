@@ -308,13 +308,15 @@ PERMUTE_CASES = (
 def draw_permute_cases(rng) -> tuple[Case, ...]:
     """Routings drawn per run from the secret seed, one per class a wrong permutation can hide in:
     a number of assignments that is a multiple of 2048 (so of every block of assignments the lab
-    and the course use: 64 and 256 in the interpreter, 16384 / E on a GPU); experts that are not a
+    and the course use: 64 and 256 in the interpreter, 16384 / E on a GPU; 2048 itself in the
+    interpreter, up to 8192 on a GPU), top_k 1, 2 or 4 over 8 or 16 experts; experts that are not a
     power of two (9 to 127, odd: the padded experts must be masked); and more blocks of assignments
     than one step of the scan takes (4097 to 6144 assignments; on a GPU 2**17 to 2**18)."""
     long = runtime.pick(gpu=(2**16, 2**17), cpu=(2048, 3072))
+    top_k = rng.choice((1, 2, 4))
     return (
-        _drawn((1024 * rng.randrange(1, 3), 8, 2), rng.choice((torch.int32, torch.int64)),
-               "experts"),
+        _drawn((2048 * runtime.pick(gpu=rng.randrange(1, 5), cpu=1) // top_k, rng.choice((8, 16)),
+                top_k), rng.choice((torch.int32, torch.int64)), "experts"),
         _drawn((2 * rng.randrange(8, 100) + 1, 2 * rng.randrange(4, 64) + 1,
                 rng.randrange(1, 5)), rng.choice((torch.int32, torch.int64)), "experts"),
         _drawn((rng.randrange(long[0] + 1, long[1] + 1), rng.choice((16, 32)), 2),
