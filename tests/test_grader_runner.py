@@ -169,7 +169,8 @@ def test_the_sandbox_leaves_no_process_and_no_file_behind(tmp_path):
         import subprocess
         # The child leaves the worker's session and writes a heartbeat into the worker's folder
         # until it is killed; watching the file needs no view of the sandbox's process table.
-        subprocess.Popen(["setsid", "sh", "-c", "while :; do date +%s%N > heartbeat; sleep 0.05; done"])
+        beat = "while :; do date +%s%N > heartbeat; sleep 0.05; done"
+        subprocess.Popen(["setsid", "sh", "-c", beat])
         try:
             open({str(target)!r}, "a").write("# tampered")
             wrote = "yes"
