@@ -656,9 +656,8 @@ def _gemm_diagnosis(output, result, want, bad, x, *rest, top_k):
     first = int(bad_cols[0])
     if first and first % 16 == 0 and bad_cols.numel() == n - first:
         return (
-            f"wrong for N not a multiple of BLOCK_N (N={n}, first bad column {first}): launch "
-            "cdiv(N, BLOCK_N) "
-            f"column tiles and mask the last"
+            f"columns {first} to {n - 1} of N={n} are wrong: the last column tile is never "
+            "written or never masked; launch cdiv(N, BLOCK_N) column tiles and mask the last"
         )
     return ""
 
