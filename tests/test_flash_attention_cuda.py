@@ -17,9 +17,7 @@ from kernels.flash_attention import cupy_attention
 from kernels.flash_attention.reference import attention_fp64
 from kernels.testing import TINY, ULP, compare, generator, poison_, random_tensor
 
-gpu_only = pytest.mark.skipif(
-    not runtime.cupy_status()[0], reason="CuPy kernels need an NVIDIA GPU"
-)
+gpu_only = pytest.mark.gpu  # CuPy kernels: deselected without a GPU
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 
 # (batch, q heads, kv heads, Nq, Nk, head_dim, causal)

@@ -266,7 +266,7 @@ def test_timeline_of_100k_events_renders_in_under_10_s():
     assert elapsed < 10.0, elapsed
 
 
-@pytest.mark.skipif(not runtime.ON_GPU, reason="the target's shape needs a GPU (10 GiB)")
+@pytest.mark.gpu
 def test_fused_peak_extra_is_at_most_a_quarter_of_pytorchs_at_the_issue_shape():
     tokens, hidden, vocab = 8192, 4096, 128256
     x, w, t = _inputs(tokens, hidden, vocab, torch.bfloat16)
@@ -283,7 +283,7 @@ def test_fused_peak_extra_is_at_most_a_quarter_of_pytorchs_at_the_issue_shape():
     assert ours <= 0.25 * theirs, (ours / 2**30, theirs / 2**30)
 
 
-@pytest.mark.skipif(not runtime.cupy_status()[0], reason=runtime.cupy_status()[1])
+@pytest.mark.gpu
 def test_cupy_pool_is_invisible_to_torch_until_routed_through_its_allocator():
     steps = dict(cupy_pool.demo(nbytes=64 * 2**20))
     start, both = steps["start"], steps["a torch tensor and a CuPy array"]

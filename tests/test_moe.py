@@ -25,7 +25,7 @@ from kernels.testing import ULP, compare, generator, poison_
 DEV = runtime.DEVICE
 E, H, I = 8, 128, 256  # noqa: E741 - the usual names: experts, hidden, intermediate
 DTYPES = [torch.bfloat16, torch.float16]
-needs_gpu = pytest.mark.skipif(not runtime.ON_GPU, reason="needs a GPU (CuPy kernels, CUDA graphs)")
+needs_gpu = pytest.mark.gpu  # CuPy kernels, CUDA graphs: deselected without a GPU
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -109,7 +109,7 @@ def test_round_hooks_run_around_every_timed_round():
     ) == ["a", "b"]
 
 
-@pytest.mark.skipif(not runtime.ON_GPU, reason="device events need a GPU")
+@pytest.mark.gpu
 def test_events_do_not_time_a_slow_host_launch_path():
     """A call that spends 300 us in Python before launching a tiny kernel: the device time is the
     kernel's, not the host's. With a fixed 100 us spin ahead of the start event it read about 200 us
