@@ -405,3 +405,18 @@ def test_stopping_the_grader_s_profiler_is_caught():
     result = check_function(LAB, "add", stops_it, seed=3, perf=False)
     assert result.status == "fail", result.message
     assert "stopped the grader's profiler inside the call" in result.message, result.message
+
+
+def test_a_spec_with_only_strided_cases_is_graded():
+    """The case profiled on a GPU is the largest plain contiguous one; a spec without any is still
+    graded (it used to fail inside the grader on an empty max())."""
+    from dataclasses import replace
+
+    lab = get_lab("01_elementwise_add")
+    add = lab.function("add")
+    strided = tuple(c for c in add.cases if c.layout != "contiguous")
+    assert strided, "lab 01 has a strided case"
+    only_strided = replace(lab, functions=(replace(add, cases=strided, draw_cases=None),))
+    result = check_function(only_strided, "add", triton_add.add, seed=3, perf=False)
+    assert result.status == "pass", result.message
+    assert [c.case for c in result.cases] == [c.label for c in strided]
