@@ -121,8 +121,9 @@ def _end_launch_mark(mark) -> None:
 
 
 @contextmanager
-def _quiet_stderr():
-    """Kineto announces every start and stop on the process's stderr (C++): not the student's."""
+def quiet_stderr():
+    """Kineto announces every start and stop on the process's stderr (C++): not the
+    student's output, so it goes to /dev/null while the profiler starts or stops."""
     sys.stderr.flush()
     saved = os.dup(2)
     try:
@@ -151,7 +152,7 @@ class _AllThreads:
     def __enter__(self):
         from torch.autograd import ProfilerActivity, _enable_profiler, _prepare_profiler
 
-        with _quiet_stderr():
+        with quiet_stderr():
             _prepare_profiler(self.config, {ProfilerActivity.CPU})
             _enable_profiler(self.config, {ProfilerActivity.CPU})
         self.mark = _record_function(CALL_RANGE)
@@ -161,7 +162,7 @@ class _AllThreads:
         from torch.autograd import _disable_profiler
 
         torch.ops.profiler._record_function_exit._RecordFunction(self.mark)
-        with _quiet_stderr():
+        with quiet_stderr():
             self.events = list(_disable_profiler().events())
 
     def findings(self, allowed: set[str]) -> tuple[list[str], list[str]] | None:

@@ -27,13 +27,10 @@ own references.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import io
-import os
 import random
 import re
-import sys
 import traceback
 
 import torch
@@ -44,6 +41,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from grading.harness import function_kind
 from grading.results import CaseResult, FunctionResult
 from grading.spec import GradedFunction, LabSpec
+from grading.watch import quiet_stderr
 from kernels.communication import launch
 from kernels.memory_profiling import gpt
 
@@ -93,21 +91,6 @@ class _CollectiveWatch(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@contextlib.contextmanager
-def _quiet_stderr():
-    """The profiler announces its start and stop on the process's stderr (C++): not the
-    student's output."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
 class _AllThreadsWatch:
     """The process-group operations every thread of this process ran inside the block, other than
     sends and receives (PyTorch's profiler, all threads): a collective called from another thread,
@@ -119,12 +102,12 @@ class _AllThreadsWatch:
             activities=[torch.profiler.ProfilerActivity.CPU],
             experimental_config=_ExperimentalConfig(profile_all_threads=True),
         )
-        with _quiet_stderr():
+        with quiet_stderr():
             self.profiler.__enter__()
         return self
 
     def __exit__(self, *exc):
-        with _quiet_stderr():
+        with quiet_stderr():
             self.profiler.__exit__(*exc)
         for event in self.profiler.events():
             name = "c10d." + event.name.removeprefix("c10d::") + ".default"
