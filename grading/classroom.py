@@ -88,6 +88,8 @@ def write_shard_status(out: Path, shard: tuple[int, int], final: dict, *, partia
     """OUT/shards/K-of-N.json: which students this shard graded and whether it finished."""
     index, count = shard
     status = {"shard": f"{index}/{count}", "date": _now(), "partial": partial,
+              # the GPU this shard saw (--gpus, or what Slurm's gres set); None: all, or none
+              "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
               "students": sorted(final),
               "labs": sum(lab is not None for labs in final.values() for lab in labs.values())}
     _write(shard_status_path(out, index, count), json.dumps(status, indent=1))

@@ -100,6 +100,17 @@ def test_shards_together_equal_one_run(single_run, tmp_path):
     assert (tmp_path / "summary.png").stat().st_size > 10_000
 
 
+def test_gpus_run_one_shard_per_gpu_each_seeing_only_its_own(single_run, tmp_path):
+    """`--gpus 3,1`: one shard per listed GPU with CUDA_VISIBLE_DEVICES set to it, then the merge.
+    In CPU mode here: what is checked is the plumbing, which needs no GPU."""
+    submissions, summary = single_run
+    done = grade("--submissions", str(submissions), "--out", str(tmp_path), "--gpus", "3,1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    shards = [json.loads((tmp_path / "shards" / f"{i}-of-2.json").read_text()) for i in range(2)]
+    assert [shard["cuda_visible_devices"] for shard in shards] == ["3", "1"]
+    assert cells(json.loads((tmp_path / "summary.json").read_text())) == cells(summary)
+
+
 def test_merge_says_who_is_missing_partial_or_on_another_stack(tmp_path):
     def report(student, partial=False, gpu="NVIDIA H100 80GB HBM3"):
         folder = tmp_path / "out" / "students" / student
