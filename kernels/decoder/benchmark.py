@@ -167,25 +167,41 @@ def graph_for(model: Decoder, batch: int):
     return model.capture_decode_graph(batch)
 
 
-def decode_ours(model: Decoder, batch: int, context: int, ceilings: dict) -> dict:
-    """The graph's step per token: wall time of a loop of replays, and device time of one."""
+def decode_floor_ms(batch: int, context: int, ceilings: dict) -> float:
+    """The step's compulsory bytes at the measured copy rate."""
+    return decode_bytes(batch, context) / (ceilings["copy_gbps"] * 1e9) * 1e3
+
+
+def started_graph(model: Decoder, batch: int, context: int):
+    """The captured step for `batch`, started on random tokens at position `context`."""
     step = graph_for(model, batch)
     step.start(torch.randint(0, CONFIG.vocab_size, (batch,), device=DEVICE), context)
-    ms = wall_per_call_ms(
-        {"ours (graph)": step.replay}, {"ours (graph)": lambda: step.positions.fill_(context)}
-    )
-    gpu = bench.benchmark(
+    return step
+
+
+def graph_gpu_time(step, context: int):
+    """Device time of one replay (events, 20 repetitions), the positions reset to `context`
+    before each round so that every replay reads the same cache length."""
+    return bench.benchmark(
         {"graph": step.replay},
         reps=20,
         flush=False,
         before_round=lambda: step.positions.fill_(context),
     )["graph"]
-    nbytes = decode_bytes(batch, context)
-    floor_ms = nbytes / (ceilings["copy_gbps"] * 1e9) * 1e3
+
+
+def decode_ours(model: Decoder, batch: int, context: int, ceilings: dict) -> dict:
+    """The graph's step per token: wall time of a loop of replays, and device time of one."""
+    step = started_graph(model, batch, context)
+    ms = wall_per_call_ms(
+        {"ours (graph)": step.replay}, {"ours (graph)": lambda: step.positions.fill_(context)}
+    )
+    gpu = graph_gpu_time(step, context)
+    floor_ms = decode_floor_ms(batch, context, ceilings)
     return {
         "batch": batch,
         "context": context,
-        "bytes": nbytes,
+        "bytes": decode_bytes(batch, context),
         "floor ms": floor_ms,
         **{f"{k} ms": v for k, v in ms.items()},
         "ours (graph) GPU ms": gpu.median_us / 1e3,
@@ -485,15 +501,8 @@ def sweep(model: Decoder, ceilings: dict) -> list[dict]:
     for batch, context in points:
         if batch > model.max_batch:
             continue
-        step = graph_for(model, batch)
-        step.start(torch.zeros(batch, dtype=torch.int64, device=DEVICE), context)
-        t = bench.benchmark(
-            {"graph": step.replay},
-            reps=20,
-            flush=False,
-            before_round=lambda: step.positions.fill_(context),
-        )["graph"]
-        floor_ms = decode_bytes(batch, context) / (ceilings["copy_gbps"] * 1e9) * 1e3
+        t = graph_gpu_time(started_graph(model, batch, context), context)
+        floor_ms = decode_floor_ms(batch, context, ceilings)
         ms = t.median_us / 1e3
         rows.append(
             {
