@@ -29,9 +29,8 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # bf16 greedy: two implementations may pick either of two logits closer than this fraction of the
 # logits' rms (the size of their bf16 disagreement, LOGITS_TOLERANCE)
 NEAR_TIE = reference.LOGITS_TOLERANCE[torch.bfloat16]
-# GPU tests carry the `gpu` mark (the runner deselects them on CPU) and say why if run there anyway
-gpu = [pytest.mark.gpu,
-       pytest.mark.skipif(not runtime.ON_GPU, reason="needs a GPU (CuPy, CUDA graphs)")]
+# GPU tests (CuPy, CUDA graphs) carry the `gpu` mark: the runner deselects them on a CPU
+gpu = pytest.mark.gpu
 
 
 def inv_freq(head_dim, theta=10000.0):
@@ -350,7 +349,6 @@ def llama_1b():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not runtime.ON_GPU, reason="needs a GPU")
 def test_1b_layer_by_layer_and_logits_against_hf(llama_1b):
     hf, model = llama_1b
     tokens = prompt(LLAMA_1B, 2, 64).cuda()
@@ -375,7 +373,6 @@ def test_1b_layer_by_layer_and_logits_against_hf(llama_1b):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not runtime.ON_GPU, reason="needs a GPU")
 def test_1b_greedy_agrees_with_hf_generate_up_to_near_ties(llama_1b):
     """bf16 greedy decoding: HF's 32 tokens, fed to our decoder one by one (teacher forcing), must
     each be our greedy choice or within NEAR_TIE of our best logit; the free-running sequences are
@@ -400,7 +397,6 @@ def test_1b_greedy_agrees_with_hf_generate_up_to_near_ties(llama_1b):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not runtime.ON_GPU, reason="needs a GPU")
 def test_graph_decode_equals_eager_decode():
     """fp32: the eager step and the graph run the same kernels, so the sequences are identical."""
     hf = hf_reference.random_llama(TINY, seed=5, device="cuda")
@@ -412,7 +408,6 @@ def test_graph_decode_equals_eager_decode():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not runtime.ON_GPU, reason="needs a GPU")
 def test_graph_refuses_a_position_past_the_cache():
     hf = hf_reference.random_llama(TINY, seed=6, dtype=torch.bfloat16, device="cuda")
     model = Decoder(DecoderWeights.from_hf(hf), max_batch=1, max_seq=16)
@@ -453,7 +448,6 @@ def test_benchmark_helpers_run_on_the_tiny_model(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not runtime.ON_GPU, reason="needs a GPU")
 def test_graph_survives_other_graphs_and_cleared_cublas_workspaces():
     """Graphs captured one after another, the earlier ones freed, then cuBLAS's workspaces cleared
     and the cache emptied (what torch.compile's CUDA graphs do around each recording): the last
