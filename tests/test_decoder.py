@@ -83,7 +83,7 @@ def test_rope_strided_and_in_place(impl):
     assert not torch.isnan(untouched.float()).any()
 
 
-@pytest.mark.skipif(runtime.ON_GPU, reason="on a GPU the CUDA C kernel runs in the tests above")
+@pytest.mark.cpu  # on a GPU the CUDA C kernel runs in the tests above
 def test_cuda_rope_says_it_needs_a_gpu():
     x = torch.randn(2, 1, 8)
     with pytest.raises(RuntimeError, match="need an NVIDIA GPU"):

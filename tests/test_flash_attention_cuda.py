@@ -3,9 +3,8 @@ against the float64 reference: odd lengths, Nq != Nk, causal (bottom-right align
 dtype, both head dims, non-contiguous views, poisoned outputs, the lse, and memory that grows with
 N, not N^2.
 
-The kernel runs on a GPU only: without one the execution tests are skipped (the lead runs them on
-the GPU); the argument checks and nvcc compilation (tests/test_cuda_compile.py) are tested
-everywhere."""
+The kernel runs on a GPU only: without one the execution tests are deselected (marked `gpu`);
+the argument checks and nvcc compilation (tests/test_cuda_compile.py) are tested everywhere."""
 
 import math
 

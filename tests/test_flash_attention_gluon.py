@@ -8,15 +8,11 @@ interpreter (CPU mode), which cannot compile Gluon.
 import pytest
 import torch
 
-from kernels import runtime
 from tests.test_flash_attention import check_forward, make, run_forward
 
 
-@pytest.mark.skipif(
-    runtime.ON_GPU,
-    reason="on a GPU the kernel itself runs (tests below); the "
-    "offline path uses the CPU environment's Triton",
-)
+# On a GPU the kernel itself runs (tests below); the offline path uses the CPU environment's Triton.
+@pytest.mark.cpu
 @pytest.mark.parametrize(
     "head_dim, dtype, causal", [(128, "float16", True), (64, "bfloat16", False)]
 )

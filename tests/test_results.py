@@ -5,14 +5,14 @@ import json
 import pytest
 import torch
 
-from kernels import results, runtime
+from kernels import results
 
 
 def _never():
     raise AssertionError("measure() must not run without a GPU")
 
 
-@pytest.mark.skipif(runtime.ON_GPU, reason="checks the CPU path: the committed run stands in")
+@pytest.mark.cpu  # the CPU path: the committed run stands in
 def test_without_a_gpu_the_named_gpus_committed_run_is_shown_and_named():
     run = results.Run("02_rmsnorm", gpu="h100-80gb-hbm3", by="python -m kernels.rmsnorm.benchmark")
     saved = json.loads((results.RESULTS_DIR / "h100-80gb-hbm3" / "02_rmsnorm.json").read_text())
@@ -26,7 +26,7 @@ def test_without_a_gpu_the_named_gpus_committed_run_is_shown_and_named():
     assert ceilings == saved["ceilings"] and ceil_where == where
 
 
-@pytest.mark.skipif(runtime.ON_GPU, reason="checks the CPU path")
+@pytest.mark.cpu
 def test_a_run_without_ceilings_still_shows_its_sections():
     run = results.Run("05_memory_profiling", gpu="h200", by="kernels.memory_profiling.benchmark")
     ce, copy_gbps, where = run.show("fused_linear_cross_entropy", _never)
@@ -34,7 +34,7 @@ def test_a_run_without_ceilings_still_shows_its_sections():
     assert run.ceilings() == (None, None)
 
 
-@pytest.mark.skipif(runtime.ON_GPU, reason="checks the CPU path")
+@pytest.mark.cpu
 def test_a_missing_run_says_how_to_make_it(capsys):
     run = results.Run("no_such_benchmark", gpu="h200", by="python -m kernels.nothing")
     saved, why = run.recorded()

@@ -12,9 +12,6 @@ from kernels.rmsnorm import triton_pdl, triton_rmsnorm
 from kernels.testing import generator, poison_, random_tensor
 
 DEVICE = runtime.DEVICE
-on_gpu = pytest.mark.skipif(
-    not runtime.ON_GPU, reason="programmatic dependent launch needs a GPU (sm_90)"
-)
 
 
 def operands(tokens, k, n, dtype=torch.bfloat16, seed=0):
@@ -113,7 +110,7 @@ def test_bad_out_and_device():
 
 
 @pytest.mark.gpu
-@on_gpu
+@pytest.mark.gpu  # programmatic dependent launch needs a GPU (sm_90)
 @pytest.mark.parametrize("tokens", [16, 512, 1000])
 def test_pdl_is_bit_identical_eager_and_in_a_graph(tokens):
     layers = triton_pdl.GemmNormLayers.random(tokens, hidden=4096, layers=2)
