@@ -517,6 +517,12 @@ def main(argv=None) -> int:
         "--submissions) or off",
     )
     parser.add_argument(
+        "--no-kernel-audit",
+        action="store_true",
+        help="on a GPU, skip the second listing of each passed function's kernels by Nsight "
+        "Compute, outside the worker (grading/README.md)",
+    )
+    parser.add_argument(
         "--write-expected",
         action="store_true",
         help="(instructors, on a GPU, grading solutions/) record the timings in data/expected/",
@@ -543,6 +549,7 @@ def main(argv=None) -> int:
         gpu_memory_fraction=args.gpu_memory_fraction,
         output_limit_mib=args.output_limit_mib,
         sandbox=sandbox,
+        kernel_audit=not args.no_kernel_audit,
     )
     _say_where_code_runs(opts)
     jobs = args.jobs if (args.cpu or not runtime.ON_GPU or args.no_perf) else 1

@@ -62,6 +62,7 @@ class Options:
     gpu_memory_fraction: float = 0.9  # of the GPU's memory
     output_limit_mib: float = 16.0  # stdout + stderr
     sandbox: str = "auto"  # "auto": bubblewrap where it works; "require"; "off"
+    kernel_audit: bool = True  # on a GPU with Nsight Compute: grading/kernel_audit.py
 
     def worker_args(self) -> list[str]:
         args = ["--memory-gib", str(self.memory_gib),
@@ -70,7 +71,7 @@ class Options:
 
     def result_options(self) -> dict:
         """The options that can change a lab's result (part of its content hash)."""
-        return {"cpu": self.cpu, "perf": self.perf}
+        return {"cpu": self.cpu, "perf": self.perf, "kernel_audit": self.kernel_audit}
 
     def limit(self, kind: str) -> float:
         return self.perf_timeout if kind == "perf" else self.call_timeout
@@ -214,11 +215,15 @@ class WorkerProcess:
     request at a time, watched while it works on one."""
 
     def __init__(self, cmd: list[str], cwd: Path, deadline: float, opts: Options,
-                 env: dict | None = None, sandbox: bool = False):
+                 env: dict | None = None, sandbox: bool = False, prefix: list[str] = (),
+                 extra_fds: list[int] = ()):
+        """`prefix` runs before the worker's command (the kernel audit's ncu), and `extra_fds`
+        are passed to it, then closed here."""
         self.opts, self.deadline, self.sandboxed = opts, deadline, sandbox
         req_r, self._req_w = os.pipe()
         self._rep_r, rep_w = os.pipe()
-        fds = [req_r, rep_w]
+        cmd = [*prefix, *cmd]
+        fds = [req_r, rep_w, *extra_fds]
         info_r = info_w = None
         if sandbox:
             from grading import sandbox as sb
@@ -344,6 +349,18 @@ class WorkerProcess:
         if "grader_error" in reply:
             raise GraderError(str(reply["grader_error"]))
         return reply
+
+    def finish(self, timeout: float) -> int | None:
+        """Tell the worker there is nothing more (it exits) and wait for it: its exit status, or
+        None if it is still running after `timeout` seconds."""
+        try:
+            os.close(self._req_w)
+        except OSError:
+            pass
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
 
     def close(self) -> None:
         for fd in (self._req_w, self._rep_r):
@@ -713,6 +730,17 @@ def grade_lab(notebook: Path, lab_id: str, seed: int, opts: Options,
                     break
             finally:
                 worker.close()
+        if opts.kernel_audit and not opts.cpu and runtime.ON_GPU and not lab.get("error"):
+            from grading import kernel_audit
+
+            work = folder / "kernel-audit"
+            work.mkdir()
+            (work / f"student_{lab_id}.py").write_text(code)
+            if sandboxed:
+                from grading import sandbox
+
+                sandbox.seed_caches(work)
+            kernel_audit.audit_lab(lab, spec, done, seed, opts, env, cmd, work, sandboxed)
     lab["functions"] = [done[f.name] for f in spec.functions]
     lab["elapsed_s"] = round(time.monotonic() - started, 2)
     return lab

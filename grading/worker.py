@@ -16,6 +16,7 @@ sent and returns what the call did (a `CallRecord`); the parent, which made the 
   {"op": "perf", "name", "index", "seed"}         -> {"result"}    (GPU; a seed of its own)
   {"op": "guard"}                                 -> {"changed"}   (the grader's functions)
   {"op": "group", "name", "job", "inputs"}        -> {"record"}    (a process group: lab 08)
+  {"op": "mark", "index"}                         -> {}            (the kernel audit's marker)
 
 Any request may instead be answered {"not_implemented": true}, {"context_lost": message} (the
 worker then exits with EXIT_CONTEXT_LOST) or {"grader_error": message}: a bug in the grader's own
@@ -197,6 +198,12 @@ class Worker:
         spec = self.lab.function(req["name"])
         found = spec.run_group(self._fn(req["name"]), req["job"], self._load(req["inputs"]))
         return {"record": self._save(found, f"group-{req['id']}.pt")}
+
+    def op_mark(self, req) -> dict:
+        from grading.kernel_audit import marker_launch
+
+        marker_launch(int(req["index"]))
+        return {}
 
     def answer(self, req: dict) -> dict:
         from grading.results import ContextLost

@@ -159,6 +159,14 @@ def test_solution_gets_full_marks(graded):
     assert lab["score"]["points"] == lab["score"]["max_points"] > 0
     assert not lab["notes"] and not lab["incidents"] and "error" not in lab
     assert all(c["status"] == "ok" and c["checksum_ok"] for c in lab["locked_cells"])
+    if runtime.ON_GPU:  # Nsight Compute listed each passed function's kernels: its own alone
+        audit = lab["kernel_audit"]
+        assert "error" not in audit, audit
+        for name in ("add", "residual_add"):
+            assert "add_kernel" in audit["functions"][name]["kernels"], audit
+            assert not audit["functions"][name]["library"], audit
+    else:
+        assert "kernel_audit" not in lab
 
 
 def test_untouched_lab_gets_zero(graded):

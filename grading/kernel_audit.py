@@ -1,0 +1,286 @@
+"""Which kernels a graded function launched, listed from outside the process that ran it (GPU).
+
+The watch around a graded call (grading/watch.py) lives in the student's own process: its hooks
+and its profiler are objects that code set on cheating can reach. This audit lists the kernels
+again with NVIDIA Nsight Compute (`ncu`), which starts the worker, injects itself into CUDA before
+any student code runs, and writes its list only after the worker has ended, through a pipe that
+only this process reads.
+
+After a lab's functions have been graded, the functions that passed are called once more in a
+fresh worker under ncu, each on one case judged here as usual, between two marker launches of the
+grader's own (`grading_audit_marker`, grid k + 1 before function k). What ncu lists between the
+markers of function k is function k's. A library kernel there -- PyTorch's (other than the fills
+and copies the grader's own bookkeeping launches), cuBLAS's, cuDNN's, CuPy's built-in ufuncs,
+torch.compile's generated Triton -- means the function did not compute with its own kernels, and it
+gets no points. A list that is missing, inconsistent or out of order counts against the functions
+it should have covered: nothing a worker writes becomes a verdict unless it reads as ncu wrote it.
+
+What the audit does not see: kernels of functions the spec allows PyTorch ops (their GEMMs are
+cuBLAS's by design), and code that behaves differently when it detects ncu (its environment
+variables are visible to the worker). The audit raises the cost of hiding; the sandbox and the
+parent's verdicts stay the line (grading/README.md, "The kernel audit").
+"""
+from __future__ import annotations
+
+import csv
+import functools
+import math
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+MARKER = "grading_audit_marker"
+# Launch metrics come from the launch itself: no counter passes, no replay, nothing that needs
+# the profiling permission some drivers restrict.
+NCU_ARGS = ["--target-processes", "all", "--metrics", "launch__grid_size", "--csv", "--page", "raw",
+            "--print-kernel-base", "demangled", "--cache-control", "none", "--clock-control",
+            "none"]
+LOG_LIMIT = 16 * 2**20  # bytes of ncu output read; more means something is writing into the pipe
+
+# Kernels of libraries, by the start of their (demangled, "void "-less) names. A student's own
+# kernel named like one of these is counted as the library's (grading/README.md says so).
+LIBRARY_PREFIXES = {
+    "PyTorch": ("at::", "c10::", "pytorch_flash::"),
+    "cuBLAS": ("sm90_xmma", "sm80_xmma", "sm75_xmma", "sm70_xmma", "nvjet_", "ampere_", "volta_",
+               "turing_", "gemv2T_kernel", "gemv2N_kernel", "gemvNSP_kernel", "gemmSN_",
+               "gemmk1_kernel", "splitKreduce_kernel", "cublas", "cublasLt::"),
+    "CUTLASS": ("cutlass", "fmha_cutlass"),
+    "cuDNN": ("cudnn",),
+    "CUB/Thrust": ("cub::", "thrust::"),
+    "CuPy's built-in kernels": ("cupy_",),
+    "torch.compile": ("triton_poi_", "triton_red_", "triton_per_", "triton_tem_"),
+}
+# The grader's own bookkeeping between the markers: poisoning outputs (fill), snapshots and new
+# trial values (copies), and the side-stream delay (torch.cuda._sleep's spin kernel).
+GRADER_KERNELS = ("FillFunctor", "copy_kernel", "spin_kernel")
+
+
+def library_of(kernel: str) -> str | None:
+    """The library a kernel name belongs to, or None for the student's own (or the grader's)."""
+    name = kernel.removeprefix("void ").strip()
+    if name.startswith(("at::", "c10::")) and any(k in name for k in GRADER_KERNELS):
+        return None
+    if "at::native" in name:
+        return "PyTorch"
+    for library, prefixes in LIBRARY_PREFIXES.items():
+        if name.startswith(prefixes):
+            return library
+    return None
+
+
+def find_ncu() -> str | None:
+    found = shutil.which("ncu")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if root and Path(root, "bin", "ncu").is_file():
+            return str(Path(root, "bin", "ncu"))
+    return None
+
+
+class AuditError(Exception):
+    """ncu's list could not be read as ncu writes it."""
+
+
+def parse_ncu_csv(text: str) -> list[tuple[str, int, str]]:
+    """(kernel name, grid size, process id) per launch, in launch order, from `ncu --csv --page
+    raw` output (its "==PROF==" lines skipped). Exactly one header is expected."""
+    lines = [line for line in text.splitlines() if line.startswith('"')]
+    rows = list(csv.reader(lines))
+    headers = [i for i, row in enumerate(rows) if "Kernel Name" in row and "ID" in row]
+    if len(headers) != 1:
+        raise AuditError(f"{len(headers)} kernel tables in ncu's output (1 expected)")
+    header = rows[headers[0]]
+    at = {name: header.index(name) for name in ("ID", "Kernel Name", "Process ID", "Grid Size")}
+    launches, ids = [], []
+    for row in rows[headers[0] + 1:]:
+        if len(row) != len(header):
+            raise AuditError(f"a row of {len(row)} fields under a header of {len(header)}")
+        if not row[at["ID"]].strip():
+            continue  # the units row
+        try:
+            ids.append(int(row[at["ID"]]))
+            grid = math.prod(int(d) for d in row[at["Grid Size"]].strip("()").split(","))
+        except ValueError as exc:
+            raise AuditError(f"a launch row that ncu would not write: {row[:9]}") from exc
+        launches.append((row[at["Kernel Name"]], grid, row[at["Process ID"]]))
+    if ids and ids != list(range(ids[0], ids[0] + len(ids))):
+        raise AuditError("kernel IDs out of order, repeated or missing")
+    return launches
+
+
+def kernels_between_markers(launches, functions: list[str]) -> dict[str, list[str]]:
+    """Each function's kernels: those after its marker (grid k + 1) and before the next."""
+    markers = [i for i, (name, _, _) in enumerate(launches) if name.removeprefix("void ") == MARKER]
+    grids = [launches[i][1] for i in markers]
+    expected = list(range(1, len(functions) + 2))
+    if grids != expected:
+        raise AuditError(f"the grader's markers came as grids {grids[:8]}, not {expected[:8]}")
+    return {fn: [launches[i][0] for i in range(markers[k] + 1, markers[k + 1])]
+            for k, fn in enumerate(functions)}
+
+
+class _PipeReader(threading.Thread):
+    """Reads ncu's log pipe to the end (or LOG_LIMIT), so ncu never blocks on a full pipe."""
+
+    def __init__(self, fd: int):
+        super().__init__(daemon=True)
+        self.fd, self.data, self.overflow = fd, bytearray(), False
+
+    def run(self) -> None:
+        with os.fdopen(self.fd, "rb") as pipe:
+            while chunk := pipe.read(1 << 16):
+                if len(self.data) + len(chunk) > LOG_LIMIT:
+                    self.overflow = True
+                    continue
+                self.data += chunk
+
+
+@functools.cache
+def _marker_kernel():
+    import triton
+
+    @triton.jit
+    def grading_audit_marker(unused):
+        pass
+
+    return grading_audit_marker
+
+
+def marker_launch(index: int) -> None:
+    """In the worker (op "mark"): the grader's marker, grid index + 1, alone on the GPU."""
+    import torch
+
+    torch.cuda.synchronize()
+    _marker_kernel()[(index + 1,)](0)
+    torch.cuda.synchronize()
+
+
+@functools.cache
+def status() -> tuple[bool, str]:
+    """(usable, why not): ncu is installed and lists a marker launched by a Python worker here."""
+    from kernels import runtime
+
+    if not runtime.ON_GPU:
+        return False, "no GPU"
+    ncu = find_ncu()
+    if ncu is None:
+        return False, "Nsight Compute (ncu) is not installed"
+    # os._exit, as the worker leaves: ncu must list what ran without Python's own shutdown
+    probe = ("import os, grading.kernel_audit as a; a.marker_launch(0); a.marker_launch(1); "
+             "os._exit(0)")
+    read_fd, write_fd = os.pipe()
+    reader = _PipeReader(read_fd)
+    reader.start()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]))}
+    try:
+        done = subprocess.run([ncu, *NCU_ARGS, "--log-file", f"/dev/fd/{write_fd}",
+                               sys.executable, "-c", probe], pass_fds=[write_fd], env=env,
+                              capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        os.close(write_fd)
+        return False, f"ncu could not be run: {exc}"
+    os.close(write_fd)
+    reader.join(timeout=30)
+    try:
+        kernels_between_markers(parse_ncu_csv(reader.data.decode(errors="replace")), ["probe"])
+    except AuditError as exc:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or [""]
+        return False, f"ncu did not list a test launch ({exc}; exit {done.returncode}) {tail[0]}"
+    return True, ""
+
+
+def audited_functions(spec, done: dict) -> tuple[list, dict]:
+    """(the functions to audit, {name: why not} for the passed ones left out)."""
+    chosen, left_out = [], {}
+    for fn_spec in spec.functions:
+        if done.get(fn_spec.name, {}).get("status") != "pass":
+            continue
+        if fn_spec.allowed_ops:
+            left_out[fn_spec.name] = "may call PyTorch ops (its spec allows them)"
+        elif fn_spec.grade_group is not None or fn_spec.backend == "gloo":
+            left_out[fn_spec.name] = "runs in a process group of CPU processes"
+        else:
+            chosen.append(fn_spec)
+    return chosen, left_out
+
+
+def _fail(entry: dict, why: str) -> None:
+    entry["status"], entry["points"] = "fail", 0
+    entry["message"] = f"kernel audit: {why}"
+
+
+def audit_lab(lab: dict, spec, done: dict, seed: int, opts, env: dict, cmd: list[str],
+              work: Path, sandboxed: bool) -> None:
+    """Call the lab's passed functions again under ncu (one worker) and fail those whose calls
+    ran a library's kernels; records what was seen in lab["kernel_audit"]."""
+    from grading import runner
+    from grading.correctness import run_case
+
+    chosen, left_out = audited_functions(spec, done)
+    report = {"tool": "ncu", "functions": {}, "left_out": left_out}
+    lab["kernel_audit"] = report
+    if not chosen:
+        return
+    usable, why = status()
+    if not usable:
+        report["error"] = f"not run: {why}"
+        return
+    read_fd, write_fd = os.pipe()
+    reader = _PipeReader(read_fd)
+    reader.start()
+    prefix = [find_ncu(), *NCU_ARGS, "--log-file", f"/dev/fd/{write_fd}"]
+    worker = runner.WorkerProcess(cmd, work, runner.time.monotonic() + opts.timeout, opts, env,
+                                  sandboxed, prefix=prefix, extra_fds=[write_fd])
+    failure, failed_cases = None, {}
+    try:
+        worker.set_step(None, "starting the kernel audit's worker", "import")
+        worker.receive()
+        worker.set_step(None, "importing the solution cells (kernel audit)", "import")
+        if worker.request({"op": "import"}).get("import_error"):
+            raise AuditError("the solution cells failed to import under the audit")
+        for k, fn_spec in enumerate(chosen):
+            worker.set_step(fn_spec.name, "kernel audit")
+            worker.request({"op": "mark", "index": k})
+            case = fn_spec.cases_for(seed)[0]
+            caller = runner.WorkerCaller(worker, work, fn_spec.name)
+            outcome = run_case(caller, fn_spec, case, runner.derived_seed(seed, "audit", k))
+            if not outcome.ok:
+                failed_cases[fn_spec.name] = (f"case {outcome.case} failed when called again "
+                                              f"under Nsight Compute: {outcome.reason}")
+        worker.set_step(None, "kernel audit")
+        worker.request({"op": "mark", "index": len(chosen)})
+        returncode = worker.finish(timeout=120)
+        if returncode != 0:
+            raise AuditError(f"ncu and the worker ended with exit status {returncode}")
+    except (runner.WorkerGone, runner.GraderError, runner.WorkerReplyError, AuditError) as exc:
+        failure = f"{type(exc).__name__}: {exc}"
+    finally:
+        worker.close()
+    reader.join(timeout=60)
+    names = [f.name for f in chosen]
+    try:
+        if failure:
+            raise AuditError(failure)
+        if reader.overflow:
+            raise AuditError(f"more than {LOG_LIMIT} bytes in ncu's log")
+        seen = kernels_between_markers(parse_ncu_csv(reader.data.decode(errors="replace")), names)
+    except AuditError as exc:
+        report["error"] = str(exc)
+        for name in names:
+            _fail(done[name], f"the list of kernels your code ran could not be read ({exc})")
+        return
+    for name, kernels in seen.items():
+        foreign = sorted({k for k in kernels if library_of(k)})
+        report["functions"][name] = {"kernels": sorted(set(kernels)), "library": foreign}
+        if foreign:  # the strongest evidence: named first, whatever else failed
+            libraries = sorted({library_of(k) for k in foreign})
+            _fail(done[name], f"Nsight Compute, outside your code's process, saw kernels of "
+                              f"{', '.join(libraries)} in its call ({foreign[0][:120]}): a graded "
+                              f"function computes with its own kernels")
+        elif name in failed_cases:
+            _fail(done[name], failed_cases[name])

@@ -1,0 +1,186 @@
+"""The kernel audit (grading/kernel_audit.py): ncu's list read strictly, kernels attributed by the
+grader's markers, library kernels named; on a GPU, a function that computes with PyTorch loses its
+points even where the in-process watch was told it passed, and an honest one keeps them."""
+
+import sys
+
+import pytest
+
+from grading import kernel_audit
+from grading.kernel_audit import AuditError, kernels_between_markers, library_of, parse_ncu_csv
+from grading.labs import get_lab
+
+HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
+          '"Block Size","Grid Size","Device","CC","launch__grid_size"')
+UNITS = '"","","","","","","","","","","",""'
+
+
+def row(i: int, name: str, grid: int) -> str:
+    return (f'"{i}","1095","python3.12","127.0.0.1","{name}","1","7","(256, 1, 1)",'
+            f'"({grid}, 1, 1)","0","9.0","{grid:,}"')
+
+
+def ncu_log(*launches: tuple[str, int]) -> str:
+    lines = ["==PROF== Connected to process 1095 (/usr/bin/python3.12)",
+             HEADER, UNITS, *(row(i, n, g) for i, (n, g) in enumerate(launches)),
+             "==PROF== Disconnected from process 1095"]
+    return "\n".join(lines) + "\n"
+
+
+ADD_ATEN = ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>,"
+            " std::array<char *, 3>>(int, T2, T3)")
+FILL = ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
+        "std::array<char *, 1>>(int, T2, T3)")
+COPY = ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda("
+        "at::TensorIteratorBase &)::[lambda() (instance 3)]::operator ()() const>(int, T1)")
+SPIN = "void at::cuda::<unnamed>::spin_kernel(long)"
+
+
+@pytest.mark.parametrize("name, library", [
+    (ADD_ATEN, "PyTorch"),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float>>(T3)", "PyTorch"),
+    ("sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1", "cuBLAS"),
+    ("nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_NTN", "cuBLAS"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3", "cuDNN"),
+    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>>(Flash_fwd_params)",
+     "PyTorch"),
+    ("cupy_add__float32_float32_float32", "CuPy's built-in kernels"),
+    ("triton_poi_fused_add_0", "torch.compile"),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_s16816gemm>(T1::Params)", "CUTLASS"),
+    # the student's own and the grader's bookkeeping
+    ("add_kernel", None), ("grouped_gemm_kernel", None), ("_rms_norm_fwd", None),
+    ("flash_attention_forward", None), (FILL, None), (COPY, None), (SPIN, None),
+    (kernel_audit.MARKER, None),
+])
+def test_library_kernels_are_named_and_the_students_are_not(name, library):
+    assert library_of(name) == library
+
+
+def test_each_function_gets_the_kernels_between_its_markers():
+    m = kernel_audit.MARKER
+    log = ncu_log(("void at::native::x<CUDAFunctor_add<float>>", 1), (m, 1), (FILL, 8),
+                  ("add_kernel", 64), (m, 2), (FILL, 8), (ADD_ATEN, 128), (m, 3))
+    seen = kernels_between_markers(parse_ncu_csv(log), ["add", "residual_add"])
+    assert seen == {"add": [FILL, "add_kernel"], "residual_add": [FILL, ADD_ATEN]}
+    assert [library_of(k) for k in seen["residual_add"]] == [None, "PyTorch"]
+
+
+TWO_MARKERS = ncu_log((kernel_audit.MARKER, 1), (kernel_audit.MARKER, 2))
+
+
+@pytest.mark.parametrize("log, why", [
+    ("==PROF== Disconnected\n", "0 kernel tables"),
+    (ncu_log((kernel_audit.MARKER, 1)) + HEADER + "\n", "2 kernel tables"),
+    (TWO_MARKERS.replace('"1095",', "", 1), "a row of 11 fields"),
+    (TWO_MARKERS.replace('"(2, 1, 1)"', '"two"'), "would not write"),
+    (TWO_MARKERS.replace('"1","1095"', '"0","1095"'), "out of order"),
+])
+def test_a_list_not_as_ncu_writes_it_is_refused(log, why):
+    with pytest.raises(AuditError, match=why):
+        kernels_between_markers(parse_ncu_csv(log), ["add"])
+
+
+@pytest.mark.parametrize("grids", [[1], [1, 2, 2], [2, 1], [1, 3]])
+def test_markers_missing_repeated_or_out_of_order_are_refused(grids):
+    """A student's kernel named like the marker, or a marker launch the student's code suppressed,
+    leaves the list unattributable: it counts against the functions, never for them."""
+    log = ncu_log(*[(kernel_audit.MARKER, g) for g in grids])
+    with pytest.raises(AuditError, match="markers came as grids"):
+        kernels_between_markers(parse_ncu_csv(log), ["add"])
+
+
+def test_functions_allowed_pytorch_or_process_groups_are_left_out():
+    passed = {"status": "pass"}
+    lab00 = get_lab("00_profiling")
+    chosen, left_out = kernel_audit.audited_functions(
+        lab00, {f.name: passed for f in lab00.functions})
+    allowed = [f.name for f in lab00.functions if f.allowed_ops]
+    assert allowed and all("may call PyTorch ops" in left_out[n] for n in allowed)
+    assert [f.name for f in chosen] == [f.name for f in lab00.functions if not f.allowed_ops]
+    lab08 = get_lab("08_communication")
+    chosen, left_out = kernel_audit.audited_functions(
+        lab08, {f.name: passed for f in lab08.functions})
+    assert not chosen and all("process group" in why for why in left_out.values())
+    lab01 = get_lab("01_elementwise_add")
+    chosen, _ = kernel_audit.audited_functions(lab01, {"add": passed, "residual_add": {
+        "status": "fail"}})
+    assert [f.name for f in chosen] == ["add"]  # only what passed is audited
+
+
+@pytest.mark.cpu
+def test_without_a_gpu_the_audit_says_why():
+    assert kernel_audit.status() == (False, "no GPU")
+
+
+# ---- on the GPU: ncu, the sandbox, the markers, end to end ----------------------------------
+
+TORCH_ADD = """
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def noop_kernel(x_ptr):
+    pass
+
+
+def add(a, b, out=None):
+    noop_kernel[(1,)](a)
+    return torch.add(a, b, out=out)
+
+
+def residual_add(x, residual, out=None):
+    return torch.add(x, residual, out=out)
+"""
+
+
+def audit(tmp_path, code: str, sandboxed: bool):
+    from grading import runner
+    from grading.runner import Options, _worker_env
+
+    spec = get_lab("01_elementwise_add")
+    work = tmp_path / "audit"
+    work.mkdir()
+    (work / f"student_{spec.id}.py").write_text(code)
+    done = {f.name: {"status": "pass", "points": f.points, "message": ""}
+            for f in spec.functions if f.backend == "triton"}
+    lab = {}
+    opts = Options(sandbox="auto" if sandboxed else "off")
+    cmd = [sys.executable, "-m", "grading.worker", "--lab", spec.id, *opts.worker_args()]
+    kernel_audit.audit_lab(lab, spec, done, 11, opts, _worker_env(opts), cmd, work,
+                           sandboxed and runner.use_sandbox(opts)[0])
+    return lab["kernel_audit"], done
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_ncu_lists_a_marker_from_a_python_process():
+    assert kernel_audit.status() == (True, "")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sandboxed", [True, False], ids=["bubblewrap", "no-sandbox"])
+def test_pytorch_in_the_call_loses_the_points_the_watch_gave(tmp_path, sandboxed):
+    """The in-process verdict is forged as "pass" here; ncu, outside the process, still sees
+    PyTorch's add kernel in each function's call."""
+    report, done = audit(tmp_path, TORCH_ADD, sandboxed)
+    assert "error" not in report, report
+    for name in ("add", "residual_add"):
+        assert done[name]["status"] == "fail" and done[name]["points"] == 0
+        assert "kernel audit: Nsight Compute" in done[name]["message"], done[name]["message"]
+        assert "PyTorch" in done[name]["message"]
+        assert any("CUDAFunctor_add" in k for k in report["functions"][name]["library"])
+    assert "noop_kernel" in report["functions"]["add"]["kernels"]
+
+
+@pytest.mark.gpu
+def test_the_solution_passes_the_audit_with_its_own_kernels(tmp_path):
+    from grading.notebooks import SOLUTIONS_DIR, read_notebook, solution_module
+
+    nb = read_notebook(SOLUTIONS_DIR / "01_elementwise_add_lab.ipynb")
+    code, _ = solution_module(nb, nb)
+    report, done = audit(tmp_path, code, sandboxed=True)
+    assert "error" not in report, report
+    for name, seen in report["functions"].items():
+        assert done[name]["status"] == "pass", done[name]["message"]
+        assert seen["kernels"] and not seen["library"], seen
