@@ -29,7 +29,11 @@ def short_exception(exc: BaseException) -> str:
     frames = mine or frames
     where = f" (at {frames[-1].name}, line {frames[-1].lineno})" if frames else ""
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}{where}".strip()
+    first = text[0] if text else ""
+    if type(exc).__name__ == "CompilationError" and len(text) > 1:
+        # Triton's: "at 5:8:", the offending source line, a caret, then the reason
+        first = f"{first} {text[-1].strip()}"
+    return f"{type(exc).__name__}: {first}{where}".strip()
 
 
 def _gib(value: float | None) -> str:

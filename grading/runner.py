@@ -660,6 +660,10 @@ def grade_lab(notebook: Path, lab_id: str, seed: int, opts: Options,
     )
     from kernels import runtime
 
+    if opts.cpu and runtime.ON_GPU:
+        raise ValueError("Options(cpu=True) grades in CPU mode, and this process, which makes the "
+                         "inputs, is in GPU mode: start it with KERNELS_MODE=cpu (python -m "
+                         "grading --cpu does)")
     spec = get_lab(lab_id)
     notebook = notebook.resolve()
     source = (source or source_path_for(notebook, lab_id)).resolve()

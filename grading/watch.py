@@ -161,9 +161,12 @@ class _AllThreads:
     def __exit__(self, *exc):
         from torch.autograd import _disable_profiler
 
-        torch.ops.profiler._record_function_exit._RecordFunction(self.mark)
-        with quiet_stderr():
-            self.events = list(_disable_profiler().events())
+        try:
+            torch.ops.profiler._record_function_exit._RecordFunction(self.mark)
+            with quiet_stderr():
+                self.events = list(_disable_profiler().events())
+        except RuntimeError:  # the student's code stopped it ("not running"): no events, no range
+            self.events = []
 
     def findings(self, allowed: set[str]) -> tuple[list[str], list[str]] | None:
         """(forbidden ops, host reads), None if the profiler was stopped inside the call.
@@ -172,17 +175,30 @@ class _AllThreads:
         if not any(e.name() == CALL_RANGE for e in self.events):
             return None
         excused: dict[int, list] = {}  # per thread: launches and allowed ops, as (start, end)
-        candidates = []
+        aten: dict[int, list] = {}  # per thread: every aten op's span
+        candidates, composites = [], []
         for e in self.events:
             name = e.name()
             if name != LAUNCH_RANGE and not name.startswith("aten::"):
                 continue
             op = f"aten.{name[6:]}.{e.overload_name() or 'default'}"
-            span = (e.start_ns(), e.end_ns())
+            thread, span = e.start_thread_id(), (e.start_ns(), e.end_ns())
+            if name != LAUNCH_RANGE:
+                aten.setdefault(thread, []).append(span)
             if name == LAUNCH_RANGE or op in allowed:
-                excused.setdefault(e.start_thread_id(), []).append(span)
-            elif not _composite(name, e.overload_name()):
-                candidates.append((e.start_thread_id(), span, op))
+                excused.setdefault(thread, []).append(span)
+                continue
+            kind = composites if _composite(name, e.overload_name()) else candidates
+            kind.append((thread, span, op))
+        # A composite with no op inside it that returns a new tensor ran a kernel of its own for
+        # this device (on a GPU, aten::_fused_rms_norm is one fused kernel): it is the leaf here.
+        # One that returns a view of its input (contiguous, reshape, to) may simply have had
+        # nothing to do.
+        for thread, (start, end), op in composites:
+            if not _returns_a_view(op) and not any(
+                    start <= a and b <= end and (a, b) != (start, end)
+                    for a, b in aten.get(thread, ())):
+                candidates.append((thread, (start, end), op))
         forbidden: list[str] = []
         reads: list[str] = []
         for thread, (start, end), op in candidates:
@@ -192,6 +208,17 @@ class _AllThreads:
             if op not in seen:
                 seen.append(op)
         return forbidden, reads
+
+
+@functools.cache
+def _returns_a_view(op: str) -> bool:
+    """`aten.name.overload` returns an alias of an input (`Tensor(a)`) where it can."""
+    _, name, overload = op.split(".")
+    try:
+        schema = getattr(getattr(torch.ops.aten, name), overload)._schema
+    except (AttributeError, RuntimeError):
+        return True  # unknown: not held against the student
+    return any(r.alias_info is not None for r in schema.returns)
 
 
 @functools.cache

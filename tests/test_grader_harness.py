@@ -420,3 +420,46 @@ def test_a_spec_with_only_strided_cases_is_graded():
     result = check_function(only_strided, "add", triton_add.add, seed=3, perf=False)
     assert result.status == "pass", result.message
     assert [c.case for c in result.cases] == [c.label for c in strided]
+
+
+class _Event:
+    """A profiler event as `_AllThreads.findings` reads it."""
+
+    def __init__(self, name, start, end, overload="", thread=1):
+        self._name, self._overload, self._span, self._thread = name, overload, (start, end), thread
+
+    def name(self):
+        return self._name
+
+    def overload_name(self):
+        return self._overload
+
+    def start_ns(self):
+        return self._span[0]
+
+    def end_ns(self):
+        return self._span[1]
+
+    def start_thread_id(self):
+        return self._thread
+
+
+def test_a_composite_that_ran_its_own_kernel_is_pytorch_compute():
+    """On a GPU, F.rms_norm reaches aten::_fused_rms_norm, a composite for the CPU that runs one
+    fused kernel on CUDA: nothing is recorded inside it, so it is the leaf. A composite that
+    returns a view (contiguous) and did nothing is not; one whose parts were recorded is judged by
+    its parts."""
+    from grading.watch import CALL_RANGE, _AllThreads
+
+    threads = _AllThreads()
+    threads.events = [
+        _Event(CALL_RANGE, 0, 100),
+        _Event("aten::contiguous", 1, 2),  # a no-op on a contiguous tensor
+        _Event("aten::rms_norm", 10, 40, thread=2),  # another thread: F.rms_norm on a GPU
+        _Event("aten::_fused_rms_norm", 11, 39, thread=2),
+        _Event("aten::type_as", 50, 60),  # judged by its part
+        _Event("aten::to", 51, 59, "dtype"),
+        _Event("aten::_to_copy", 52, 58),
+    ]
+    allowed = {"aten._to_copy.default"}
+    assert threads.findings(allowed) == (["aten._fused_rms_norm.default"], [])

@@ -24,6 +24,7 @@ from grading.runner import (
     death_reason,
     rss_bytes,
 )
+from kernels import runtime
 
 
 def fake_worker(tmp_path: Path, body: str, opts: Options, deadline_s: float = 60,
@@ -273,7 +274,8 @@ def test_a_bug_in_the_parent_s_checks_is_the_grader_s(tmp_path, monkeypatch):
         return original(j)
 
     monkeypatch.setattr(correctness, "judge", judge)
-    lab = grade_lab(notebook, LAB.removesuffix("_lab.ipynb"), 5, Options(cpu=True, perf=False))
+    opts = Options(cpu=not runtime.ON_GPU, perf=False)  # this process's mode: it makes the inputs
+    lab = grade_lab(notebook, LAB.removesuffix("_lab.ipynb"), 5, opts)
     functions = {f["name"]: f for f in lab["functions"]}
     assert functions["add"]["status"] == "error"
     assert "the grader failed (a bug in the grader, not in your code): IndexError: the judge's " \
