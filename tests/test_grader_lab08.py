@@ -104,6 +104,10 @@ def test_a_forged_reply_is_not_a_verdict():
     assert "the tensor is unchanged: nothing was reduced" in problem
 
 
+# The DDP verdicts in this process: on a GPU machine the test process may have run a backward pass
+# for another test file, after which forked ranks cannot run backward (the test below shows the
+# message); there the GPU path is `python -m grading`'s fresh worker, tested further down.
+@pytest.mark.cpu
 @pytest.mark.parametrize(
     "submission", [course_ddp.DataParallel, ddp()], ids=["course-ddp", "corpus-solution"]
 )
@@ -112,6 +116,32 @@ def test_right_ddp_gets_full_points(submission):
     assert (result.status, result.points) == ("pass", 5), result.message
 
 
+def test_the_reference_training_runs_in_a_process_of_its_own():
+    """Its backward pass would otherwise taint this process for every later fork (a check cell
+    run a second time would fail on a GPU machine)."""
+    weights, batches, _ = lab08_communication.ddp_inputs(SEED, 2)
+    forked = lab08_communication.ddp_reference_forked(weights[0], batches, 2)
+    here = lab08_communication.ddp_reference(weights[0], batches, 2)
+    assert len(forked) == len(here) == lab08_communication.STEPS
+    # the same training; one thread there, this process's here: sums may round differently
+    def same(a, b):
+        return torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+
+    for (grads, local), (grads_f, local_f) in zip(here, forked):
+        assert len(grads) == len(grads_f) and all(map(same, grads, grads_f))
+        assert all(same(a, b) for r, rf in zip(local, local_f) for a, b in zip(r, rf))
+
+
+@pytest.mark.gpu
+def test_ranks_forked_after_a_backward_here_say_how_to_recover():
+    x = torch.ones(3, requires_grad=True, device="cuda")
+    (x * 2).sum().backward()  # autograd's device threads start: forked ranks cannot run backward
+    result = _grade("BucketedDDP", course_ddp.DataParallel)
+    assert result.status == "fail", result.message
+    assert "Restart the kernel and run this check before any backward" in result.message
+
+
+@pytest.mark.cpu
 @pytest.mark.parametrize("mistake", sorted(DDP))
 def test_wrong_ddp_gets_zero_with_its_reason(mistake):
     result = _grade("BucketedDDP", ddp(mistake))

@@ -148,12 +148,20 @@ def _peer_gone(message: str) -> bool:
     return any(s in message for s in ("Connection closed by peer", "Connection reset", "gloo/"))
 
 
+# What a forked rank raises when this process ran a backward pass first with a GPU present:
+# autograd's device threads do not survive a fork.
+AUTOGRAD_FORK = "autograd's threading in combination with fork-based multiprocessing"
+
+
 def _launch(worker, world: int, args: tuple) -> dict:
     """worker in a gloo group of `world` forked processes: {"ranks": results} or {"error": why}.
-    A NotImplementedError in any rank is raised here."""
+    A NotImplementedError in any rank is raised here. One torch thread per rank: GNU OpenMP is
+    not fork-safe, and a rank that starts a parallel region after this process has used the pool
+    hangs (seen on a 16-core host)."""
     try:
         packed = launch.run(
-            worker, world, args, backend="gloo", timeout_s=TIMEOUT_S, start_method="fork"
+            worker, world, args, backend="gloo", timeout_s=TIMEOUT_S, start_method="fork",
+            threads=1,
         )
     except TimeoutError:
         return {
@@ -165,6 +173,13 @@ def _launch(worker, world: int, args: tuple) -> dict:
         text = str(exc)
         if "NotImplementedError" in text:
             raise NotImplementedError from None
+        if AUTOGRAD_FORK in text:
+            return {
+                "error": f"N={world}: the ranks could not run backward: this process ran a "
+                "backward pass before forking them, and with a GPU present autograd's threads do "
+                "not survive a fork. Restart the kernel and run this check before any backward "
+                "(or grade with python -m grading, whose worker never runs one)"
+            }
         raised = [
             line.split("_RankFailed: ", 1)[1]
             for line in text.splitlines()
@@ -490,6 +505,21 @@ def run_ddp(cls, job: dict, inputs: tuple) -> dict:
     return _launch(_ddp_rank, world, (cls, list(job["buckets"]), weights, batches))
 
 
+def _reference_rank(rank: int, world: int, weights0: list, batches: list, ranks: int) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(ddp_reference(weights0, batches, ranks), buffer)
+    return buffer.getvalue()
+
+
+def ddp_reference_forked(weights0: list, batches: list, world: int):
+    """`ddp_reference` in a forked process of its own: a backward pass in this process would start
+    autograd's device threads (with a GPU present), and ranks forked after it could not run
+    backward -- a check cell run twice would fail the second time."""
+    [packed] = launch.run(_reference_rank, 1, (weights0, batches, world), backend="gloo",
+                          timeout_s=TIMEOUT_S * 3, start_method="fork", threads=1)
+    return torch.load(io.BytesIO(packed), weights_only=True)
+
+
 def ddp_reference(weights0: list, batches: list, world: int):
     """Single-process training on the whole batch from rank 0's weights: per step, the gradients
     (what every replica must hold after finish_gradient_synchronization) and each rank's own
@@ -565,7 +595,7 @@ def judge_ddp(world: int, buckets, weights, batches, names, found) -> str:
         return f"N={world}: the ranks' results could not be read (not what the call returns)"
     if "error" in found:
         return found["error"]
-    reference = ddp_reference(weights[0], batches, world)
+    reference = ddp_reference_forked(weights[0], batches, world)
     n_params = len(names)
     for b, bucket_mb in enumerate(buckets):
         label = f"N={world}, bucket_mb={bucket_mb}"

@@ -83,8 +83,7 @@ def run(
     start_method: str | None = None,
 ) -> list:
     """worker(rank, world, *args) in `world` processes of one process group; its return values by
-    rank. `threads`: torch threads per process (default: one if forked, else the cores shared
-    out).
+    rank. `threads`: torch threads per process (default: the cores shared out, at least 1).
     Raises RuntimeError with the failing rank's traceback, or TimeoutError naming the ranks still
     waiting. `start_method`: "fork" or "spawn" (default: fork for gloo in a process that has not
     used CUDA, spawn otherwise)."""
@@ -93,12 +92,9 @@ def run(
     # here, so that forked children share it instead of each importing it on its own core
     import torch._dynamo  # noqa: F401
 
+    threads = threads or max(1, (os.cpu_count() or 1) // world)
     forkable = backend != "nccl" and not torch.cuda.is_initialized()
-    start_method = start_method or ("fork" if forkable else "spawn")
-    ctx = mp.get_context(start_method)
-    # A forked child gets one thread: GNU OpenMP is not fork-safe, and a child that starts a
-    # parallel region after its parent has used the pool deadlocks (seen on a 16-core host).
-    threads = threads or (1 if start_method == "fork" else max(1, (os.cpu_count() or 1) // world))
+    ctx = mp.get_context(start_method or ("fork" if forkable else "spawn"))
     port = free_port()
     pipes, procs = [], []
     for rank in range(world):
