@@ -175,7 +175,7 @@ class _AllThreads:
         if not any(e.name() == CALL_RANGE for e in self.events):
             return None
         excused: dict[int, list] = {}  # per thread: launches and allowed ops, as (start, end)
-        aten: dict[int, list] = {}  # per thread: every aten op's span
+        computing: dict[int, list] = {}  # per thread: the spans of ops not allowed
         candidates, composites = [], []
         for e in self.events:
             name = e.name()
@@ -183,21 +183,20 @@ class _AllThreads:
                 continue
             op = f"aten.{name[6:]}.{e.overload_name() or 'default'}"
             thread, span = e.start_thread_id(), (e.start_ns(), e.end_ns())
-            if name != LAUNCH_RANGE:
-                aten.setdefault(thread, []).append(span)
             if name == LAUNCH_RANGE or op in allowed:
                 excused.setdefault(thread, []).append(span)
                 continue
+            computing.setdefault(thread, []).append(span)
             kind = composites if _composite(name, e.overload_name()) else candidates
             kind.append((thread, span, op))
-        # A composite with no op inside it that returns a new tensor ran a kernel of its own for
-        # this device (on a GPU, aten::_fused_rms_norm is one fused kernel): it is the leaf here.
-        # One that returns a view of its input (contiguous, reshape, to) may simply have had
-        # nothing to do.
+        # A composite with nothing but allocations inside it that returns a new tensor ran a
+        # kernel of its own for this device (on a GPU, aten::_fused_rms_norm allocates its outputs
+        # and runs one fused kernel): it is the leaf here. One that returns a view of its input
+        # (contiguous, reshape, to) may simply have had nothing to do.
         for thread, (start, end), op in composites:
             if not _returns_a_view(op) and not any(
                     start <= a and b <= end and (a, b) != (start, end)
-                    for a, b in aten.get(thread, ())):
+                    for a, b in computing.get(thread, ())):
                 candidates.append((thread, (start, end), op))
         forbidden: list[str] = []
         reads: list[str] = []

@@ -457,9 +457,11 @@ def test_a_composite_that_ran_its_own_kernel_is_pytorch_compute():
         _Event("aten::contiguous", 1, 2),  # a no-op on a contiguous tensor
         _Event("aten::rms_norm", 10, 40, thread=2),  # another thread: F.rms_norm on a GPU
         _Event("aten::_fused_rms_norm", 11, 39, thread=2),
+        _Event("aten::empty_like", 12, 13, thread=2),  # its outputs: allocations only
+        _Event("aten::empty", 14, 15, "memory_format", thread=2),
         _Event("aten::type_as", 50, 60),  # judged by its part
         _Event("aten::to", 51, 59, "dtype"),
         _Event("aten::_to_copy", 52, 58),
     ]
-    allowed = {"aten._to_copy.default"}
+    allowed = {"aten._to_copy.default", "aten.empty_like.default", "aten.empty.memory_format"}
     assert threads.findings(allowed) == (["aten._fused_rms_norm.default"], [])
