@@ -189,12 +189,12 @@ class _AllThreads:
             computing.setdefault(thread, []).append(span)
             kind = composites if _composite(name, e.overload_name()) else candidates
             kind.append((thread, span, op))
-        # A composite with nothing but allocations inside it that returns a new tensor ran a
-        # kernel of its own for this device (on a GPU, aten::_fused_rms_norm allocates its outputs
-        # and runs one fused kernel): it is the leaf here. One that returns a view of its input
-        # (contiguous, reshape, to) may simply have had nothing to do.
+        # A composite with nothing but allowed ops inside it (allocations) that returns new
+        # tensors ran a kernel of its own for this device (on a GPU, aten::_fused_rms_norm
+        # allocates its outputs and runs one fused kernel): it is the leaf here. One that may
+        # return its input (contiguous, reshape, to) may simply have had nothing to do.
         for thread, (start, end), op in composites:
-            if not _returns_a_view(op) and not any(
+            if _returns_new_tensors(op) and not any(
                     start <= a and b <= end and (a, b) != (start, end)
                     for a, b in computing.get(thread, ())):
                 candidates.append((thread, (start, end), op))
@@ -210,14 +210,18 @@ class _AllThreads:
 
 
 @functools.cache
-def _returns_a_view(op: str) -> bool:
-    """`aten.name.overload` returns an alias of an input (`Tensor(a)`) where it can."""
+def _returns_new_tensors(op: str) -> bool:
+    """`aten.name.overload` returns tensors, none of them an alias of an input (`Tensor(a)`): a
+    composite like that which called no computing op computed them itself. (`contiguous`,
+    `reshape`, `to` may return their input; `item` returns a number.)"""
     _, name, overload = op.split(".")
     try:
         schema = getattr(getattr(torch.ops.aten, name), overload)._schema
     except (AttributeError, RuntimeError):
-        return True  # unknown: not held against the student
-    return any(r.alias_info is not None for r in schema.returns)
+        return False  # unknown: not held against the student
+    returns = schema.returns
+    return bool(returns) and all(isinstance(r.type, torch._C.TensorType)
+                                 and r.alias_info is None for r in returns)
 
 
 @functools.cache

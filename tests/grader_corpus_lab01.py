@@ -620,6 +620,26 @@ ATTACKS: dict[str, Submission] = {
         cpu={"add": ("fail", "elements wrong")},
     ),
 }
+# Computes with CuPy's built-in add (its kernel `cupy_add`, not a PyTorch op, so no op watcher sees
+# it) beside one launch of its own kernel that writes nothing; bf16, which CuPy lacks, the honest
+# way. Everything the worker watches passes: only the kernel audit (ncu, outside the process) sees
+# whose kernel did the work.
+CUPY_BUILTIN = """    n = out.numel()
+    if n and runtime.ON_GPU and a.dtype != torch.bfloat16:
+        import cupy
+
+        add_kernel[(1,)](a, b, out, 0, BLOCK=BLOCK)  # n = 0: a launch that writes nothing
+        with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+            cupy.add(cupy.from_dlpack(a), cupy.from_dlpack(b), out=cupy.from_dlpack(out))
+    elif n:
+        add_kernel[(triton.cdiv(n, BLOCK),)](a, b, out, n, BLOCK=BLOCK)"""
+ATTACKS["cupy_builtin_beside_a_launch_that_writes_nothing"] = Submission(
+    {"add": add_cell(wrapper_body=CUPY_BUILTIN)},
+    {"add": ("fail", "kernel audit: Nsight Compute, outside your code's process, saw kernels of "
+                     "CuPy's built-in kernels")},
+    cpu={"add": PASS},
+    gpu_only="the CPU path launches its own kernel: CuPy runs only on a GPU",
+)
 CORPUS.update(ATTACKS)
 
 # Graded with performance measurement (tests/test_grader_lab01.py::test_performance_*): only the
