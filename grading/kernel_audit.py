@@ -30,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 MARKER = "grading_audit_marker"
@@ -234,8 +235,8 @@ def audit_lab(lab: dict, spec, done: dict, seed: int, opts, env: dict, cmd: list
     reader = _PipeReader(read_fd)
     reader.start()
     prefix = [find_ncu(), *NCU_ARGS, "--log-file", f"/dev/fd/{write_fd}"]
-    worker = runner.WorkerProcess(cmd, work, runner.time.monotonic() + opts.timeout, opts, env,
-                                  sandboxed, prefix=prefix, extra_fds=[write_fd])
+    worker = runner.WorkerProcess(cmd, work, time.monotonic() + opts.timeout, opts, env, sandboxed,
+                                  prefix=prefix, extra_fds=[write_fd])
     failure, failed_cases = None, {}
     try:
         worker.set_step(None, "starting the kernel audit's worker", "import")
