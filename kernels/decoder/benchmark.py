@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections import defaultdict
 
 import torch
@@ -567,7 +568,9 @@ def hf_child(path: str, quick: bool) -> int:
         try:
             out[key] = fn()
         except Exception as exc:  # noqa: BLE001 - record and go on with the next part
-            out[key], out["errors"][key] = None, f"{type(exc).__name__}: {exc}"
+            # with where it was raised: a device-side assert names no op in its message
+            where = "".join(traceback.format_exc().splitlines(keepends=True)[-12:])
+            out[key], out["errors"][key] = None, f"{type(exc).__name__}: {exc}\n{where}"
         print(f"HF {key}: {out[key]}", flush=True)
         with open(path, "w") as f:
             json.dump(out, f)
