@@ -17,8 +17,11 @@ it should have covered: nothing a worker writes becomes a verdict unless it read
 
 What the audit does not see: kernels of functions the spec allows PyTorch ops (their GEMMs are
 cuBLAS's by design), and code that behaves differently when it detects ncu (its environment
-variables are visible to the worker). The audit raises the cost of hiding; the sandbox and the
-parent's verdicts stay the line (grading/README.md, "The kernel audit").
+variables are visible to the worker). A worker stopped by a limit under ncu (which serializes
+and slows every launch: an autotuner's many trial runs) leaves the audit inconclusive, changing no
+verdict: an honest slow call and one that detected ncu look the same there. The audit raises the
+cost of hiding; the sandbox and the parent's verdicts stay the line (grading/README.md, "The
+kernel audit").
 """
 from __future__ import annotations
 
@@ -258,7 +261,13 @@ def audit_lab(lab: dict, spec, done: dict, seed: int, opts, env: dict, cmd: list
         returncode = worker.finish(timeout=120)
         if returncode != 0:
             raise AuditError(f"ncu and the worker ended with exit status {returncode}")
-    except (runner.WorkerGone, runner.GraderError, runner.WorkerReplyError, AuditError) as exc:
+    except runner.WorkerGone as gone:
+        if gone.attempt.stopped:  # a limit (time, memory, output) or Ctrl-C: no verdict either way
+            report["error"] = (f"inconclusive, the audit's worker was stopped: "
+                               f"{runner.death_reason(gone.attempt, opts)}")
+            return
+        failure = f"the audit's worker ended early: {runner.death_reason(gone.attempt, opts)}"
+    except (runner.GraderError, runner.WorkerReplyError, AuditError) as exc:
         failure = f"{type(exc).__name__}: {exc}"
     finally:
         worker.close()

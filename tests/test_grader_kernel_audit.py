@@ -2,6 +2,7 @@
 grader's markers, library kernels named; on a GPU, a function that computes with PyTorch loses its
 points even where the in-process watch was told it passed, and an honest one keeps them."""
 
+import os
 import sys
 
 import pytest
@@ -105,6 +106,58 @@ def test_functions_allowed_pytorch_or_process_groups_are_left_out():
     chosen, _ = kernel_audit.audited_functions(lab01, {"add": passed, "residual_add": {
         "status": "fail"}})
     assert [f.name for f in chosen] == ["add"]  # only what passed is audited
+
+
+class _WorkerThatEnds:
+    """Stands in for the audit's worker: it ends as `attempt` says before answering anything."""
+
+    attempt = None
+
+    def __init__(self, *args, **kwargs):
+        for fd in kwargs.get("extra_fds", ()):
+            os.close(fd)  # as WorkerProcess does once the worker has them
+
+    def set_step(self, *args):
+        pass
+
+    def receive(self):
+        from grading.runner import WorkerGone
+
+        raise WorkerGone(self.attempt)
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("stopped, points_kept", [("step", True), (None, False)],
+                         ids=["stopped-by-a-limit", "exited-early"])
+def test_a_worker_stopped_by_a_limit_leaves_the_audit_inconclusive(monkeypatch, tmp_path,
+                                                                  stopped, points_kept):
+    """ncu slows every launch (an autotuner's trial runs): a limit hit under it is no verdict
+    either way. A worker that ends on its own before the list is complete counts against the
+    functions, as any list that cannot be read does."""
+    from grading import runner
+    from grading.runner import Attempt, Options
+
+    attempt = Attempt(returncode=0 if stopped is None else None, stopped=stopped,
+                      step={"function": "add", "step": "kernel audit", "kind": "call",
+                            "limit_s": 60.0})
+    monkeypatch.setattr(_WorkerThatEnds, "attempt", attempt)
+    monkeypatch.setattr(runner, "WorkerProcess", _WorkerThatEnds)
+    monkeypatch.setattr(kernel_audit, "status", lambda: (True, ""))
+    monkeypatch.setattr(kernel_audit, "find_ncu", lambda: "/usr/bin/ncu")
+    spec = get_lab("01_elementwise_add")
+    done = {"add": {"status": "pass", "points": 4, "message": ""}}
+    lab = {}
+    kernel_audit.audit_lab(lab, spec, done, 3, Options(), {}, ["python"], tmp_path, False)
+    if points_kept:
+        assert done["add"] == {"status": "pass", "points": 4, "message": ""}
+        assert lab["kernel_audit"]["error"].startswith("inconclusive, the audit's worker was "
+                                                       "stopped: did not finish within 60 s")
+    else:
+        assert (done["add"]["status"], done["add"]["points"]) == ("fail", 0)
+        assert "could not be read (the audit's worker ended early: the grading process exited " \
+               "with code 0" in done["add"]["message"], done["add"]["message"]
 
 
 @pytest.mark.cpu
