@@ -179,11 +179,12 @@ def status() -> tuple[bool, str]:
     read_fd, write_fd = os.pipe()
     reader = _PipeReader(read_fd)
     reader.start()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]))}
+    from grading.runner import Options, _worker_env
+
     try:
         done = subprocess.run([ncu, *NCU_ARGS, "--log-file", f"/dev/fd/{write_fd}",
-                               sys.executable, "-c", probe], pass_fds=[write_fd], env=env,
+                               sys.executable, "-c", probe], pass_fds=[write_fd],
+                              env=_worker_env(Options()),
                               capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as exc:
         os.close(write_fd)

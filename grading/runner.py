@@ -699,13 +699,8 @@ def grade_lab(notebook: Path, lab_id: str, seed: int, opts: Options,
     with tempfile.TemporaryDirectory(prefix=f"grading-{lab_id}-") as tmp:
         folder = Path(tmp)
         while len(done) < len(spec.functions):
-            work = folder / f"worker-{len(lab['incidents'])}"  # a fresh folder per worker
-            work.mkdir()
-            (work / f"student_{lab_id}.py").write_text(code)
-            if sandboxed and not opts.cpu and runtime.ON_GPU:
-                from grading import sandbox
-
-                sandbox.seed_caches(work)
+            work = _worker_folder(folder / f"worker-{len(lab['incidents'])}", lab_id, code,
+                                  seed_caches=sandboxed and not opts.cpu and runtime.ON_GPU)
             worker = WorkerProcess(cmd, work, deadline, opts, env, sandboxed)
             try:
                 _grade_in_worker(worker, lab, spec, spec.functions, done, seed, opts,
@@ -737,17 +732,23 @@ def grade_lab(notebook: Path, lab_id: str, seed: int, opts: Options,
         if opts.kernel_audit and not opts.cpu and runtime.ON_GPU and not lab.get("error"):
             from grading import kernel_audit
 
-            work = folder / "kernel-audit"
-            work.mkdir()
-            (work / f"student_{lab_id}.py").write_text(code)
-            if sandboxed:
-                from grading import sandbox
-
-                sandbox.seed_caches(work)
+            work = _worker_folder(folder / "kernel-audit", lab_id, code, seed_caches=sandboxed)
             kernel_audit.audit_lab(lab, spec, done, seed, opts, env, cmd, work, sandboxed)
     lab["functions"] = [done[f.name] for f in spec.functions]
     lab["elapsed_s"] = round(time.monotonic() - started, 2)
     return lab
+
+
+def _worker_folder(work: Path, lab_id: str, code: str, seed_caches: bool) -> Path:
+    """A fresh folder for one worker, holding the graded module (and, sandboxed on a GPU, copies
+    of the user's compiled-kernel caches: grading/sandbox.py)."""
+    work.mkdir()
+    (work / f"student_{lab_id}.py").write_text(code)
+    if seed_caches:
+        from grading import sandbox
+
+        sandbox.seed_caches(work)
+    return work
 
 
 def _record_death(attempt: Attempt, lab: dict, spec, done: dict, seed: int,

@@ -506,9 +506,7 @@ def run_ddp(cls, job: dict, inputs: tuple) -> dict:
 
 
 def _reference_rank(rank: int, world: int, weights0: list, batches: list, ranks: int) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(ddp_reference(weights0, batches, ranks), buffer)
-    return buffer.getvalue()
+    return _as_bytes(ddp_reference(weights0, batches, ranks))
 
 
 def ddp_reference_forked(weights0: list, batches: list, world: int):
