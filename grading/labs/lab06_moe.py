@@ -519,6 +519,8 @@ def draw_swiglu_cases(rng) -> tuple[Case, ...]:
     cost it most, and the plain grouped GEMM has them."""
     cases = draw_gemm_cases(rng)
     return cases if runtime.ON_GPU else cases[:1]
+
+
 SEED_SHAPE = (
     2048,
     32,
