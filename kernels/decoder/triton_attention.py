@@ -10,8 +10,29 @@ kernel.
 The work is split as in flash-decoding: the cache's capacity is cut into fixed chunks of SPLIT_KEYS
 keys, program (split, row block) folds one chunk into a partial output and log-sum-exp for all the
 query heads of one KV head (grouped-query attention: each K and V tile is read once per group), and
-a second kernel combines the partials. Chunks past a row's position exit at once: the grid is sized
-for the capacity, the reads for the context.
+the partials are combined by their log-sum-exp, in a second kernel (`fuse_combine=False`) or in the
+same launch. Chunks past a row's position exit at once: the grid is sized for the capacity, the
+reads for the context.
+
+The combine runs in the same launch by default (`fuse_combine=True`). At decode sizes every launch
+is latency-bound: batch 1 at context 512 reads about 1 MB of K and V a layer (0.35 us at copy
+bandwidth), yet the split kernel took ~4.2 us and a second, combining launch ~2.3 us more (H100, in
+a CUDA graph). So each program, once its partial is stored, counts itself in on its output tile's
+arrival counter, and the program that arrives last combines the tile's partials (split-K's "last
+block reduces"):
+
+* Which programs count: those of splits that hold a key of the tile, `split <= max position //
+  SPLIT_KEYS`. Every program of a tile reads the same positions, so they agree on that number
+  without talking to each other, and the programs past the context still exit without an atomic.
+* Why acquire-release: the partials are plain stores, the counter an atomic. With a relaxed add the
+  last program could see the count complete while another program's partial is still in flight to
+  L2 (or read stale data). The release half of `sem="acq_rel"` orders this program's stores (all
+  its threads', after the barrier) before its increment; the acquire half orders the last program's
+  loads after the increment that saw every other release. The loads also bypass L1 (`.cg`).
+* Determinism: the last program combines the splits in split order, 0, 1, 2, ..., whichever program
+  arrived last, so the output does not depend on the schedule.
+* The last program sets the counter back to 0: the next call (the next layer, the next graph
+  replay) starts clean, with nothing to zero on the host.
 """
 
 from __future__ import annotations
@@ -27,6 +48,76 @@ BLOCK_N = runtime.pick(gpu=64, cpu=32)  # keys per tile
 SPLIT_KEYS = runtime.pick(gpu=128, cpu=64)  # keys per split: a whole number of tiles
 MAX_ROWS = 64  # query rows per program (query heads of a group x queries)
 NUM_WARPS = runtime.pick(gpu=4, cpu=1)
+# The fused combine's round: up to this many (row, split) partials loaded at once, a (rows, splits,
+# head_dim) float32 tile: 64 x 64 floats are 32 registers a thread at 4 warps. Every load of a round
+# is issued together, so a round costs one trip to L2; the Llama-1B tile (4 rows) takes 16 splits a
+# round, 2048 keys. The interpreter pays per loop trip, so larger rounds there.
+COMBINE_PARTIALS = runtime.pick(gpu=64, cpu=512)
+# One launch (split + combine by the last program) unless the caller asks for two.
+FUSE_COMBINE = True
+
+
+@triton.jit
+def _combine_tile(
+    O_PART,
+    LSE_PART,
+    POS,
+    OUT,
+    first_row,
+    n_rows,
+    n_heads,
+    n_q,
+    n_splits,
+    used_splits,
+    capacity,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    HEAD_DIM: tl.constexpr,
+    SPLIT_KEYS: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    """out = sum_s 2^(lse_s - max lse) out_s / sum_s 2^(lse_s - max lse) for the (batch, head,
+    query) rows first_row ... first_row + n_rows - 1 (flattened), over the splits that hold keys of
+    each row (the others were not written by this call), BLOCK_R rows x BLOCK_S splits a round, the
+    splits in order 0, 1, 2, ... with the maximum carried online. The partials are read past L1
+    (.cg): other SMs wrote them during this launch."""
+    r0 = tl.arange(0, BLOCK_R)
+    s0 = tl.arange(0, BLOCK_S)
+    dims = tl.arange(0, HEAD_DIM)
+    for r_start in range(0, n_rows, BLOCK_R):
+        row_ok = r_start + r0 < n_rows
+        row = (first_row + r_start + r0).to(tl.int64)
+        b = row // (n_heads * n_q)
+        h = (row // n_q) % n_heads
+        i = row % n_q
+        pos = tl.minimum(tl.load(POS + b * n_q + i, mask=row_ok, other=-1), capacity - 1)
+        row_splits = tl.where(pos >= 0, tl.maximum(pos, 0) // SPLIT_KEYS + 1, 0)
+        m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+        total = tl.zeros([BLOCK_R], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_R, HEAD_DIM], dtype=tl.float32)
+        for start in range(0, used_splits, BLOCK_S):
+            s = start + s0
+            ok = row_ok[:, None] & (s[None, :] < row_splits[:, None])
+            part = row[:, None] * n_splits + s[None, :]
+            lse = tl.load(LSE_PART + part, mask=ok, other=float("-inf"), cache_modifier=".cg")
+            o = tl.load(
+                O_PART + part[:, :, None] * HEAD_DIM + dims[None, None, :],
+                mask=ok[:, :, None],
+                other=0.0,
+                cache_modifier=".cg",
+            )
+            m_new = tl.maximum(m, tl.max(lse, 1))
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+            w = tl.math.exp2(lse - m_shift[:, None])  # 0 where the row saw no key of the split
+            alpha = tl.math.exp2(m - m_shift)
+            total = total * alpha + tl.sum(w, 1)
+            acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o, 1)
+            m = m_new
+        out = acc / tl.where(total > 0.0, total, 1.0)[:, None]
+        dst = OUT + b[:, None] * stride_ob + h[:, None] * stride_oh + i[:, None] * stride_om
+        tl.store(dst + dims[None, :], out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
 
 
 @triton.jit
@@ -37,12 +128,17 @@ def cache_attention_split_kernel(
     POS,
     O_PART,
     LSE_PART,
+    OUT,
+    ARRIVALS,
     stride_qb,
     stride_qh,
     stride_qm,
     stride_kb,
     stride_kh,
     stride_kn,
+    stride_ob,
+    stride_oh,
+    stride_om,
     n_kv_heads,
     group,
     n_q,
@@ -56,18 +152,23 @@ def cache_attention_split_kernel(
     SPLIT_KEYS: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
+    FUSE_COMBINE: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_S: tl.constexpr,
 ):
     split = tl.program_id(0)
-    b = tl.program_id(1) // (n_kv_heads * row_blocks)
-    kv_h = (tl.program_id(1) // row_blocks) % n_kv_heads
-    r = (tl.program_id(1) % row_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
+    tile = tl.program_id(1)  # (batch, KV head, row block): one output tile, one arrival counter
+    b = tile // (n_kv_heads * row_blocks)
+    kv_h = (tile // row_blocks) % n_kv_heads
+    r = (tile % row_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
     row_ok = r < group * n_q
     h = kv_h * group + r // n_q  # row r: query r % n_q of query head kv_h * group + r // n_q
     i = r % n_q
     pos = tl.load(POS + b * n_q + i, mask=row_ok, other=-1)
     pos = tl.minimum(pos, capacity - 1)  # a position past the cache reads no key past it
+    last_key = tl.max(pos, 0)
     lo = split * SPLIT_KEYS
-    hi = tl.minimum(lo + SPLIT_KEYS, tl.max(pos, 0) + 1)  # <= lo: nothing to do in this split
+    hi = tl.minimum(lo + SPLIT_KEYS, tl.maximum(last_key, 0) + 1)  # <= lo: nothing to do here
 
     dims = tl.arange(0, HEAD_DIM)
     q = tl.load(
@@ -130,6 +231,37 @@ def cache_attention_split_kernel(
         tl.store(
             LSE_PART + row, tl.where(seen, m_i + tl.math.log2(l_safe), float("-inf")), mask=row_ok
         )
+        if FUSE_COMBINE:
+            # The splits holding a key of this tile: every program of the tile computes the same
+            # number from the same positions.
+            used_splits = tl.maximum(last_key, 0) // SPLIT_KEYS + 1
+            # The barrier puts every thread's partial stores before the increment (issued by one
+            # thread); acq_rel: release those stores with it, acquire the others' for the combine.
+            tl.debug_barrier()
+            arrived = tl.atomic_add(ARRIVALS + tile, 1, sem="acq_rel", scope="gpu")
+            if arrived == used_splits - 1:  # the last to arrive: every partial is visible
+                first_row = (b * n_kv_heads + kv_h) * group * n_q + (tile % row_blocks) * BLOCK_H
+                _combine_tile(
+                    O_PART,
+                    LSE_PART,
+                    POS,
+                    OUT,
+                    first_row,
+                    tl.minimum(group * n_q - (tile % row_blocks) * BLOCK_H, BLOCK_H),
+                    n_kv_heads * group,
+                    n_q,
+                    n_splits,
+                    used_splits,
+                    capacity,
+                    stride_ob,
+                    stride_oh,
+                    stride_om,
+                    HEAD_DIM,
+                    SPLIT_KEYS,
+                    BLOCK_R,
+                    BLOCK_S,
+                )
+                tl.store(ARRIVALS + tile, 0)  # ready for the next call, which runs after this one
 
 
 @triton.jit
@@ -183,16 +315,35 @@ def cache_attention_combine_kernel(
 
 
 class AttentionWorkspace:
-    """The float32 partials of `cache_attention`, allocated once for a (batch, heads, queries,
-    capacity) so that an eager step allocates nothing and a graph captures fixed addresses."""
+    """The float32 partials of `cache_attention` and the arrival counters of its fused combine,
+    allocated once for a (batch, heads, queries, capacity) so that an eager step allocates nothing
+    and a graph captures fixed addresses.
 
-    def __init__(self, batch: int, n_heads: int, n_q: int, capacity: int, head_dim: int, device):
-        self.n_splits = triton.cdiv(capacity, SPLIT_KEYS)
+    The counters (int32, one per output tile) start at 0 and every call leaves them at 0 (the last
+    program of each tile resets its own), so one workspace serves every layer and every replay, one
+    call after another on a stream. Make it outside a graph capture: made during one, its zeroing
+    is captured too, and the buffers belong to that graph's pool. `split_keys` (a multiple of
+    BLOCK_N) overrides SPLIT_KEYS, for sweeps."""
+
+    def __init__(
+        self,
+        batch: int,
+        n_heads: int,
+        n_q: int,
+        capacity: int,
+        head_dim: int,
+        device,
+        split_keys: int = SPLIT_KEYS,
+    ):
+        self.split_keys = split_keys
+        self.n_splits = triton.cdiv(capacity, split_keys)
         rows = batch * n_heads * n_q
         self.o_part = torch.empty(
             (rows, self.n_splits, head_dim), dtype=torch.float32, device=device
         )
         self.lse_part = torch.empty((rows, self.n_splits), dtype=torch.float32, device=device)
+        # batch x KV heads x row blocks tiles, never more than the rows
+        self.arrivals = torch.zeros(max(rows, 1), dtype=torch.int32, device=device)
         self.shape = (batch, n_heads, n_q, capacity, head_dim)
 
 
@@ -204,6 +355,7 @@ def cache_attention(
     out: torch.Tensor,
     workspace: AttentionWorkspace,
     scale: float,
+    fuse_combine: bool | None = None,
 ) -> torch.Tensor:
     """softmax(scale q k^T) v where query (b, h, i) sees cache keys 0 ... positions[b * n_q + i].
 
@@ -211,14 +363,20 @@ def cache_attention(
     capacity, D) with the same strides (contiguous last two dimensions); positions: (B * n_q,)
     int32/int64 on the device; out: (B, Hq, n_q, D), contiguous last dimension; workspace made for
     these sizes. The caller (the decoder) checks shapes once; this wrapper only launches, to keep
-    the eager step's host time low.
+    the eager step's host time low. `fuse_combine` (default FUSE_COMBINE): combine the splits in
+    the same launch (True) or in a second kernel (False). Calls sharing a workspace must run one
+    after another (one stream), as a decoder's layers do.
     """
     batch, n_heads, n_q, head_dim = q.shape
     n_kv_heads, capacity = k_cache.shape[1], k_cache.shape[2]
     group = n_heads // n_kv_heads
     block_h = max(16, triton.next_power_of_2(min(group * n_q, MAX_ROWS)))
     row_blocks = triton.cdiv(group * n_q, block_h)
-    n_splits = workspace.n_splits
+    n_splits, split_keys = workspace.n_splits, workspace.split_keys
+    fuse = FUSE_COMBINE if fuse_combine is None else fuse_combine
+    # the fused combine's round: the tile's real rows (up to BLOCK_H), then as many splits as fit
+    block_r = triton.next_power_of_2(min(group * n_q, block_h))
+    block_s = max(1, min(triton.next_power_of_2(n_splits), COMBINE_PARTIALS // block_r))
     precision = "ieee" if q.dtype == torch.float32 else None  # fp32: no TF32 rounding
     cache_attention_split_kernel[(n_splits, batch * n_kv_heads * row_blocks)](
         q,
@@ -227,8 +385,11 @@ def cache_attention(
         positions,
         workspace.o_part,
         workspace.lse_part,
+        out,
+        workspace.arrivals,
         *q.stride()[:3],
         *k_cache.stride()[:3],
+        *out.stride()[:3],
         n_kv_heads,
         group,
         n_q,
@@ -239,24 +400,28 @@ def cache_attention(
         HEAD_DIM=head_dim,
         BLOCK_H=block_h,
         BLOCK_N=BLOCK_N,
-        SPLIT_KEYS=SPLIT_KEYS,
+        SPLIT_KEYS=split_keys,
         UPCAST=UPCAST,
         PRECISION=precision,
+        FUSE_COMBINE=fuse,
+        BLOCK_R=block_r,
+        BLOCK_S=block_s,
         num_warps=NUM_WARPS,
     )
-    cache_attention_combine_kernel[(batch * n_heads * n_q,)](
-        workspace.o_part,
-        workspace.lse_part,
-        positions,
-        out,
-        n_heads,
-        n_q,
-        n_splits,
-        capacity,
-        *out.stride()[:3],
-        HEAD_DIM=head_dim,
-        SPLIT_KEYS=SPLIT_KEYS,
-        BLOCK_S=min(32, triton.next_power_of_2(n_splits)),
-        num_warps=runtime.pick(gpu=2, cpu=1),
-    )
+    if not fuse:
+        cache_attention_combine_kernel[(batch * n_heads * n_q,)](
+            workspace.o_part,
+            workspace.lse_part,
+            positions,
+            out,
+            n_heads,
+            n_q,
+            n_splits,
+            capacity,
+            *out.stride()[:3],
+            HEAD_DIM=head_dim,
+            SPLIT_KEYS=split_keys,
+            BLOCK_S=min(32, triton.next_power_of_2(n_splits)),
+            num_warps=runtime.pick(gpu=2, cpu=1),
+        )
     return out
