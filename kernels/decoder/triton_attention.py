@@ -425,3 +425,134 @@ def cache_attention(
             num_warps=runtime.pick(gpu=2, cpu=1),
         )
     return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Two launches against one: python -m kernels.decoder.triton_attention
+
+BENCH_BATCHES = (1, 8, 32)
+BENCH_CONTEXTS = (512, 4096)
+BENCH_LAYERS = 16
+BENCH_CAPACITY = 4144  # the decoder benchmark's cache (max_seq): the grid is sized for it
+
+
+def benchmark_fusion(
+    batches=BENCH_BATCHES,
+    contexts=BENCH_CONTEXTS,
+    layers: int = BENCH_LAYERS,
+    capacity: int = BENCH_CAPACITY,
+    save: bool = True,
+) -> dict:
+    """Time the two-launch path against the one-launch path (and one launch with longer splits) at
+    the Llama-3.2-1B attention shape (32 query heads, 8 KV heads, head_dim 64, bf16, one query per
+    sequence at position context - 1, each layer its own cache): one call (device events, L2
+    flushed, interleaved), and `layers` calls back to back in one CUDA graph, as in the decode
+    step, where the second launch's ramp-up shows. Saved as 07_decoder_attention with the
+    environment. In CPU mode: a small smoke run of the same code, without graphs, not saved."""
+    from kernels import bench
+
+    if not runtime.ON_GPU:
+        batches, contexts, layers, capacity, save = batches[:1], (40,), 2, 100, False
+    hq, hkv, d, dtype = 32, 8, 64, torch.bfloat16
+    variants = {  # name: (split size, fused)
+        "two launches": (SPLIT_KEYS, False),
+        "one launch": (SPLIT_KEYS, True),
+        f"one launch, {2 * SPLIT_KEYS}-key splits": (2 * SPLIT_KEYS, True),
+        f"one launch, {4 * SPLIT_KEYS}-key splits": (4 * SPLIT_KEYS, True),
+    }
+    ceil = bench.ceilings()
+    rows = []
+    for batch in batches:
+        g = torch.Generator(device=runtime.DEVICE).manual_seed(batch)
+        shape = (layers, batch, hkv, capacity, d)
+        k = torch.randn(shape, device=runtime.DEVICE, generator=g).to(dtype)
+        v = torch.randn(shape, device=runtime.DEVICE, generator=g).to(dtype)
+        q = torch.randn((layers, batch, 1, hq, d), device=runtime.DEVICE, generator=g)
+        q = q.to(dtype).transpose(2, 3)
+        out = torch.empty((layers, batch, hq, 1, d), dtype=dtype, device=runtime.DEVICE)
+        spaces = {
+            n: AttentionWorkspace(batch, hq, 1, capacity, d, runtime.DEVICE, split_keys=s)
+            for n, (s, _) in variants.items()
+        }
+        for context in contexts:
+            positions = torch.full((batch,), context - 1, dtype=torch.int32, device=runtime.DEVICE)
+
+            def call(name, layer):
+                def fn():
+                    cache_attention(
+                        q[layer], k[layer], v[layer], positions, out[layer], spaces[name],
+                        d**-0.5, fuse_combine=variants[name][1],
+                    )  # fmt: skip
+
+                return fn
+
+            def step(name):
+                calls = [call(name, layer) for layer in range(layers)]
+
+                def fn():
+                    for c in calls:
+                        c()
+
+                return fn
+
+            one = bench.benchmark({n: call(n, 0) for n in variants})
+            if runtime.ON_GPU:
+                graphs = {n: bench.capture_graph(step(n)) for n in variants}
+                many = bench.benchmark({n: graphs[n].replay for n in variants})
+            else:
+                many = bench.benchmark({n: step(n) for n in variants})
+            kv_bytes = batch * context * hkv * d * 2 * dtype.itemsize  # K and V of one layer
+            floor = bench.floor_us(kv_bytes, ceil=ceil) if ceil else None
+            base_one, base_many = one["two launches"], many["two launches"]
+            for name in variants:
+                rows.append(
+                    {
+                        "batch": batch,
+                        "context": context,
+                        "variant": name,
+                        "call_us": one[name].median_us,
+                        "call_speedup": bench.ratio(base_one, one[name]),
+                        f"graph_{layers}_layers_us": many[name].median_us,
+                        "graph_per_layer_us": many[name].median_us / layers,
+                        "graph_speedup": bench.ratio(base_many, many[name]),
+                        "kv_bytes_per_layer": kv_bytes,
+                        "floor_per_layer_us": floor,
+                        "clock": many[name].clock,
+                        "call": one[name].summary(),
+                        "graph": many[name].summary(),
+                    }
+                )
+    columns = ["batch", "context", "variant", "call_us", "call_speedup", "graph_per_layer_us",
+               "graph_speedup", "floor_per_layer_us"]  # fmt: skip
+    print(bench.table(rows, columns, floatfmt=".2f"))
+    fused = [r for r in rows if r["variant"] == "one launch"]
+    wins = sum(r["graph_speedup"] >= 1.0 for r in fused)
+    verdict = (
+        f"one launch (SPLIT_KEYS {SPLIT_KEYS}) at least as fast as two in the {layers}-layer "
+        f"graph at {wins} of {len(fused)} points; FUSE_COMBINE = {FUSE_COMBINE}"
+    )
+    print(verdict)
+    results = {
+        "what": "decoder cache attention: two launches (split + combine) vs one (last program "
+        "combines), Llama-3.2-1B attention shape, bf16, one query per sequence",
+        "shape": {
+            "q_heads": hq,
+            "kv_heads": hkv,
+            "head_dim": d,
+            "capacity": capacity,
+            "layers": layers,
+            "block_n": BLOCK_N,
+            "split_keys": SPLIT_KEYS,
+        },  # fmt: skip
+        "rows": rows,
+        "verdict": verdict,
+        "ceilings": ceil,
+        "fingerprint": runtime.fingerprint(),
+    }
+    if save:
+        print("saved", bench.save_results("07_decoder_attention", results))
+    return results
+
+
+if __name__ == "__main__":
+    benchmark_fusion()
