@@ -18,9 +18,9 @@ DEVICE = runtime.DEVICE
 HALF = [torch.bfloat16, torch.float16]
 
 
-def inputs(batch, hq, hkv, n_q, d, capacity, dtype, seed):
+def inputs(batch, hq, hkv, n_q, d, capacity, dtype, draw):
     """q strided as in the model ((B, n_q, Hq, D) transposed), fresh K and V caches."""
-    g = generator(seed, DEVICE)
+    g = generator(draw, DEVICE)
     q = random_tensor((batch, n_q, hq, d), dtype, DEVICE, g).transpose(1, 2)
     k = random_tensor((batch, hkv, capacity, d), dtype, DEVICE, g)
     v = random_tensor((batch, hkv, capacity, d), dtype, DEVICE, g)
@@ -69,7 +69,7 @@ DTYPE_CASES = [(c, t) for c in CASES for t in HALF] + [("gqa-decode", torch.floa
 @pytest.mark.parametrize(("case", "dtype"), DTYPE_CASES)
 def test_one_launch_matches_fp64_and_two_launches(case, dtype):
     batch, hq, hkv, n_q, d, capacity, rows = CASES[case]
-    q, k, v = inputs(batch, hq, hkv, n_q, d, capacity, dtype, seed=list(CASES).index(case))
+    q, k, v = inputs(batch, hq, hkv, n_q, d, capacity, dtype, draw=list(CASES).index(case))
     positions = as_positions(rows)
     ws = triton_attention.AttentionWorkspace(batch, hq, n_q, capacity, d, DEVICE)
     one = attend(q, k, v, positions, ws, fuse=True)
@@ -85,14 +85,14 @@ def test_a_second_call_starts_from_clean_counters(dtype):
     moved back (partials of the longer context are still in the workspace and must not be read)
     and forward, on another layer's cache: the counters were reset."""
     batch, hq, hkv, n_q, d, capacity = 2, 8, 2, 1, 32, 170
-    q, k, v = inputs(batch, hq, hkv, n_q, d, capacity, dtype, seed=11)
+    q, k, v = inputs(batch, hq, hkv, n_q, d, capacity, dtype, draw=11)
     ws = triton_attention.AttentionWorkspace(batch, hq, n_q, capacity, d, DEVICE)
     positions = as_positions([[169], [100]])
     first = attend(q, k, v, positions, ws, fuse=True)
     second = attend(q, k, v, positions, ws, fuse=True)
     assert torch.equal(first, second)
     check_fp64(second, q, k, v, positions)
-    q2, k2, v2 = inputs(batch, hq, hkv, n_q, d, capacity, dtype, seed=12)
+    q2, k2, v2 = inputs(batch, hq, hkv, n_q, d, capacity, dtype, draw=12)
     for rows in ([[20], [64]], [[140], [1]]):
         positions = as_positions(rows)
         out = attend(q2, k2, v2, positions, ws, fuse=True)
@@ -104,7 +104,7 @@ def test_split_size_is_the_workspaces():
     """A workspace with longer splits (a sweep's) gives the same answer through both paths."""
     dtype = torch.bfloat16
     batch, hq, hkv, n_q, d, capacity = 1, 4, 1, 2, 32, 300
-    q, k, v = inputs(batch, hq, hkv, n_q, d, capacity, dtype, seed=5)
+    q, k, v = inputs(batch, hq, hkv, n_q, d, capacity, dtype, draw=5)
     positions = as_positions([[299, 40]])
     ws = triton_attention.AttentionWorkspace(
         batch, hq, n_q, capacity, d, DEVICE, split_keys=2 * triton_attention.SPLIT_KEYS

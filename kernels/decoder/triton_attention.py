@@ -450,6 +450,7 @@ def benchmark_fusion(
     step, where the second launch's ramp-up shows. Saved as 07_decoder_attention with the
     environment. In CPU mode: a small smoke run of the same code, without graphs, not saved."""
     from kernels import bench
+    from kernels.testing import generator
 
     if not runtime.ON_GPU:
         batches, contexts, layers, capacity, save = batches[:1], (40,), 2, 100, False
@@ -463,7 +464,7 @@ def benchmark_fusion(
     ceil = bench.ceilings()
     rows = []
     for batch in batches:
-        g = torch.Generator(device=runtime.DEVICE).manual_seed(batch)
+        g = generator(batch, runtime.DEVICE)
         shape = (layers, batch, hkv, capacity, d)
         k = torch.randn(shape, device=runtime.DEVICE, generator=g).to(dtype)
         v = torch.randn(shape, device=runtime.DEVICE, generator=g).to(dtype)
