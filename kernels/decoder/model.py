@@ -5,6 +5,7 @@ One layer, for tokens x (the residual stream r):
 
     y, r = fused_add_rms_norm(previous layer's output, r)      module 02 (the first layer: rms_norm)
     qkv  = y @ W_qkv^T                                         cuBLAS (q, k and v stacked: one GEMM)
+                                                               or, decoding, triton_gemv.py (below)
     rope_append(qkv, positions) -> q rotated, k and v in the cache       triton_rope.py
     a    = attention(q, cache, positions)                      module 03 FlashAttention-2 (prefill),
                                                                flash-decoding (eager decode), or
@@ -14,6 +15,10 @@ One layer, for tokens x (the residual stream r):
     m    = swiglu(y @ W_gate_up^T) @ W_down^T                  cuBLAS, triton_ops.swiglu, cuBLAS
 
 then the final norm, the logits (the tied embedding as lm_head) and greedy argmax (triton_ops.py).
+
+The projections of a pass of one token per sequence (a decode step) run through cuBLAS unless
+`Decoder.choose_decode_linears(batch)` measured the course's GEMV (triton_gemv.py) faster for that
+projection on this GPU, in the same run; a prefill of several tokens always uses cuBLAS.
 
 Loading real weights: build the Hugging Face model from its folder and hand it over,
 
@@ -32,12 +37,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels import runtime
-from kernels.decoder import triton_attention, triton_ops, triton_rope
+from kernels import bench, runtime
+from kernels.decoder import triton_attention, triton_gemv, triton_ops, triton_rope
 from kernels.flash_attention import triton_decode, triton_flash
 from kernels.rmsnorm import triton_rmsnorm
 
 MODEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# The GEMMs of a step, by the names Decoder.choose_decode_linears uses.
+PROJECTIONS = ("qkv", "o", "gate_up", "down", "lm_head")
 
 
 @dataclass(frozen=True)
@@ -299,6 +306,71 @@ class Decoder:
         )  # RoPE's bad-position flag
         self._workspaces: dict = {}
         self._graph = None
+        # batch -> the projections whose decode step runs triton_gemv.linear instead of cuBLAS
+        self.decode_gemv: dict[int, frozenset[str]] = {}
+
+    # ----------------------------------------------------------------------------------------------
+    # The projections: cuBLAS, or at decode time the course's GEMV where it was measured faster
+
+    def _weight(self, projection: str) -> torch.Tensor:
+        """The first layer's weight of a projection (every layer's has its shape)."""
+        return self.w.lm_head if projection == "lm_head" else getattr(self.w.layers[0], projection)
+
+    def set_decode_linears(self, batch: int, gemv=()) -> None:
+        """Decode steps of `batch` sequences run the projections named in `gemv` through
+        triton_gemv.linear and the others through cuBLAS (F.linear)."""
+        gemv = frozenset(gemv)
+        if not gemv <= set(PROJECTIONS):
+            raise ValueError(
+                f"Decoder: unknown projections {sorted(gemv - set(PROJECTIONS))}; "
+                f"the projections are {PROJECTIONS}"
+            )
+        if gemv and self.dtype not in (torch.float16, torch.bfloat16):
+            raise TypeError(
+                f"Decoder: the GEMV takes bf16 or fp16 weights, this model is "
+                f"{self.dtype}: keep cuBLAS"
+            )
+        if gemv and not 0 < batch <= triton_gemv.MAX_ROWS:
+            raise ValueError(
+                f"Decoder: the GEMV takes 1 to {triton_gemv.MAX_ROWS} rows, not batch {batch}"
+            )
+        self.decode_gemv[batch] = gemv
+        if self._graph is not None and self._graph.batch == batch:
+            self._graph = None  # captured with the old choice: generate() captures again
+
+    def choose_decode_linears(self, batch: int) -> dict[str, dict]:
+        """Time cuBLAS and the GEMV on each projection's weight at `batch` rows on this GPU
+        (kernels.bench: interleaved, L2 flushed) and keep the GEMV only where it was faster in this
+        run. Returns {projection: {"cublas_us", "gemv_us", "speedup", "gemv"}}."""
+        if not runtime.ON_GPU:
+            raise RuntimeError(
+                "Decoder.choose_decode_linears: timing needs a GPU (the CPU keeps "
+                "cuBLAS unless set_decode_linears says otherwise)"
+            )
+        if self.dtype not in (torch.float16, torch.bfloat16) or batch > triton_gemv.MAX_ROWS:
+            self.set_decode_linears(batch, ())
+            return {}
+        measured = {}
+        for name in PROJECTIONS:
+            w = self._weight(name)
+            x = torch.randn(batch, w.shape[1], device=self.device).to(self.dtype)
+            t = bench.benchmark(
+                {"cublas": lambda: F.linear(x, w), "gemv": lambda: triton_gemv.linear(x, w)}
+            )
+            speedup = bench.ratio(t["cublas"], t["gemv"])
+            measured[name] = {
+                "cublas_us": t["cublas"].median_us,
+                "gemv_us": t["gemv"].median_us,
+                "speedup": speedup,
+                "gemv": speedup > 1.0,
+            }
+        self.set_decode_linears(batch, [n for n, m in measured.items() if m["gemv"]])
+        return measured
+
+    def _linear(self, projection: str, x: torch.Tensor, weight: torch.Tensor, gemv: frozenset):
+        if projection in gemv:
+            return triton_gemv.linear(x, weight)
+        return F.linear(x, weight)
 
     # ----------------------------------------------------------------------------------------------
     # One forward pass over new tokens
@@ -355,8 +427,9 @@ class Decoder:
         attn = torch.empty(
             (batch, n_q, c.n_heads, c.head_dim), dtype=self.dtype, device=self.device
         )
+        gemv = self.decode_gemv.get(batch, frozenset()) if n_q == 1 else frozenset()
         for i, layer in enumerate(w.layers):
-            qkv = F.linear(y, layer.qkv)  # (rows, (Hq + 2 Hkv) D)
+            qkv = self._linear("qkv", y, layer.qkv, gemv)  # (rows, (Hq + 2 Hkv) D)
             triton_rope.rope_append(
                 qkv,
                 positions,
@@ -371,15 +444,16 @@ class Decoder:
             )
             q = qkv.view(batch, n_q, -1, c.head_dim)[:, :, : c.n_heads].transpose(1, 2)
             self._attention(i, q, positions, n_keys, attn.transpose(1, 2))
-            o = F.linear(attn.view(rows, -1), layer.o)
+            o = self._linear("o", attn.view(rows, -1), layer.o, gemv)
             y, x = triton_rmsnorm.fused_add_rms_norm(o, x, layer.mlp_norm, c.rms_eps)
-            m = F.linear(triton_ops.swiglu(F.linear(y, layer.gate_up)), layer.down)
+            gate_up = self._linear("gate_up", y, layer.gate_up, gemv)
+            m = self._linear("down", triton_ops.swiglu(gate_up), layer.down, gemv)
             norm = w.layers[i + 1].attn_norm if i + 1 < len(w.layers) else w.norm
             y, x = triton_rmsnorm.fused_add_rms_norm(m, x, norm, c.rms_eps)
             if hidden_states is not None:  # x is now this layer's output
                 hidden_states.append(x.view(batch, n_q, -1).clone())
         last = y.view(batch, n_q, -1)[:, -1]
-        return F.linear(last, w.lm_head)
+        return self._linear("lm_head", last, w.lm_head, gemv)
 
     # ----------------------------------------------------------------------------------------------
     # Prefill and eager decode: the host knows the length and checks it before anything is written
