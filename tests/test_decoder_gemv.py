@@ -214,17 +214,25 @@ def test_choose_decode_linears_keeps_the_gemv_only_where_it_was_faster():
 
 
 @pytest.mark.gpu
-def test_graph_captures_the_gemv_and_equals_eager_decode():
-    """bf16, every projection on the GEMV: the CUDA-graph step and the eager step run the same
-    kernels, so greedy sequences are identical; and the graph is captured again when the choice
-    changes."""
+def test_graph_captures_the_gemv(monkeypatch):
+    """bf16, every projection on the GEMV: the CUDA graph captures it (counted: two warm-up steps
+    and the captured one), its replay matches the float64 spec, and a new choice drops the graph.
+    (The eager bf16 step attends with flash-decoding, the graph with triton_attention: their logits
+    are compared with the spec, not with each other.)"""
     hf = hf_reference.random_llama(TINY, seed=25, dtype=torch.bfloat16, device="cuda")
-    model = Decoder(DecoderWeights.from_hf(hf), max_batch=2, max_seq=64)
-    tokens = prompt(2, 9, seed=26)
+    model = Decoder(DecoderWeights.from_hf(hf), max_batch=2, max_seq=32)
     model.set_decode_linears(2, PROJECTIONS)
-    eager = model.generate(tokens, 40, graph=False)
-    graphed = model.generate(tokens, 40, graph=True)
-    assert torch.equal(eager, graphed)
+    calls = []
+    gemv = triton_gemv.linear
+    monkeypatch.setattr(triton_gemv, "linear", lambda *a, **kw: calls.append(1) or gemv(*a, **kw))
+    step = model.capture_decode_graph(2)
+    assert len(calls) == 3 * (4 * TINY.n_layers + 1)
+    tokens = prompt(2, 9, seed=26)
+    nxt = torch.argmax(model.prefill(tokens), -1)
+    step.start(nxt, 9)
+    step.replay()
+    want, _ = reference.forward_fp64(model.w, torch.cat([tokens, nxt[:, None]], 1))
+    error = reference.logits_error(step.logits, want[:, -1])
+    assert error < reference.LOGITS_TOLERANCE[torch.bfloat16]
     model.set_decode_linears(2, ())
     assert model._graph is None
-    assert torch.equal(model.generate(tokens, 40), model.generate(tokens, 40, graph=False))
