@@ -462,6 +462,32 @@ def test_checks_still_run_after_a_good_call():
         triton_decode.flash_decode(q, k, v.transpose(2, 3).contiguous().transpose(2, 3))
 
 
+def test_prefill_checks_still_run_on_its_hot_path():
+    """flash_attention remembers each call with new outputs (one dict lookup per call after the
+    first): a bad call after good ones with the same shapes is still refused, with and without
+    gradients, and a pointer that is not 16-byte aligned takes the full path."""
+    q, k, v = make((1, 2, 8, 64), (1, 2, 8, 64), torch.float16, seed=18)
+    want = triton_flash.flash_attention(q, k, v, causal=True)
+    assert triton_flash.call_key(q, k, v, True) in triton_flash._FWD_CALLS
+    assert torch.equal(triton_flash.flash_attention(q, k, v, causal=True), want)
+    with pytest.raises(TypeError, match="share a dtype"):
+        triton_flash.flash_attention(q, k.bfloat16(), v, causal=True)
+    with pytest.raises(ValueError, match="must be contiguous"):
+        triton_flash.flash_attention(q, k, v.transpose(2, 3).contiguous().transpose(2, 3), True)
+    with pytest.raises(ValueError, match="must have 4 dimensions"):
+        triton_flash.flash_attention(q[0], k, v, causal=True)
+    for scale in (-1.0, float("nan"), "0.1"):
+        with pytest.raises(ValueError, match="scale must be a positive"):
+            triton_flash.flash_attention(q, k, v, causal=True, scale=scale)
+        with pytest.raises(ValueError, match="scale must be a positive"):
+            triton_flash.flash_attention(q.detach().requires_grad_(), k, v, True, scale=scale)
+    flat = torch.empty(q.numel() + 1, dtype=q.dtype, device=DEVICE)
+    shifted = flat[1:].view(q.shape).copy_(q)  # 2 bytes past an aligned address
+    before = len(triton_flash._FWD_CALLS)
+    assert torch.equal(triton_flash.flash_attention(shifted, k, v, causal=True), want)
+    assert len(triton_flash._FWD_CALLS) == before
+
+
 @pytest.mark.gpu  # the interpreter does not go through JITFunction.run
 def test_instrumented_launches_see_every_call(monkeypatch):
     """With Triton's launch path wrapped (a profiler, a launch counter), no launch bypasses it."""

@@ -113,6 +113,7 @@ def reset_autotuning() -> None:
     for kernel in (flash_fwd_kernel, flash_bwd_dkdv_kernel, flash_bwd_dq_kernel):
         kernel.cache.clear()
     FWD_LAUNCHES.clear()  # its entries hold the configurations the autotuner picked
+    _FWD_CALLS.clear()
 
 
 # Every entry below compiles for sm_90 with Triton 3.6 without register spills (ptxas, checked
@@ -597,9 +598,68 @@ def _forward_plan(signature, q, k, v) -> ForwardPlan:
     return plan
 
 
+def call_key(q, k, v, causal) -> tuple:
+    """What a call with new outputs depends on: every fact `check_inputs` judges (the inputs'
+    signature), `causal`, USE_TMA, and whether all three data pointers are 16-byte aligned (0 if so:
+    Triton specializes each pointer on it). AttributeError if q, k or v is not a tensor."""
+    return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(),
+            q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
+            causal, USE_TMA, (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16)  # fmt: skip
+
+
+class ForwardCall:
+    """A forward call with new outputs, worked out once per `call_key`: what to allocate and every
+    launch argument that is not a tensor. It is also the call's key in FWD_LAUNCHES (hashed by
+    identity: no tuple to build and hash a second time)."""
+
+    __slots__ = ("out_shape", "lse_shape", "dtype", "device", "lse_scratch", "qk_scale", "head_dim",
+                 "before_scale", "after_scale", "grid", "constants")  # fmt: skip
+
+    def __init__(self, plan: ForwardPlan, q: torch.Tensor, constants: dict):
+        self.out_shape, self.lse_shape = tuple(q.shape), tuple(q.shape[:3])
+        self.dtype, self.device = q.dtype, q.device
+        self.lse_scratch = plan.lse_scratch
+        self.qk_scale, self.head_dim = plan.qk_scale, plan.head_dim
+        self.before_scale = (*plan.strides, *plan.out_strides, *plan.sizes)
+        self.after_scale = plan.buckets
+        self.grid, self.constants = plan.grid, constants
+
+
+# call_key -> ForwardCall, for the calls of the hot path (new outputs, aligned inputs)
+_FWD_CALLS: dict = {}
+
+
+def _remember_call(q, k, v, causal, plan: ForwardPlan, constants: dict) -> ForwardCall:
+    if len(_FWD_CALLS) >= _MAX_PLANS:
+        for old in _FWD_CALLS.values():
+            FWD_LAUNCHES.entries.pop(old, None)
+        _FWD_CALLS.clear()
+    call = _FWD_CALLS[call_key(q, k, v, causal)] = ForwardCall(plan, q, constants)
+    return call
+
+
 def _forward(q, k, v, causal, scale, out, lse, tma, keep_lse: bool):
     """The forward's launch. With keep_lse=False (and no lse given) the log-sum-exp goes to the
     plan's scratch row (the next call with the same signature overwrites it)."""
+    if out is None and lse is None and tma is None:
+        # The hot path (every eager prefill call): inputs with a key seen before passed every check
+        # of `check_inputs` then (the key holds each fact they judge: shapes, strides, dtypes,
+        # devices), so one dict lookup stands for the checks, the plan and the launch key. Only the
+        # scale, which the key leaves out, is checked here. A new key, a non-tensor, an unaligned
+        # pointer or caller-given outputs take the full path below.
+        try:
+            call = _FWD_CALLS.get(call_key(q, k, v, causal))
+        except (AttributeError, TypeError):  # not a tensor, or an unhashable `causal`
+            call = None
+        if call is not None:
+            out = torch.empty(call.out_shape, dtype=call.dtype, device=call.device)
+            lse = torch.empty(call.lse_shape, dtype=torch.float32, device=call.device) if (
+                keep_lse) else call.lse_scratch  # fmt: skip
+            qk_scale = call.qk_scale if scale is None else (
+                softmax_scale(scale, call.head_dim) * LOG2E)  # fmt: skip
+            FWD_LAUNCHES.launch(call, call.grid, (q, k, v, out, lse, *call.before_scale, qk_scale,
+                                                  *call.after_scale), call.constants)  # fmt: skip
+            return out, lse
     signature = check_inputs("flash_attention", q, k, v)
     plan = _FWD_PLANS.get(signature) or _forward_plan(signature, q, k, v)
     qk_scale = plan.qk_scale if scale is None else softmax_scale(scale, plan.head_dim) * LOG2E
@@ -626,13 +686,18 @@ def _forward(q, k, v, causal, scale, out, lse, tma, keep_lse: bool):
         else:
             _set_tma_allocator()
     # Everything Triton specializes on, or the autotuner keys on, follows from these (fast_launch).
-    causal = bool(causal)
-    key = (signature, out_key, causal, use_tma, q.data_ptr() % 16, k.data_ptr() % 16,
-           v.data_ptr() % 16)  # fmt: skip
+    constants = {"HEAD_DIM": plan.head_dim, "HEAD_PAD": plan.head_pad, "CAUSAL": bool(causal),
+                 "UPCAST": UPCAST, "TMA": use_tma}  # fmt: skip
+    aligned = (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0
+    remembered = _FWD_PLANS.get(signature) is plan  # not during a CUDA-graph capture
+    if out_key is None and tma is None and aligned and remembered and isinstance(causal, bool):
+        # the next call like this one takes the hot path above
+        key = _remember_call(q, k, v, causal, plan, constants)
+    else:
+        key = (signature, out_key, bool(causal), use_tma, q.data_ptr() % 16, k.data_ptr() % 16,
+               v.data_ptr() % 16)  # fmt: skip
     out_strides = plan.out_strides if out_key is None else out.stride()[:3]
     args = (q, k, v, out, lse, *plan.strides, *out_strides, *plan.sizes, qk_scale, *plan.buckets)
-    constants = {"HEAD_DIM": plan.head_dim, "HEAD_PAD": plan.head_pad, "CAUSAL": causal,
-                 "UPCAST": UPCAST, "TMA": use_tma}  # fmt: skip
     FWD_LAUNCHES.launch(key, plan.grid, args, constants)
     return out, lse
 
@@ -1259,7 +1324,11 @@ def flash_attention(
     `return_lse` also the natural-log log-sum-exp of the scaled scores, float32 (B, Hq, Nq).
     """
     # Without gradients to record, skip the autograd.Function (its bookkeeping costs microseconds).
-    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v)):
+    try:
+        track = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    except AttributeError:  # not a tensor: the checks in _forward say which
+        track = False
+    if track:
         out, lse = FlashAttentionFunction.apply(q, k, v, bool(causal), scale)
     else:
         out, lse = _forward(q, k, v, causal, scale, None, None, None, keep_lse=return_lse)
