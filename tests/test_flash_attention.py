@@ -452,6 +452,14 @@ def test_no_grad_path_equals_the_autograd_path():
     assert torch.equal(plain, tracked.detach())
 
 
+def test_autograd_path_inside_torch_func_takes_the_ordinary_apply():
+    """flash_attention calls the autograd.Function's C++ apply directly, except inside a functorch
+    transform, where Function.apply decides (it refuses a Function without setup_context)."""
+    q, k, v = make((1, 2, 8, 64), (1, 2, 8, 64), torch.float16, seed=19)
+    with pytest.raises(RuntimeError, match="setup_context"):
+        torch.func.grad(lambda q: triton_flash.flash_attention(q, k, v).float().sum())(q)
+
+
 def test_checks_still_run_after_a_good_call():
     """The checks are cached per input signature: a bad call after good ones is still refused."""
     q, k, v = make((1, 2, 8, 64), (1, 2, 8, 64), torch.float16, seed=16)

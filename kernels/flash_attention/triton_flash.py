@@ -1292,8 +1292,9 @@ class FlashAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale):
-        out, lse = _forward(q, k, v, causal, scale, None, None, None, keep_lse=True)  # checks
-        scale = softmax_scale(scale, q.shape[-1])
+        # As little as a forward can do: the launch (which checks the inputs and the scale), and
+        # what backward needs; backward works out the scale itself.
+        out, lse = _forward(q, k, v, causal, scale, None, None, None, keep_lse=True)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.scale = causal, scale
         ctx.mark_non_differentiable(lse)
@@ -1304,8 +1305,28 @@ class FlashAttentionFunction(torch.autograd.Function):
         # lse is marked non-differentiable: dlse is ignored (a loss built on it gets no gradient
         # through it)
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = flash_attention_backward(dout, q, k, v, out, lse, ctx.causal, ctx.scale)
+        scale = softmax_scale(ctx.scale, q.shape[-1])
+        dq, dk, dv = flash_attention_backward(dout, q, k, v, out, lse, ctx.causal, scale)
         return dq, dk, dv, None, None
+
+
+def _direct_apply():
+    """(apply, transforms_active, unwrap_if_dead): the pieces of `Function.apply` for a Function
+    without setup_context, or None if this torch release lacks one of them.
+
+    `FlashAttentionFunction.apply` is a Python layer over the C++ apply that, for such a Function
+    outside functorch transforms (torch.func), only checks that no transform is active and unwraps
+    leftover ("dead") functorch wrappers among the arguments, in a generic loop that costs a few
+    microseconds per call. `flash_attention` does those two steps itself and calls the C++ apply;
+    inside a transform it takes `FlashAttentionFunction.apply` (which refuses, as before)."""
+    try:
+        apply = super(torch.autograd.Function, FlashAttentionFunction).apply
+        return apply, torch._C._are_functorch_transforms_active, torch._C._functorch.unwrap_if_dead
+    except AttributeError:
+        return None
+
+
+_DIRECT_APPLY = _direct_apply()
 
 
 def flash_attention(
@@ -1329,7 +1350,11 @@ def flash_attention(
     except AttributeError:  # not a tensor: the checks in _forward say which
         track = False
     if track:
-        out, lse = FlashAttentionFunction.apply(q, k, v, bool(causal), scale)
+        if _DIRECT_APPLY is not None and not _DIRECT_APPLY[1]():
+            apply, _, unwrap = _DIRECT_APPLY
+            out, lse = apply(unwrap(q), unwrap(k), unwrap(v), bool(causal), scale)
+        else:
+            out, lse = FlashAttentionFunction.apply(q, k, v, bool(causal), scale)
     else:
         out, lse = _forward(q, k, v, causal, scale, None, None, None, keep_lse=return_lse)
     return (out, lse) if return_lse else out
