@@ -153,12 +153,20 @@ def test_check_cells_print_pass_fail_and_not_implemented(capsys):
     assert lab08_communication.check_ring_all_reduce(ring())
     assert not lab08_communication.check_ring_all_reduce(ring("no_average"))
     assert not lab08_communication.check_ring_all_reduce(ring("stub"))
-    assert not lab08_communication.check_data_parallel(ddp("after_backward"))
     out = capsys.readouterr().out
     assert "PASS  ring_all_reduce N=2: 24 tensors" in out
     assert "PASS  ring_all_reduce N=3: 24 tensors" in out
     assert "FAIL  ring_all_reduce N=2: 24 tensors: N=2, shape (1,) float32, average=True" in out
     assert "NOT IMPLEMENTED  ring_all_reduce: not implemented yet" in out
+
+
+# On a GPU this worker may already have run a backward pass (the test of the restart message
+# does so on purpose); forked ranks then cannot run one and the DDP check cell says to restart
+# the kernel. A fresh kernel on a GPU is covered by nbval over the solution.
+@pytest.mark.cpu
+def test_ddp_check_cell_prints_fail_with_the_reason(capsys):
+    assert not lab08_communication.check_data_parallel(ddp("after_backward"))
+    out = capsys.readouterr().out
     assert "FAIL  BucketedDDP N=2, buckets of 0.02 MiB and one bucket: N=2, bucket_mb=0.02" in out
 
 
@@ -218,7 +226,9 @@ def test_python_m_grading_runs_the_ranks_in_the_worker_and_judges_in_the_grader(
     assert points["wrong"] == {"ring_all_reduce": ("fail", 0, 5), "BucketedDDP": ("pass", 5, 5)}
     ring_result = labs["wrong"]["functions"][0]
     assert "uses the library collective dist.all_reduce" in ring_result["message"]
-    assert labs["solution"]["elapsed_s"] < 30  # two process groups for the ring, one for DDP
+    # Two process groups for the ring, one for DDP: 10-20 s on an idle machine; 30.4 s on the
+    # H200 host with 13 other test workers beside it. A group per case would take minutes.
+    assert labs["solution"]["elapsed_s"] < 45
     if sandbox.status()[0]:  # bubblewrap's --unshare-net keeps loopback, where the groups meet
         assert labs["solution"]["sandbox"] == "bubblewrap"
 
