@@ -14,12 +14,15 @@ the partials are combined by their log-sum-exp, in a second kernel (`fuse_combin
 same launch. Chunks past a row's position exit at once: the grid is sized for the capacity, the
 reads for the context.
 
-The combine runs in the same launch by default (`fuse_combine=True`). At decode sizes every launch
-is latency-bound: batch 1 at context 512 reads about 1 MB of K and V a layer (0.35 us at copy
-bandwidth), yet the split kernel took ~4.2 us and a second, combining launch ~2.3 us more (H100, in
-a CUDA graph). So each program, once its partial is stored, counts itself in on its output tile's
-arrival counter, and the program that arrives last combines the tile's partials (split-K's "last
-block reduces"):
+The combine can also run in the same launch (`fuse_combine=True`). At decode sizes every launch
+looked latency-bound: batch 1 at context 512 reads about 1 MB of K and V a layer (0.35 us at copy
+bandwidth), yet the profiler gave the split kernel ~4.2 us and the combining launch ~2.3 us more
+(H100, CUDA graph). So in the fused form each program, once its partial is stored, counts itself in
+on its output tile's arrival counter, and the program that arrives last combines the tile's partials
+(split-K's "last block reduces"). Measured on an H200 in a graph of 16 back-to-back layers, it saves
+1-2% at batch 1 (7.16 -> 7.07 us a layer at context 512) and costs up to 9% at batch 32 with 4096
+keys: the second launch was never the cost inside a graph, the split kernel's own latency is. So the
+default stays two launches (`FUSE_COMBINE`), and the fused form is kept as the measured alternative:
 
 * Which programs count: those of splits that hold a key of the tile, `split <= max position //
   SPLIT_KEYS`. Every program of a tile reads the same positions, so they agree on that number
@@ -53,8 +56,9 @@ NUM_WARPS = runtime.pick(gpu=4, cpu=1)
 # is issued together, so a round costs one trip to L2; the Llama-1B tile (4 rows) takes 16 splits a
 # round, 2048 keys. The interpreter pays per loop trip, so larger rounds there.
 COMBINE_PARTIALS = runtime.pick(gpu=64, cpu=512)
-# One launch (split + combine by the last program) unless the caller asks for two.
-FUSE_COMBINE = True
+# Two launches (split, then combine) unless the caller asks for one: the fused combine measured
+# within 2% of them at batch 1 and up to 9% slower at batch 32 (H200, 07_decoder_attention.json).
+FUSE_COMBINE = False
 
 
 @triton.jit
