@@ -78,9 +78,11 @@ def prefill_flops(batch: int, tokens: int) -> float:
     return 2 * batch * tokens * weights + 2 * batch * c.hidden_size * c.vocab_size + attention
 
 
-def wall_per_call_ms(fns: dict, before: dict, calls: int = STEPS, rounds: int = ROUNDS) -> dict:
+def wall_per_call_ms(fns: dict, before: dict, calls: int | None = None, rounds: int | None = None):
     """Median over rounds of (wall time of `calls` back-to-back calls, synchronized at the end) /
-    calls; the functions interleaved round by round, `before[name]()` run untimed ahead of each."""
+    calls; the functions interleaved round by round, `before[name]()` run untimed ahead of each.
+    `calls` and `rounds` default to STEPS and ROUNDS as they are when called."""
+    calls, rounds = calls or STEPS, rounds or ROUNDS
     times = defaultdict(list)
     for name, fn in fns.items():  # warm-up
         before[name]()
@@ -97,9 +99,20 @@ def wall_per_call_ms(fns: dict, before: dict, calls: int = STEPS, rounds: int = 
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def set_static_length(cache, length: int) -> None:
+    """Move a transformers StaticCache's write position to `length`, in place (the compiled step's
+    CUDA graphs hold these tensors' addresses). A static layer of transformers 5 appends at its own
+    counter (`cumulative_length`, a tensor it advances by every call) and takes no cache_position:
+    rewinding only the positions we pass would let every step of every timed round append past the
+    last one, off the end of the cache (on a GPU, a device-side assert in index_copy_)."""
+    for layer in cache.layers:
+        layer.cumulative_length.fill_(length)
+
+
 class HFSteps:
     """Hugging Face's decode steps at a fixed context: eager with a DynamicCache, and compiled with
-    a StaticCache (as `generate(cache_implementation="static")` does)."""
+    a StaticCache (as `generate(cache_implementation="static")` does). Each reset takes a cache back
+    to `context` tokens, so a round of at most 2 * STEPS steps stays inside the static cache."""
 
     def __init__(self, hf, batch: int, context: int, compiled: bool):
         from transformers import DynamicCache, StaticCache
@@ -121,7 +134,6 @@ class HFSteps:
                     past_key_values=self.static,
                     use_cache=True,
                     logits_to_keep=1,
-                    cache_position=torch.arange(context, device=DEVICE),
                 )
             self.position = torch.full((1,), context, dtype=torch.int64, device=DEVICE)
             self.compiled = hf.get_compiled_call(CompileConfig())
@@ -151,7 +163,6 @@ class HFSteps:
             past_key_values=self.static,
             use_cache=True,
             logits_to_keep=1,
-            cache_position=self.position,
             position_ids=self.position.view(1, 1).expand(self.batch, 1),
         ).logits
         self.position += 1
@@ -159,6 +170,7 @@ class HFSteps:
 
     def reset_static(self):
         self.position.fill_(self.context)
+        set_static_length(self.static, self.context)
 
 
 def graph_for(model: Decoder, batch: int):
@@ -415,6 +427,7 @@ def memory_hf(hf, batch: int, context: int) -> dict:
     token = torch.zeros(batch, 1, dtype=torch.int64, device=DEVICE)
     with torch.no_grad():
         for position in (0, context):  # the first call allocates the cache's tensors
+            set_static_length(cache, position)
             _sync()
             base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
@@ -423,7 +436,7 @@ def memory_hf(hf, batch: int, context: int) -> dict:
                 past_key_values=cache,
                 use_cache=True,
                 logits_to_keep=1,
-                cache_position=torch.full((1,), position, dtype=torch.int64, device=DEVICE),
+                position_ids=torch.full((batch, 1), position, dtype=torch.int64, device=DEVICE),
             )
             _sync()
     transient = torch.cuda.max_memory_allocated() - base
