@@ -61,3 +61,90 @@ def test_static_steps_match_dynamic_steps_after_every_reset(tiny_benchmark):
         for _ in range(2 * benchmark.STEPS):
             assert torch.equal(steps.eager_step(), steps.static_step())
         assert steps.dynamic.get_seq_length() == 9 + 2 * benchmark.STEPS
+
+
+class FakeGraph:
+    """Stands in for DecodeGraph on the CPU (no CUDA graphs here): it records which projections
+    the model ran on the GEMV when it was captured, and counts its replays."""
+
+    def __init__(self, model, batch):
+        self.batch = batch
+        self.gemv = model.decode_gemv.get(batch, frozenset())
+        self.positions = torch.zeros(batch, dtype=torch.int32)
+        self.tokens = torch.zeros(batch, dtype=torch.int64)
+        self.replays = 0
+
+    def start(self, tokens, length):
+        self.tokens.copy_(tokens)
+        self.positions.fill_(length)
+
+    def replay(self):
+        self.replays += 1
+        self.positions.add_(1)
+        return self.tokens
+
+
+def test_decode_rows_time_the_measured_choice_beside_cublas(tiny_benchmark, monkeypatch):
+    """The choice of projections is made per batch of DECODE and kept by the model; the sweep and
+    the decode rows time a graph captured with it and one captured on cuBLAS only (one graph where
+    the choice kept no GEMV), and the headline columns are the choice's."""
+    from kernels.decoder.model import PROJECTIONS, Decoder, DecoderWeights
+
+    monkeypatch.setattr(benchmark, "SWEEP_CONTEXTS", (8, 16))
+    monkeypatch.setattr(benchmark, "SWEEP_BATCHES", (1, 2, 4))
+    hf = hf_reference.random_llama(TINY, seed=22, dtype=torch.bfloat16)
+    model = Decoder(DecoderWeights.from_hf(hf), max_batch=4, max_seq=64)
+    captured = []
+
+    def capture(batch):
+        model._graph = FakeGraph(model, batch)
+        captured.append(model._graph)
+        return model._graph
+
+    def choose(batch):  # what Decoder.choose_decode_linears does, with made-up times
+        won = {"o", "down"} if batch == 1 else set()
+        measured = {
+            p: {
+                "cublas_us": 2.0,
+                "gemv_us": 1.0 if p in won else 3.0,
+                "speedup": 1.0,
+                "gemv": p in won,
+            }
+            for p in PROJECTIONS
+        }
+        model.set_decode_linears(batch, won)
+        return measured
+
+    monkeypatch.setattr(model, "capture_decode_graph", capture)
+    monkeypatch.setattr(model, "choose_decode_linears", choose)
+    ceilings = {"copy_gbps": 1.0}
+
+    rows = benchmark.choose_linears(model, [1, 1, 2, 8])  # 8 > max_batch: left out
+    assert [(r["batch"], r["projection"]) for r in rows] == [
+        (b, p) for b in (1, 2) for p in PROJECTIONS
+    ]
+    assert model.decode_gemv == {1: {"o", "down"}, 2: set()}
+
+    sweep = benchmark.sweep(model, ceilings)
+    assert [(r["batch"], r["context"]) for r in sweep] == [(1, 8), (1, 16), (2, 512), (4, 512)]
+    assert [r["linears"] for r in sweep] == ["GEMV for o, down"] * 2 + ["cuBLAS"] * 2
+    assert [g.gemv for g in captured] == [set(), {"o", "down"}, set(), set()]
+    assert all(r["graph GPU ms"] > 0 and r["graph GPU ms (cuBLAS)"] > 0 for r in sweep)
+
+    captured.clear()
+    one = benchmark.decode_ours(model, 1, 12, ceilings)
+    assert [g.gemv for g in captured] == [set(), {"o", "down"}]
+    assert all(g.replays > 0 for g in captured)
+    assert model._graph is captured[1] and model.decode_gemv[1] == {"o", "down"}
+    assert one["linears"] == "GEMV for o, down"
+    assert one["ours % of floor"] == pytest.approx(100 * one["floor ms"] / one["ours (graph) ms"])
+    captured.clear()
+    two = benchmark.decode_ours(model, 2, 9, ceilings)
+    assert len(captured) == 1 and two["linears"] == "cuBLAS"
+    assert two["ours (graph, cuBLAS) ms"] == two["ours (graph) ms"]
+    assert two["ours (graph, cuBLAS) GPU ms"] == two["ours (graph) GPU ms"]
+
+    merged = benchmark.merge([one, two], [{"batch": 1, "context": 12, "HF eager ms": 5.0}])
+    assert merged[0]["ours vs HF eager"] == pytest.approx(5.0 / one["ours (graph) ms"])
+    targets = benchmark.performance_targets(merged, [], None)
+    assert targets[0]["value"] == f"{one['ours % of floor']:.1f}%"

@@ -6,19 +6,28 @@ torch.compile); `--quick` measures batch 1 at context 512 only.
 
 Ours first, in this process:
 * the lab's kernels (RoPE, argmax, RoPE in CUDA C) against PyTorch's, timed as the grader does;
+* the decode step's projections: at each batch of DECODE (1, 8, 32), `Decoder.choose_decode_linears`
+  times cuBLAS against the course GEMV (triton_gemv.py) on every projection's weight and the model
+  keeps the GEMV where it won in this run ("decode_linears": both times per projection and the
+  choice). Every decode number below is for that choice, with the step on cuBLAS only beside it;
+  the sweep's other batches (2, 4, 16) run cuBLAS only: a choice there would add an autotuning of
+  the GEMV per projection and batch to the run, for points of a plot;
 * the decode step replayed from one CUDA graph across contexts and batches (device events) against
   the floor: every weight and the context's K and V read once at the measured copy bandwidth;
 * decode per token as generation pays it: the wall time of a loop of steps synchronized at its end,
-  the graph's replay and the eager step (module 03's attention) interleaved round by round;
+  the graph with the choice and the graph on cuBLAS only interleaved round by round, then the
+  eager step (module 03's attention);
 * prefill (device events) against the GEMM floor (flops at the measured bf16 matmul rate);
-* the eager step's host time split by wrapper, the GPU time per kernel of a decode step and of a
-  prefill (torch.profiler), the peak memory of batch 32 at a 4096-token context. Then Hugging Face's
-  LlamaForCausalLM, in a child process (a fault there cannot touch our numbers, and torch.compile's
-  CUDA-graph pools stay out of ours): eager with a DynamicCache, and a StaticCache with the forward
-  compiled as `generate` compiles it (`get_compiled_call`: torch.compile mode "reduce-overhead";
-  compile time recorded, later compiles skipped past COMPILE_BUDGET_S), its prefill (eager, SDPA)
-  and its peak memory with a static cache. Both sides time the same way; the parent merges the rows
-  and states the targets.
+* the eager step's host time split by wrapper, the GPU time per kernel of a decode step (graph and
+  eager, batch 1's choice) and of a prefill (torch.profiler), the peak memory of batch 32 at a
+  4096-token context.
+
+Then Hugging Face's LlamaForCausalLM, in a child process (a fault there cannot touch our numbers,
+and torch.compile's CUDA-graph pools stay out of ours): eager with a DynamicCache, and a StaticCache
+with the forward compiled as `generate` compiles it (`get_compiled_call`: torch.compile mode
+"reduce-overhead"; compile time recorded, later compiles skipped past COMPILE_BUDGET_S), its
+prefill (eager, SDPA) and its peak memory with a static cache. Both sides time the same way; the
+parent merges the rows and states the targets (ours: the decode step with the measured choice).
 """
 
 from __future__ import annotations
@@ -37,8 +46,8 @@ import torch
 import torch.nn.functional as F
 
 from kernels import bench, runtime
-from kernels.decoder import hf_reference, triton_attention, triton_ops, triton_rope
-from kernels.decoder.model import LLAMA_1B, Decoder, DecoderWeights
+from kernels.decoder import hf_reference, triton_attention, triton_gemv, triton_ops, triton_rope
+from kernels.decoder.model import LLAMA_1B, PROJECTIONS, Decoder, DecoderWeights
 from kernels.flash_attention import triton_decode, triton_flash
 from kernels.rmsnorm import triton_rmsnorm
 
@@ -185,41 +194,101 @@ def decode_floor_ms(batch: int, context: int, ceilings: dict) -> float:
     return decode_bytes(batch, context) / (ceilings["copy_gbps"] * 1e9) * 1e3
 
 
-def started_graph(model: Decoder, batch: int, context: int):
-    """The captured step for `batch`, started on random tokens at position `context`."""
-    step = graph_for(model, batch)
-    step.start(torch.randint(0, CONFIG.vocab_size, (batch,), device=DEVICE), context)
-    return step
+def linears_label(model: Decoder, batch: int) -> str:
+    """Which kernel the decode step of `batch` runs its projections on, in words."""
+    gemv = model.decode_gemv.get(batch, frozenset())
+    return "GEMV for " + ", ".join(p for p in PROJECTIONS if p in gemv) if gemv else "cuBLAS"
 
 
-def graph_gpu_time(step, context: int):
-    """Device time of one replay (events, 20 repetitions), the positions reset to `context`
-    before each round so that every replay reads the same cache length."""
-    return bench.benchmark(
-        {"graph": step.replay},
+def choose_linears(model: Decoder, batches) -> list[dict]:
+    """Decoder.choose_decode_linears at each batch: cuBLAS against the course GEMV on every
+    projection's weight, the GEMV kept where it won; one row per (batch, projection)."""
+    rows = []
+    for batch in dict.fromkeys(b for b in batches if b <= model.max_batch):
+        measured = model.choose_decode_linears(batch)
+        for projection, m in measured.items():
+            rows.append(
+                {
+                    "batch": batch,
+                    "projection": projection,
+                    "cuBLAS us": m["cublas_us"],
+                    "GEMV us": m["gemv_us"],
+                    "GEMV speedup": m["speedup"],
+                    "GEMV kept": m["gemv"],
+                }
+            )
+        if not measured:  # the GEMV does not take this batch (or this dtype): cuBLAS
+            rows.append({"batch": batch, "projection": "all", "GEMV kept": False})
+    return rows
+
+
+def decode_graphs(model: Decoder, batch: int) -> dict:
+    """The decode step of `batch` captured twice: "cuBLAS" (every projection on cuBLAS) and
+    "choice" (the model's measured choice; the same graph where it kept no GEMV). The model keeps
+    its choice, and the choice's graph as its own."""
+    chosen = model.decode_gemv.get(batch, frozenset())
+    model.set_decode_linears(batch, ())
+    cublas = model.capture_decode_graph(batch)
+    if not chosen:
+        return {"cuBLAS": cublas, "choice": cublas}
+    model.set_decode_linears(batch, chosen)
+    return {"cuBLAS": cublas, "choice": model.capture_decode_graph(batch)}
+
+
+def start_graphs(graphs: dict, context: int) -> None:
+    """Start each captured step on random tokens at position `context`."""
+    for step in dict.fromkeys(graphs.values()):
+        tokens = torch.randint(0, CONFIG.vocab_size, (step.batch,), device=DEVICE)
+        step.start(tokens, context)
+
+
+def graphs_gpu_ms(graphs: dict, context: int) -> dict:
+    """Device time of one replay of each graph (events, 20 repetitions, the graphs interleaved),
+    the positions reset to `context` before each round so that every replay reads the same cache
+    length. A graph listed twice is timed once."""
+    first = {}  # each distinct graph -> the first name it has
+    for name, step in graphs.items():
+        first.setdefault(id(step), name)
+    distinct = {name: graphs[name] for name in first.values()}
+    times = bench.benchmark(
+        {name: step.replay for name, step in distinct.items()},
         reps=20,
         flush=False,
-        before_round=lambda: step.positions.fill_(context),
-    )["graph"]
+        before_round=lambda: [step.positions.fill_(context) for step in distinct.values()],
+    )
+    return {name: times[first[id(step)]].median_us / 1e3 for name, step in graphs.items()}
 
 
 def decode_ours(model: Decoder, batch: int, context: int, ceilings: dict) -> dict:
-    """The graph's step per token: wall time of a loop of replays, and device time of one."""
-    step = started_graph(model, batch, context)
+    """The graph's step per token, with the measured choice of projections and with cuBLAS only:
+    wall time of a loop of replays (the two interleaved round by round), and device time of one."""
+    graphs = decode_graphs(model, batch)
+    start_graphs(graphs, context)
+    names = {"choice": "ours (graph)", "cuBLAS": "ours (graph, cuBLAS)"}
+    same = graphs["choice"] is graphs["cuBLAS"]
+    timed = {"choice": graphs["choice"]} if same else graphs
     ms = wall_per_call_ms(
-        {"ours (graph)": step.replay}, {"ours (graph)": lambda: step.positions.fill_(context)}
+        {names[k]: step.replay for k, step in timed.items()},
+        {names[k]: (lambda step=step: step.positions.fill_(context)) for k, step in timed.items()},
     )
-    gpu = graph_gpu_time(step, context)
+    if same:
+        ms[names["cuBLAS"]] = ms[names["choice"]]
+    gpu = graphs_gpu_ms(graphs, context)
     floor_ms = decode_floor_ms(batch, context, ceilings)
+    mine = ms["ours (graph)"]
     return {
         "batch": batch,
         "context": context,
         "bytes": decode_bytes(batch, context),
         "floor ms": floor_ms,
-        **{f"{k} ms": v for k, v in ms.items()},
-        "ours (graph) GPU ms": gpu.median_us / 1e3,
-        "ours % of floor": 100 * floor_ms / ms["ours (graph)"],
-        "tokens/s (graph)": batch / ms["ours (graph)"] * 1e3,
+        "ours (graph) ms": mine,
+        "ours (graph, cuBLAS) ms": ms["ours (graph, cuBLAS)"],
+        "ours (graph) GPU ms": gpu["choice"],
+        "ours (graph, cuBLAS) GPU ms": gpu["cuBLAS"],
+        "choice vs cuBLAS": ms["ours (graph, cuBLAS)"] / mine,
+        "linears": linears_label(model, batch),
+        "ours % of floor": 100 * floor_ms / mine,
+        "tokens/s (graph)": batch / mine * 1e3,
     }
 
 
@@ -296,6 +365,7 @@ WRAPPERS = {
     "flash_decode": (triton_decode, "flash_decode"),
     "flash_attention_forward": (triton_flash, "flash_attention_forward"),
     "cache_attention": (triton_attention, "cache_attention"),
+    "linear (course GEMV)": (triton_gemv, "linear"),
     "F.linear (cuBLAS)": (F, "linear"),
 }
 
@@ -509,25 +579,32 @@ def performance_targets(decode: list[dict], prefill: list[dict], memory: dict | 
 
 def sweep(model: Decoder, ceilings: dict) -> list[dict]:
     """GPU time of the graph's decode step (device events) across contexts at batch 1 and across
-    batches at context 512, beside the floor: the data of the tokens/s plots."""
+    batches at context 512, beside the floor: the data of the tokens/s plots. "graph GPU ms" is the
+    step with the model's measured choice of projections where one was measured (the batches of
+    DECODE), cuBLAS elsewhere ("linears" says which); "graph GPU ms (cuBLAS)" is cuBLAS only."""
     rows = []
     points = [(1, c) for c in SWEEP_CONTEXTS] + [(b, 512) for b in SWEEP_BATCHES if b > 1]
-    for batch, context in points:
+    for batch in dict.fromkeys(b for b, _ in points):
         if batch > model.max_batch:
             continue
-        t = graph_gpu_time(started_graph(model, batch, context), context)
-        floor_ms = decode_floor_ms(batch, context, ceilings)
-        ms = t.median_us / 1e3
-        rows.append(
-            {
-                "batch": batch,
-                "context": context,
-                "graph GPU ms": ms,
-                "floor ms": floor_ms,
-                "% of floor": 100 * floor_ms / ms,
-                "tokens/s": batch / ms * 1e3,
-            }
-        )
+        graphs = decode_graphs(model, batch)
+        for context in [c for b, c in points if b == batch]:
+            start_graphs(graphs, context)
+            ms = graphs_gpu_ms(graphs, context)
+            floor_ms = decode_floor_ms(batch, context, ceilings)
+            rows.append(
+                {
+                    "batch": batch,
+                    "context": context,
+                    "graph GPU ms": ms["choice"],
+                    "graph GPU ms (cuBLAS)": ms["cuBLAS"],
+                    "linears": linears_label(model, batch),
+                    "floor ms": floor_ms,
+                    "% of floor": 100 * floor_ms / ms["choice"],
+                    "tokens/s": batch / ms["choice"] * 1e3,
+                }
+            )
+        del graphs  # the next batch's graphs take the model's place
     return rows
 
 
@@ -668,6 +745,9 @@ def main() -> int:
     # the graph first: a fault in an eager path (which launches many more kernels from Python)
     # cannot then cost the graph's numbers, and Hugging Face runs in a process of its own
     section("lab_kernels", lambda: lab_kernels(ceilings))
+    # cuBLAS or the course GEMV for each projection, timed at the batches of the decode rows (the
+    # model keeps the winners; a failure here leaves it on cuBLAS)
+    section("decode_linears", lambda: choose_linears(model, [b for b, _ in configs]))
     section("sweep", lambda: sweep(model, ceilings))
     section("decode", lambda: [decode_ours(model, b, c, ceilings) for b, c in configs])
 
@@ -676,7 +756,12 @@ def main() -> int:
         step.positions.fill_(512)
         step.replay()
 
-    section("profile_graph", lambda: kernel_breakdown(graph_step, "decode b1 ctx 512 (graph)"))
+    section(
+        "profile_graph",
+        lambda: kernel_breakdown(
+            graph_step, f"decode b1 ctx 512 (graph, {linears_label(model, 1)})"
+        ),
+    )
     if not quick:
         section("memory", lambda: memory_ours(model, *MEMORY))
     section(
@@ -689,7 +774,9 @@ def main() -> int:
     section("host", lambda: host_breakdown(model))
     section(
         "profile",
-        lambda: kernel_breakdown(eager_step, "decode b1 ctx 512 (eager)")
+        lambda: kernel_breakdown(
+            eager_step, f"decode b1 ctx 512 (eager, {linears_label(model, 1)})"
+        )
         + kernel_breakdown(lambda: model.prefill(prompt), "prefill 1x2048"),
     )
     section("hf", lambda: run_hf_child(quick, HF_TIMEOUT_S))
