@@ -373,7 +373,9 @@ WRAPPERS = {
 def host_breakdown(model: Decoder, batch: int = 1, context: int = 512, steps: int = 50) -> dict:
     """Host time of the eager decode step (no synchronization inside), and each wrapper's share:
     every wrapper the step calls is timed from call to return (for an asynchronous launch, that is
-    its host cost)."""
+    its host cost). The shares are of the timed pass's own step time: a second pass, with the
+    timers in, is not the first pass's time (on the CPU, where a "launch" runs the interpreter, the
+    two differ by more than the timers)."""
     tokens = torch.randint(0, CONFIG.vocab_size, (batch,), device=DEVICE)
     spent = defaultdict(float)
     calls = defaultdict(int)
@@ -403,9 +405,11 @@ def host_breakdown(model: Decoder, batch: int = 1, context: int = 512, steps: in
         originals[name] = getattr(module, attr)
         setattr(module, attr, timed(name, originals[name]))
     try:
+        t0 = time.perf_counter()
         for _ in range(steps):
             model.cache.length = context
             triton_ops.argmax(model.decode_step(tokens))
+        timed_us = (time.perf_counter() - t0) / steps * 1e6
         _sync()
     finally:
         for name, (module, attr) in WRAPPERS.items():
@@ -416,10 +420,11 @@ def host_breakdown(model: Decoder, batch: int = 1, context: int = 512, steps: in
         "batch": batch,
         "context": context,
         "eager step host us": host_us,
+        "eager step host us, wrappers timed": timed_us,
         "wrappers us per step": per_step,
         "calls per step": {k: v // steps for k, v in calls.items()},
         "course wrappers share": sum(v for k, v in per_step.items() if "F.linear" not in k)
-        / host_us,
+        / timed_us,
     }
 
 
