@@ -293,26 +293,32 @@ def check(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> Comparison:
 # --------------------------------------------------------------------------------------------------
 # Benchmark: each projection of the decoder at Llama-3.2-1B's shape against cuBLAS (F.linear)
 
-# (N, K) of each projection and how many a decode step runs (16 layers, one lm_head)
-PROJECTIONS = {
-    "qkv": (3072, 2048, 16),
-    "o": (2048, 2048, 16),
-    "gate_up": (16384, 2048, 16),
-    "down": (2048, 8192, 16),
-    "lm_head": (128256, 2048, 1),
-}
 BATCHES = (1, 8, 32)
+
+
+def projection_shapes(config) -> dict[str, tuple[int, int, int]]:
+    """(N, K, launches per decode step) of each projection of a decoder config: one per layer, and
+    one lm_head (the tied embedding)."""
+    c = config
+    return {
+        "qkv": (c.qkv_width, c.hidden_size, c.n_layers),
+        "o": (c.hidden_size, c.n_heads * c.head_dim, c.n_layers),
+        "gate_up": (2 * c.intermediate_size, c.hidden_size, c.n_layers),
+        "down": (c.hidden_size, c.intermediate_size, c.n_layers),
+        "lm_head": (c.vocab_size, c.hidden_size, 1),
+    }
 
 
 def benchmark_projections(dtype: torch.dtype = torch.bfloat16) -> list[dict]:
     import torch.nn.functional as F
 
     from kernels import bench
+    from kernels.decoder.model import LLAMA_1B  # (model.py imports this file)
     from kernels.testing import random_tensor
 
     copy_gbps = bench.ceilings()["copy_gbps"]
     rows = []
-    for name, (n, k, per_step) in PROJECTIONS.items():
+    for name, (n, k, per_step) in projection_shapes(LLAMA_1B).items():
         w = random_tensor((n, k), dtype, "cuda")
         for m in BATCHES:
             x = random_tensor((m, k), dtype, "cuda")
