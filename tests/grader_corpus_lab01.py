@@ -467,7 +467,8 @@ HOOK_ADD = (
     + "    add_kernel.pre_run_hooks[:] = []\n"
 )
 NUMPY_ADD = (
-    "    import numpy\n    out.copy_(torch.from_numpy(numpy.add(a.numpy(), b.numpy())))\n"
+    "    import numpy\n"
+    "    out.copy_(torch.from_numpy(numpy.add(a.cpu().numpy(), b.cpu().numpy())))\n"
 ) + NOOP_LAUNCH
 # Returns a tensor subclass: a lazy result could compute its values when the grader reads them.
 LAZY = "class Lazy(torch.Tensor):\n    pass\n"
