@@ -25,13 +25,16 @@ kernel audit").
 """
 from __future__ import annotations
 
+import contextlib
 import csv
+import fcntl
 import functools
 import math
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -154,6 +157,22 @@ def _marker_kernel():
     return grading_audit_marker
 
 
+@contextlib.contextmanager
+def one_audit_at_a_time(lock_path: Path | None = None):
+    """Holds a lock, shared by every grading process on this machine, while ncu runs: one audit
+    at a time. Two at once (two labs graded side by side, `--jobs 2`) ended the second one's
+    worker with exit status 9 on an H200, failing honest functions; the same lab alone passed.
+    The lock lives outside the sandbox (the worker's /tmp is its own), so the student's code
+    cannot take it, and flock releases it when its holder dies."""
+    lock_path = lock_path or Path(tempfile.gettempdir(), f"course-kernel-audit-{os.getuid()}.lock")
+    with open(lock_path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def marker_launch(index: int) -> None:
     """In the worker (op "mark"): the grader's marker, grid index + 1, alone on the GPU."""
     import torch
@@ -223,18 +242,24 @@ def audit_lab(lab: dict, spec, done: dict, seed: int, opts, env: dict, cmd: list
               work: Path, sandboxed: bool) -> None:
     """Call the lab's passed functions again under ncu (one worker) and fail those whose calls
     ran a library's kernels; records what was seen in lab["kernel_audit"]."""
-    from grading import runner
-    from grading.correctness import run_case
-
     chosen, left_out = audited_functions(spec, done)
     report = {"tool": "ncu", "functions": {}, "left_out": left_out}
     lab["kernel_audit"] = report
     if not chosen:
         return
-    usable, why = status()
-    if not usable:
-        report["error"] = f"not run: {why}"
-        return
+    with one_audit_at_a_time():  # status() runs ncu too, once per grading process
+        usable, why = status()
+        if not usable:
+            report["error"] = f"not run: {why}"
+            return
+        _audit_under_ncu(report, chosen, done, seed, opts, env, cmd, work, sandboxed)
+
+
+def _audit_under_ncu(report: dict, chosen: list, done: dict, seed: int, opts, env: dict,
+                     cmd: list[str], work: Path, sandboxed: bool) -> None:
+    from grading import runner
+    from grading.correctness import run_case
+
     read_fd, write_fd = os.pipe()
     reader = _PipeReader(read_fd)
     reader.start()

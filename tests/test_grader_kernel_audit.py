@@ -3,7 +3,9 @@ grader's markers, library kernels named; on a GPU, a function that computes with
 points even where the in-process watch was told it passed, and an honest one keeps them."""
 
 import os
+import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -158,6 +160,49 @@ def test_a_worker_stopped_by_a_limit_leaves_the_audit_inconclusive(monkeypatch, 
         assert (done["add"]["status"], done["add"]["points"]) == ("fail", 0)
         assert "could not be read (the audit's worker ended early: the grading process exited " \
                "with code 0" in done["add"]["message"], done["add"]["message"]
+
+
+HOLD_THE_LOCK = """
+import sys, time
+from pathlib import Path
+from grading.kernel_audit import one_audit_at_a_time
+with one_audit_at_a_time(Path(sys.argv[1])):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_audits_run_one_at_a_time_across_threads_and_processes(tmp_path):
+    """Two labs graded side by side (threads of one grader, or two graders) never run ncu at the
+    same time, and a grader that dies holding the lock does not block the next."""
+    lock = tmp_path / "audit.lock"
+    acquired = threading.Event()
+
+    def second_audit():
+        with kernel_audit.one_audit_at_a_time(lock):
+            acquired.set()
+
+    with kernel_audit.one_audit_at_a_time(lock):  # another thread of this grader waits
+        waiter = threading.Thread(target=second_audit, daemon=True)
+        waiter.start()
+        assert not acquired.wait(0.5)
+    assert acquired.wait(10)
+    waiter.join(10)
+
+    acquired.clear()
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_THE_LOCK, str(lock)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        waiter = threading.Thread(target=second_audit, daemon=True)
+        waiter.start()
+        assert not acquired.wait(0.5)  # another grading process holds it
+        holder.kill()  # killed mid-audit: flock lets go with the process
+        assert acquired.wait(10)
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
 
 
 @pytest.mark.cpu
