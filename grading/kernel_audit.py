@@ -159,9 +159,10 @@ def _marker_kernel():
 
 @contextlib.contextmanager
 def one_audit_at_a_time(lock_path: Path | None = None):
-    """Holds a lock, shared by every grading process on this machine, while ncu runs: one audit
-    at a time. Two at once (two labs graded side by side, `--jobs 2`) ended the second one's
-    worker with exit status 9 on an H200, failing honest functions; the same lab alone passed.
+    """Holds a lock while ncu runs, shared by the grading processes whose temporary folder is the
+    same (those of one machine, unless $TMPDIR differs): one audit at a time. Two at once (two
+    labs graded side by side, `--jobs 2`) ended the second one's worker with exit status 9 on an
+    H200, failing honest functions; the same lab alone passed.
     The lock lives outside the sandbox (the worker's /tmp is its own), so the student's code
     cannot take it, and flock releases it when its holder dies."""
     lock_path = lock_path or Path(tempfile.gettempdir(), f"course-kernel-audit-{os.getuid()}.lock")
