@@ -1,10 +1,13 @@
 """The decode GEMV with the residual add + RMSNorm before it and SwiGLU after it
 (kernels/decoder/triton_fused_gemv.py): against a float64 reference written here from the formula,
 against the unfused path (module 02's norm, triton_gemv.linear, triton_ops.swiglu), the new
-residual written once and only once, strided views, bad arguments.
+residual written once and only once, strided views, bad arguments; then the decoder with its
+decode step fused, against the float64 spec, its unfused step and Hugging Face.
 
 CPU: the interpreter, on sizes small enough to keep the file well under a minute; GPU: N = 2047,
 K = 1000 (neither a multiple of any block), the autotuned path and every GPU configuration."""
+
+import copy
 
 import numpy as np
 import pytest
@@ -12,7 +15,8 @@ import torch
 import triton
 
 from kernels import runtime
-from kernels.decoder import triton_fused_gemv, triton_gemv, triton_ops
+from kernels.decoder import hf_reference, reference, triton_fused_gemv, triton_gemv, triton_ops
+from kernels.decoder.model import NORMED_PROJECTIONS, TINY, Decoder, DecoderWeights
 from kernels.rmsnorm import triton_rmsnorm
 from kernels.testing import ULP, compare, generator, poison_, random_tensor
 
@@ -286,3 +290,115 @@ def test_no_rows_no_launch():
     out, r_new = fused(d, r, nw, w, LLAMA_EPS)
     assert out.shape == (0, 24) and r_new.shape == (0, 16)
 
+
+# --------------------------------------------------------------------------------------------------
+# The decoder with its decode step fused
+
+
+@pytest.fixture(scope="module")
+def tiny_bf16():
+    hf = hf_reference.random_llama(TINY, seed=27, dtype=torch.bfloat16, device=DEVICE)
+    return hf, Decoder(DecoderWeights.from_hf(hf), max_batch=3, max_seq=16)
+
+
+def prompt(batch, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, TINY.vocab_size, (batch, n), generator=g).to(DEVICE)
+
+
+def test_decoder_fused_decode_step_matches_unfused_spec_and_hf(tiny_bf16, monkeypatch):
+    """bf16, 3 sequences, every norm of the decode step folded (2 launches a layer and lm_head's:
+    counted): the prefill unchanged; the logits within the bf16 model's tolerance of the float64
+    spec, of Hugging Face's model run in float32 on the same weights, and of the unfused step; the
+    same greedy tokens; each layer's output (hidden_states) close to the unfused step's."""
+    hf, model = tiny_bf16
+    batch, tokens = 3, prompt(3, 5, seed=28)
+    model.set_decode_fused(batch, ())
+    prefill = model.prefill(tokens)
+    nxt = torch.argmax(prefill, -1)
+    unfused_layers = []
+    positions = torch.full((batch,), 5, dtype=torch.int32, device=DEVICE)
+    unfused = model.forward(nxt[:, None], positions, 6, hidden_states=unfused_layers)
+    calls = []
+    kernel = triton_fused_gemv.add_rms_norm_linear
+    counted = lambda *a, **kw: calls.append(1) or kernel(*a, **kw)  # noqa: E731
+    monkeypatch.setattr(triton_fused_gemv, "add_rms_norm_linear", counted)
+    model.set_decode_fused(batch, NORMED_PROJECTIONS)
+    try:
+        assert torch.equal(model.prefill(tokens), prefill) and not calls
+        fused_layers = []
+        step = model.forward(nxt[:, None], positions, 6, hidden_states=fused_layers)
+    finally:
+        model.set_decode_fused(batch, ())
+    assert len(calls) == 2 * TINY.n_layers + 1
+    tolerance = reference.LOGITS_TOLERANCE[torch.bfloat16]
+    sequence = torch.cat([tokens, nxt[:, None]], 1)
+    want, _ = reference.forward_fp64(model.w, sequence)
+    assert reference.logits_error(step, want[:, -1]) < tolerance
+    hf_logits, _ = hf_reference.hidden_states_by_layer(copy.deepcopy(hf).float(), sequence)
+    assert reference.logits_error(step, hf_logits[:, -1]) < tolerance
+    assert reference.logits_error(step, unfused) < tolerance
+    chosen = torch.argmax(step, -1)
+    assert hf_reference.near_tie_agreement(unfused, chosen, tolerance).all()
+    assert len(fused_layers) == len(unfused_layers) == TINY.n_layers
+    for i, (a, b) in enumerate(zip(fused_layers, unfused_layers)):
+        scale = b.double().pow(2).mean().sqrt()
+        assert float((a.double() - b.double()).abs().max() / scale) < tolerance, f"layer {i}"
+
+
+def test_decoder_refuses_bad_fused_choices(tiny_bf16):
+    _, model = tiny_bf16
+    with pytest.raises(ValueError, match="unknown projections.*'o'"):
+        model.set_decode_fused(1, ["qkv", "o"])
+    with pytest.raises(ValueError, match="1 to 32 rows"):
+        model.set_decode_fused(33, ["qkv"])
+    hf = hf_reference.random_llama(TINY, seed=29, device=DEVICE)
+    fp32 = Decoder(DecoderWeights.from_hf(hf), max_batch=1, max_seq=8)
+    with pytest.raises(TypeError, match="bf16 or fp16 weights"):
+        fp32.set_decode_fused(1, ["gate_up"])
+    fp32.set_decode_fused(1, ())  # nothing fused is always allowed
+
+
+@pytest.mark.cpu
+def test_choosing_fusion_by_timing_needs_a_gpu(tiny_bf16):
+    _, model = tiny_bf16
+    with pytest.raises(RuntimeError, match="timing needs a GPU"):
+        model.choose_decode_fused(1)
+    assert model.decode_fused.get(1, frozenset()) == frozenset()  # the default: nothing fused
+
+
+@pytest.mark.gpu
+def test_choose_decode_fused_keeps_fusion_only_where_it_was_faster():
+    hf = hf_reference.random_llama(TINY, seed=30, dtype=torch.bfloat16, device="cuda")
+    model = Decoder(DecoderWeights.from_hf(hf), max_batch=2, max_seq=16)
+    model.choose_decode_linears(2)
+    measured = model.choose_decode_fused(2)
+    assert set(measured) == set(NORMED_PROJECTIONS)
+    for name, m in measured.items():
+        assert m["unfused_us"] > 0 and m["fused_us"] > 0
+        assert m["fused"] == (m["speedup"] > 1.0), name
+    assert model.decode_fused[2] == {n for n, m in measured.items() if m["fused"]}
+
+
+@pytest.mark.gpu
+def test_graph_captures_the_fused_step(monkeypatch):
+    """bf16, everything fused: the CUDA graph captures it (counted: two warm-up steps and the
+    captured one), its replay matches the float64 spec, and a new choice drops the graph."""
+    hf = hf_reference.random_llama(TINY, seed=31, dtype=torch.bfloat16, device="cuda")
+    model = Decoder(DecoderWeights.from_hf(hf), max_batch=2, max_seq=32)
+    model.set_decode_fused(2, NORMED_PROJECTIONS)
+    calls = []
+    kernel = triton_fused_gemv.add_rms_norm_linear
+    counted = lambda *a, **kw: calls.append(1) or kernel(*a, **kw)  # noqa: E731
+    monkeypatch.setattr(triton_fused_gemv, "add_rms_norm_linear", counted)
+    step = model.capture_decode_graph(2)
+    assert len(calls) == 3 * (2 * TINY.n_layers + 1)
+    tokens = prompt(2, 9, seed=32)
+    nxt = torch.argmax(model.prefill(tokens), -1)
+    step.start(nxt, 9)
+    step.replay()
+    want, _ = reference.forward_fp64(model.w, torch.cat([tokens, nxt[:, None]], 1))
+    error = reference.logits_error(step.logits, want[:, -1])
+    assert error < reference.LOGITS_TOLERANCE[torch.bfloat16]
+    model.set_decode_fused(2, ())
+    assert model._graph is None

@@ -18,7 +18,10 @@ then the final norm, the logits (the tied embedding as lm_head) and greedy argma
 
 The projections of a pass of one token per sequence (a decode step) run through cuBLAS unless
 `Decoder.choose_decode_linears(batch)` measured the course's GEMV (triton_gemv.py) faster for that
-projection on this GPU, in the same run; a prefill of several tokens always uses cuBLAS.
+projection on this GPU, in the same run; a prefill of several tokens always uses cuBLAS. Likewise
+`Decoder.choose_decode_fused(batch)` may fold the norm before qkv, gate_up and lm_head into their
+GEMV, and SwiGLU into gate_up's (triton_fused_gemv.py): three launches a layer fewer, where it
+measured faster (off until measured, or set by hand with `set_decode_fused`).
 
 Loading real weights: build the Hugging Face model from its folder and hand it over,
 
@@ -38,13 +41,22 @@ import torch
 import torch.nn.functional as F
 
 from kernels import bench, runtime
-from kernels.decoder import triton_attention, triton_gemv, triton_ops, triton_rope
+from kernels.decoder import (
+    triton_attention,
+    triton_fused_gemv,
+    triton_gemv,
+    triton_ops,
+    triton_rope,
+)
 from kernels.flash_attention import triton_decode, triton_flash
 from kernels.rmsnorm import triton_rmsnorm
 
 MODEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # The GEMMs of a step, by the names Decoder.choose_decode_linears uses.
 PROJECTIONS = ("qkv", "o", "gate_up", "down", "lm_head")
+# The projections that follow an RMSNorm, which triton_fused_gemv.py can fold into their GEMV
+# (gate_up with SwiGLU after it too), by the names Decoder.choose_decode_fused uses.
+NORMED_PROJECTIONS = ("qkv", "gate_up", "lm_head")
 
 
 @dataclass(frozen=True)
@@ -308,6 +320,9 @@ class Decoder:
         self._graph = None
         # batch -> the projections whose decode step runs triton_gemv.linear instead of cuBLAS
         self.decode_gemv: dict[int, frozenset[str]] = {}
+        # batch -> the projections whose decode step runs triton_fused_gemv with its norm (and
+        # SwiGLU) folded in, whatever decode_gemv says for them
+        self.decode_fused: dict[int, frozenset[str]] = {}
 
     # ----------------------------------------------------------------------------------------------
     # The projections: cuBLAS, or at decode time the course's GEMV where it was measured faster
@@ -316,27 +331,37 @@ class Decoder:
         """The first layer's weight of a projection (every layer's has its shape)."""
         return self.w.lm_head if projection == "lm_head" else getattr(self.w.layers[0], projection)
 
-    def set_decode_linears(self, batch: int, gemv=()) -> None:
-        """Decode steps of `batch` sequences run the projections named in `gemv` through
-        triton_gemv.linear and the others through cuBLAS (F.linear)."""
-        gemv = frozenset(gemv)
-        if not gemv <= set(PROJECTIONS):
+    def _gemv_choice(self, batch: int, names, allowed: tuple[str, ...]) -> frozenset[str]:
+        """`names` as a frozenset, after checking the GEMV can take them at this batch."""
+        names = frozenset(names)
+        if not names <= set(allowed):
             raise ValueError(
-                f"Decoder: unknown projections {sorted(gemv - set(PROJECTIONS))}; "
-                f"the projections are {PROJECTIONS}"
+                f"Decoder: unknown projections {sorted(names - set(allowed))}; "
+                f"the projections are {allowed}"
             )
-        if gemv and self.dtype not in (torch.float16, torch.bfloat16):
+        if names and self.dtype not in (torch.float16, torch.bfloat16):
             raise TypeError(
                 f"Decoder: the GEMV takes bf16 or fp16 weights, this model is "
                 f"{self.dtype}: keep cuBLAS"
             )
-        if gemv and not 0 < batch <= triton_gemv.MAX_ROWS:
+        if names and not 0 < batch <= triton_gemv.MAX_ROWS:
             raise ValueError(
                 f"Decoder: the GEMV takes 1 to {triton_gemv.MAX_ROWS} rows, not batch {batch}"
             )
-        self.decode_gemv[batch] = gemv
         if self._graph is not None and self._graph.batch == batch:
             self._graph = None  # captured with the old choice: generate() captures again
+        return names
+
+    def set_decode_linears(self, batch: int, gemv=()) -> None:
+        """Decode steps of `batch` sequences run the projections named in `gemv` through
+        triton_gemv.linear and the others through cuBLAS (F.linear)."""
+        self.decode_gemv[batch] = self._gemv_choice(batch, gemv, PROJECTIONS)
+
+    def set_decode_fused(self, batch: int, fused=()) -> None:
+        """Decode steps of `batch` sequences run the projections named in `fused` (of
+        NORMED_PROJECTIONS) as one triton_fused_gemv launch with the RMSNorm before them, and
+        gate_up with SwiGLU after it; the others as the norm, then the linear decode_gemv chose."""
+        self.decode_fused[batch] = self._gemv_choice(batch, fused, NORMED_PROJECTIONS)
 
     def choose_decode_linears(self, batch: int) -> dict[str, dict]:
         """Time cuBLAS and the GEMV on each projection's weight at `batch` rows on this GPU
@@ -367,10 +392,75 @@ class Decoder:
         self.set_decode_linears(batch, [n for n, m in measured.items() if m["gemv"]])
         return measured
 
+    def choose_decode_fused(self, batch: int) -> dict[str, dict]:
+        """Time each normed projection at `batch` rows on this GPU, unfused (the norm, the linear
+        that decode_gemv chose, SwiGLU after gate_up) against triton_fused_gemv's one launch, each
+        captured in a CUDA graph as the decode step runs it, and fold only where that was faster in
+        this run. Call choose_decode_linears first: the unfused side uses its choice. Returns
+        {projection: {"unfused_us", "fused_us", "speedup", "fused"}}."""
+        if not runtime.ON_GPU:
+            raise RuntimeError(
+                "Decoder.choose_decode_fused: timing needs a GPU (the CPU keeps the norms "
+                "apart unless set_decode_fused says otherwise)"
+            )
+        if self.dtype not in (torch.float16, torch.bfloat16) or batch > triton_gemv.MAX_ROWS:
+            self.set_decode_fused(batch, ())
+            return {}
+        gemv = self.decode_gemv.get(batch, frozenset())
+        measured = {}
+        for name in NORMED_PROJECTIONS:
+            t = triton_fused_gemv.time_against_unfused(
+                batch,
+                self._weight(name),
+                swiglu=name == "gate_up",
+                linear=triton_gemv.linear if name in gemv else F.linear,
+                eps=self.c.rms_eps,
+            )
+            speedup = bench.ratio(t["unfused"], t["fused"])
+            measured[name] = {
+                "unfused_us": t["unfused"].median_us,
+                "fused_us": t["fused"].median_us,
+                "speedup": speedup,
+                "fused": speedup > 1.0,
+            }
+        self.set_decode_fused(batch, [n for n, m in measured.items() if m["fused"]])
+        return measured
+
     def _linear(self, projection: str, x: torch.Tensor, weight: torch.Tensor, gemv: frozenset):
         if projection in gemv:
             return triton_gemv.linear(x, weight)
         return F.linear(x, weight)
+
+    def _normed_linear(
+        self,
+        projection: str,
+        delta: torch.Tensor | None,
+        x: torch.Tensor,
+        norm: torch.Tensor,
+        weight: torch.Tensor,
+        choice: tuple[frozenset, frozenset],
+        *,
+        swiglu: bool = False,
+        sequence_length: int = 1,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rmsnorm(delta + x) * norm @ weight.T, then SwiGLU if asked; delta + x): the residual
+        add (none where delta is None), the norm and the projection, as one triton_fused_gemv launch
+        if `projection` is in the fused half of `choice` (fused, gemv), else module 02's norm and
+        _linear. The fused kernel writes the new residual into a new buffer, never over x: its other
+        programs are still reading x. `sequence_length` > 1 (lm_head in a prefill): only the last
+        row of each sequence is projected."""
+        fused, gemv = choice
+        eps = self.c.rms_eps
+        if projection in fused:
+            return triton_fused_gemv.add_rms_norm_linear(delta, x, norm, weight, eps, swiglu=swiglu)
+        if delta is None:
+            y = triton_rmsnorm.rms_norm(x, norm, eps)
+        else:
+            y, x = triton_rmsnorm.fused_add_rms_norm(delta, x, norm, eps)
+        if sequence_length > 1:
+            y = y.view(-1, sequence_length, y.shape[-1])[:, -1]
+        out = self._linear(projection, y, weight, gemv)
+        return (triton_ops.swiglu(out) if swiglu else out), x
 
     # ----------------------------------------------------------------------------------------------
     # One forward pass over new tokens
@@ -423,13 +513,19 @@ class Decoder:
         batch, n_q = tokens.shape
         rows = batch * n_q
         x = triton_ops.embedding(tokens.reshape(-1), w.embed)  # (rows, hidden): the residual stream
-        y = triton_rmsnorm.rms_norm(x, w.layers[0].attn_norm, c.rms_eps)
+        delta = None  # the last sublayer's output, not yet added to x: the next norm adds it
         attn = torch.empty(
             (batch, n_q, c.n_heads, c.head_dim), dtype=self.dtype, device=self.device
         )
-        gemv = self.decode_gemv.get(batch, frozenset()) if n_q == 1 else frozenset()
+        decode = n_q == 1
+        gemv = self.decode_gemv.get(batch, frozenset()) if decode else frozenset()
+        fused = self.decode_fused.get(batch, frozenset()) if decode else frozenset()
+        choice = (fused, gemv)
         for i, layer in enumerate(w.layers):
-            qkv = self._linear("qkv", y, layer.qkv, gemv)  # (rows, (Hq + 2 Hkv) D)
+            # (rows, (Hq + 2 Hkv) D); x becomes the previous layer's output
+            qkv, x = self._normed_linear("qkv", delta, x, layer.attn_norm, layer.qkv, choice)
+            if delta is not None and hidden_states is not None:
+                hidden_states.append(x.view(batch, n_q, -1).clone())
             triton_rope.rope_append(
                 qkv,
                 positions,
@@ -445,15 +541,16 @@ class Decoder:
             q = qkv.view(batch, n_q, -1, c.head_dim)[:, :, : c.n_heads].transpose(1, 2)
             self._attention(i, q, positions, n_keys, attn.transpose(1, 2))
             o = self._linear("o", attn.view(rows, -1), layer.o, gemv)
-            y, x = triton_rmsnorm.fused_add_rms_norm(o, x, layer.mlp_norm, c.rms_eps)
-            gate_up = self._linear("gate_up", y, layer.gate_up, gemv)
-            m = self._linear("down", triton_ops.swiglu(gate_up), layer.down, gemv)
-            norm = w.layers[i + 1].attn_norm if i + 1 < len(w.layers) else w.norm
-            y, x = triton_rmsnorm.fused_add_rms_norm(m, x, norm, c.rms_eps)
-            if hidden_states is not None:  # x is now this layer's output
-                hidden_states.append(x.view(batch, n_q, -1).clone())
-        last = y.view(batch, n_q, -1)[:, -1]
-        return self._linear("lm_head", last, w.lm_head, gemv)
+            h, x = self._normed_linear(
+                "gate_up", o, x, layer.mlp_norm, layer.gate_up, choice, swiglu=True
+            )
+            delta = self._linear("down", h, layer.down, gemv)
+        logits, x = self._normed_linear(
+            "lm_head", delta, x, w.norm, w.lm_head, choice, sequence_length=n_q
+        )
+        if hidden_states is not None:  # the last layer's output
+            hidden_states.append(x.view(batch, n_q, -1).clone())
+        return logits
 
     # ----------------------------------------------------------------------------------------------
     # Prefill and eager decode: the host knows the length and checks it before anything is written
