@@ -25,7 +25,9 @@ DEVICE = runtime.DEVICE
 # BLOCK_N or BLOCK_K.
 N, K = runtime.pick(gpu=(2047, 1000), cpu=(103, 150))
 LLAMA_EPS = 1e-5
-CONFIGS = runtime.pick(gpu=triton_gemv.GPU_CONFIGS, cpu=list(triton_gemv.CPU_CONFIGS.values()))
+CONFIGS = runtime.pick(
+    gpu=triton_fused_gemv.GPU_CONFIGS, cpu=list(triton_gemv.CPU_CONFIGS.values())
+)
 fused = triton_fused_gemv.add_rms_norm_linear
 
 

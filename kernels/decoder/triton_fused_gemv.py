@@ -157,8 +157,29 @@ def add_norm_linear_kernel(
 
 
 # --------------------------------------------------------------------------------------------------
-# Configurations: triton_gemv.py's, measured again for this kernel (its accumulators are twice as
+# Configurations: measured again for this kernel by the autotuner (its accumulators are twice as
 # many with SwiGLU, and every program reads two rows of x per row where the plain GEMV reads one)
+
+
+def _dot_config(block_n, block_k, num_warps):
+    return triton.Config(
+        {"BLOCK_N": block_n, "BLOCK_K": block_k, "USE_DOT": True}, num_warps=num_warps, num_stages=3
+    )
+
+
+# The broadcast programs are triton_gemv.py's. The dot programs are not: there x goes from memory
+# to tl.dot, here it is computed in registers, and each warp then holds the whole (BLOCK_M, BLOCK_K)
+# operand. With triton_gemv's BLOCK_K of 256-512, ptxas -v for sm_90 (offline, Triton 3.9) reports
+# 255 registers and 0.2-13 KB of spills; BLOCK_K = 64 with 4 warps, or 128 with 8, spill nothing at
+# M = 1 and 8, and at M = 32 (SwiGLU: BLOCK_N = 16, BLOCK_K = 64 alone; the others 40-360 bytes).
+GPU_CONFIGS = [c for c in triton_gemv.GPU_CONFIGS if not c.kwargs["USE_DOT"]] + [
+    _dot_config(16, 64, 4),
+    _dot_config(32, 64, 4),
+    _dot_config(64, 64, 4),
+    _dot_config(16, 128, 8),
+    _dot_config(32, 128, 8),
+    _dot_config(64, 128, 8),
+]
 
 
 def fits(config: triton.Config, m: int, swiglu: bool) -> bool:
@@ -178,7 +199,7 @@ def _prune(configs, named_args, **kwargs):
 
 
 tuned_kernel = triton.autotune(
-    configs=triton_gemv.GPU_CONFIGS,
+    configs=GPU_CONFIGS,
     key=["M", "N", "K", "HAS_DELTA", "SWIGLU"],  # (the autotuner adds the tensors' dtypes)
     prune_configs_by={"early_config_prune": _prune},
 )(
