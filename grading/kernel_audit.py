@@ -242,18 +242,26 @@ def _fail(entry: dict, why: str) -> None:
 def audit_lab(lab: dict, spec, done: dict, seed: int, opts, env: dict, cmd: list[str],
               work: Path, sandboxed: bool) -> None:
     """Call the lab's passed functions again under ncu (one worker) and fail those whose calls
-    ran a library's kernels; records what was seen in lab["kernel_audit"]."""
+    ran a library's kernels; records what was seen in lab["kernel_audit"], with the seconds it
+    waited for another lab's audit (`waited_s`) and the seconds it took (`seconds`): what the
+    audit adds to grading a lab."""
     chosen, left_out = audited_functions(spec, done)
     report = {"tool": "ncu", "functions": {}, "left_out": left_out}
     lab["kernel_audit"] = report
     if not chosen:
         return
+    asked = time.monotonic()
     with one_audit_at_a_time():  # status() runs ncu too, once per grading process
-        usable, why = status()
-        if not usable:
-            report["error"] = f"not run: {why}"
-            return
-        _audit_under_ncu(report, chosen, done, seed, opts, env, cmd, work, sandboxed)
+        started = time.monotonic()
+        report["waited_s"] = round(started - asked, 2)
+        try:
+            usable, why = status()
+            if not usable:
+                report["error"] = f"not run: {why}"
+                return
+            _audit_under_ncu(report, chosen, done, seed, opts, env, cmd, work, sandboxed)
+        finally:
+            report["seconds"] = round(time.monotonic() - started, 2)
 
 
 def _audit_under_ncu(report: dict, chosen: list, done: dict, seed: int, opts, env: dict,

@@ -152,6 +152,7 @@ def test_a_worker_stopped_by_a_limit_leaves_the_audit_inconclusive(monkeypatch, 
     done = {"add": {"status": "pass", "points": 4, "message": ""}}
     lab = {}
     kernel_audit.audit_lab(lab, spec, done, 3, Options(), {}, ["python"], tmp_path, False)
+    assert lab["kernel_audit"]["waited_s"] >= 0 and lab["kernel_audit"]["seconds"] >= 0
     if points_kept:
         assert done["add"] == {"status": "pass", "points": 4, "message": ""}
         assert lab["kernel_audit"]["error"].startswith("inconclusive, the audit's worker was "
