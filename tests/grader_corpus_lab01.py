@@ -474,6 +474,9 @@ NUMPY_ADD = (
 LAZY = "class Lazy(torch.Tensor):\n    pass\n"
 LAZY_RETURN = CORRECT_LAUNCH + "\n    return torch.Tensor._make_subclass(Lazy, out)"
 # A thread finishes the second half after the call returned (the old grader crashed diagnosing it).
+# On a CPU the thread adds with PyTorch: Triton's interpreter keeps the running launch in global
+# state, so two threads interpreting kernels at once can crash the worker (SIGSEGV, seen in CI),
+# and the verdict would depend on which thread got there first.
 LATE_HALF = """    n = out.numel()
     half = n // 2
     if half:
@@ -482,9 +485,12 @@ LATE_HALF = """    n = out.numel()
     def rest():
         import time
         time.sleep(0.05)
-        if n - half:
-            add_kernel[(triton.cdiv(n - half, BLOCK),)](a.view(-1)[half:], b.view(-1)[half:],
-                                                     out.view(-1)[half:], n - half, BLOCK=BLOCK)
+        a_rest, b_rest, out_rest = a.view(-1)[half:], b.view(-1)[half:], out.view(-1)[half:]
+        if n - half and runtime.ON_GPU:
+            add_kernel[(triton.cdiv(n - half, BLOCK),)](a_rest, b_rest, out_rest, n - half,
+                                                     BLOCK=BLOCK)
+        elif n - half:
+            torch.add(a_rest, b_rest, out=out_rest)
 
     import threading
     threading.Thread(target=rest).start()"""
