@@ -148,6 +148,19 @@ def test_the_check_is_independent_of_the_kernel_and_tight():
             assert not ok, f"swiglu={swiglu}: {name} passed"
 
 
+@pytest.mark.parametrize("config", CONFIGS, ids=config_id)
+def test_fp16_residual_outliers_do_not_overflow(config):
+    """A residual stream keeps outliers of thousands (fp16 holds up to 65504), and norm weights
+    above 1 are common. The unfused path scales by 1/rms before anything is rounded; the fused one
+    multiplies r by norm_weight first and applies 1/rms at the end, so its fp16 operand of the
+    tensor cores must not hold r * norm_weight itself: 40000 * 4 is past fp16's range."""
+    delta, residual, norm_weight, weight = inputs(2, torch.float16, seed=17)
+    residual[:, ::7] = 40000.0  # outlier channels, as in real residual streams
+    norm_weight[::7] = 4.0
+    out, _ = fused(delta, residual, norm_weight, weight, LLAMA_EPS, config=config)
+    assert_matches(out, delta, residual, norm_weight, weight, LLAMA_EPS, swiglu=False)
+
+
 def test_matches_the_unfused_path():
     """The same bits of residual as module 02's fused_add_rms_norm; both outputs within check's
     bound of float64 (so within twice that bound of each other: the unfused path rounds y before

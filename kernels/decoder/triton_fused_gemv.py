@@ -32,6 +32,10 @@ Numerics, against the unfused path (module 02's fused_add_rms_norm, then triton_
   is r norm_w, rounded to the dtype only where the tensor cores need it (the `dot` programs) and
   not at all in the `broadcast` programs. Either way it is one rounding of the operand at most, the
   same size as the unfused path's: `check` allows it, and the two paths differ by about one ulp.
+* fp16 cannot hold r norm_w: residual streams keep outliers of thousands, and an outlier of 40000
+  times a norm weight of 2 is past fp16's 65504 (bf16 reaches 3e38). In fp16 each program first
+  sums r^2 over K in a pass of its own (delta and residual read twice, from L2) and feeds the
+  tensor cores r rstd norm_w, the unfused path's y; bf16 keeps the single pass.
 * gate and up are rounded to the dtype before silu(g) u, as the unfused path stores them.
 
 The new residual r is written by program 0 alone, into `residual_out`, a different buffer from the
@@ -73,13 +77,35 @@ def _multiply_accumulate(acc, w_ptrs, k_ok, x, USE_DOT: tl.constexpr, UPCAST: tl
 
 
 @triton.jit
-def _rows_of_output(acc, rstd, USE_DOT: tl.constexpr):
-    """(BLOCK_M, BLOCK_N) fp32 from the accumulator: the sum over K, scaled by each row's rstd."""
+def _rows_of_output(acc, scale, USE_DOT: tl.constexpr):
+    """(BLOCK_M, BLOCK_N) fp32 from the accumulator: the sum over K, times each row's scale."""
     if USE_DOT:
         y = tl.trans(acc)
     else:
         y = tl.sum(acc, axis=2)
-    return y * rstd[:, None]
+    return y * scale[:, None]
+
+
+@triton.jit
+def _residual_tile(
+    DELTA,
+    RESIDUAL,
+    offs_m,
+    k,
+    x_ok,
+    stride_dm,
+    stride_rm,
+    HAS_DELTA: tl.constexpr,
+    STORED: tl.constexpr,
+):
+    """r = delta + residual for rows offs_m, columns k, rounded to the dtype the residual stream is
+    stored in (module 02's fused_add_rms_norm does the same: the statistics are those of what it
+    keeps), as float32; or residual itself without delta."""
+    r = tl.load(RESIDUAL + offs_m[:, None] * stride_rm + k[None, :], mask=x_ok, other=0.0)
+    if HAS_DELTA:
+        d = tl.load(DELTA + offs_m[:, None] * stride_dm + k[None, :], mask=x_ok, other=0.0)
+        r = (r.to(tl.float32) + d.to(tl.float32)).to(STORED)
+    return r.to(tl.float32)
 
 
 @triton.jit
@@ -100,6 +126,7 @@ def add_norm_linear_kernel(
     eps,
     HAS_DELTA: tl.constexpr,
     SWIGLU: tl.constexpr,
+    STATISTICS_FIRST: tl.constexpr,
     UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -125,32 +152,45 @@ def add_norm_linear_kernel(
     if SWIGLU:
         up_acc = tl.zeros_like(acc)
         up_offset = N.to(tl.int64) * K  # up's row j is W's row N + j
+    stored = RESIDUAL_OUT.dtype.element_ty
     sum_sq = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+    if STATISTICS_FIRST:  # a pass over K for rstd alone, so that the operand is r rstd norm_w
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + offs_k
+            x_ok = m_ok[:, None] & (k < K)[None, :]
+            r = _residual_tile(
+                DELTA, RESIDUAL, offs_m, k, x_ok, stride_dm, stride_rm, HAS_DELTA, stored
+            )
+            sum_sq += r * r
+        rstd = 1.0 / tl.sqrt(tl.sum(sum_sq, axis=1) / K + eps)  # the same formula as module 02
     for k0 in range(0, K, BLOCK_K):
         k = k0 + offs_k
         k_ok = k < K
         x_ok = m_ok[:, None] & k_ok[None, :]
-        r = tl.load(RESIDUAL + offs_m[:, None] * stride_rm + k[None, :], mask=x_ok, other=0.0)
+        r = _residual_tile(
+            DELTA, RESIDUAL, offs_m, k, x_ok, stride_dm, stride_rm, HAS_DELTA, stored
+        )
         if HAS_DELTA:
-            d = tl.load(DELTA + offs_m[:, None] * stride_dm + k[None, :], mask=x_ok, other=0.0)
-            # Rounded to the storage dtype first: the residual stream keeps r in it, and the
-            # statistics are those of what it keeps (module 02's fused_add_rms_norm does the same).
-            r = (r.to(tl.float32) + d.to(tl.float32)).to(RESIDUAL_OUT.dtype.element_ty)
             r_out = RESIDUAL_OUT + offs_m[:, None] * stride_rom + k[None, :]
-            tl.store(r_out, r, mask=writes_r[:, None] & k_ok[None, :])
-        r = r.to(tl.float32)
-        sum_sq += r * r
+            tl.store(r_out, r.to(stored), mask=writes_r[:, None] & k_ok[None, :])
         x = r * tl.load(NORM_W + k, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+        if STATISTICS_FIRST:
+            x = x * rstd[:, None]
+        else:
+            sum_sq += r * r
         acc = _multiply_accumulate(acc, w_ptrs, k_ok, x, USE_DOT, UPCAST)
         if SWIGLU:
             up_acc = _multiply_accumulate(up_acc, w_ptrs + up_offset, k_ok, x, USE_DOT, UPCAST)
         w_ptrs += BLOCK_K
-    rstd = 1.0 / tl.sqrt(tl.sum(sum_sq, axis=1) / K + eps)  # the same formula as module 02
-    y = _rows_of_output(acc, rstd, USE_DOT)
+    if STATISTICS_FIRST:
+        scale = tl.full((BLOCK_M,), 1.0, tl.float32)  # rstd is in the operand already
+    else:
+        scale = 1.0 / tl.sqrt(tl.sum(sum_sq, axis=1) / K + eps)  # rstd, factored out of the sum
+    y = _rows_of_output(acc, scale, USE_DOT)
     if SWIGLU:
         # gate and up rounded as the unfused path stores them, then triton_ops.swiglu's formula
         gate = y.to(OUT.dtype.element_ty).to(tl.float32)
-        up = _rows_of_output(up_acc, rstd, USE_DOT).to(OUT.dtype.element_ty).to(tl.float32)
+        up = _rows_of_output(up_acc, scale, USE_DOT).to(OUT.dtype.element_ty).to(tl.float32)
         y = gate / (1.0 + tl.exp(-gate)) * up
     out_ptrs = OUT + offs_m[:, None] * stride_om + offs_n[None, :]
     tl.store(out_ptrs, y.to(OUT.dtype.element_ty), mask=m_ok[:, None] & (offs_n[None, :] < N))
@@ -342,6 +382,8 @@ def add_rms_norm_linear(
     if m == 0 or n == 0:
         return out, residual_out
     has_delta = delta is not None
+    # fp16 overflows past 65504: r norm_w may not fit (an outlier of 40000 times a weight of 2)
+    statistics_first = residual.dtype == torch.float16
     args = (
         delta if has_delta else residual,  # not read unless HAS_DELTA
         residual,
@@ -360,7 +402,13 @@ def add_rms_norm_linear(
     )
     if config is None and runtime.ON_GPU:
         grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
-        tuned_kernel[grid](*args, HAS_DELTA=has_delta, SWIGLU=swiglu, UPCAST=False)
+        tuned_kernel[grid](
+            *args,
+            HAS_DELTA=has_delta,
+            SWIGLU=swiglu,
+            STATISTICS_FIRST=statistics_first,
+            UPCAST=False,
+        )
         return out, residual_out
     if config is None:
         config = triton_gemv.CPU_CONFIGS["broadcast" if m <= 4 else "dot"]
@@ -369,6 +417,7 @@ def add_rms_norm_linear(
         *args,
         HAS_DELTA=has_delta,
         SWIGLU=swiglu,
+        STATISTICS_FIRST=statistics_first,
         UPCAST=runtime.UPCAST,
         BLOCK_M=triton_gemv.rows_block(m, kw["USE_DOT"]),
         **kw,
