@@ -75,42 +75,61 @@ def check_elementwise(
 MATMUL_DTYPES = (torch.bfloat16, torch.float16)
 
 
+def check_operands(
+    op: str,
+    tensors: dict[str, torch.Tensor],
+    *,
+    device_type: str,
+    like: str | None = None,
+    dims: dict[str, int] | None = None,
+    float32_instead: str = "",
+) -> None:
+    """What every matmul-shaped wrapper asks of each operand: a tensor, bf16 or fp16, with the
+    dtype and device of tensors[like] (the first one if None), on `device_type`, with `dims[name]`
+    dimensions (2 for any name not in `dims`). `float32_instead` says what to call for float32
+    inputs. The wrapper then checks what its kernel needs of shapes and strides."""
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    first_name = like if like is not None else next(iter(tensors))
+    first = tensors[first_name]
+    for name, t in tensors.items():
+        if t.dtype not in MATMUL_DTYPES:
+            instead = f" (for float32, use {float32_instead})" if float32_instead else ""
+            raise TypeError(
+                f"{op}: {name} has dtype {str(t.dtype).removeprefix('torch.')}; supported: "
+                f"{_dtype_names(MATMUL_DTYPES)}{instead}"
+            )
+        if t.dtype != first.dtype:
+            raise TypeError(
+                f"{op}: {name} is {t.dtype} but {first_name} is {first.dtype}: cast one to match"
+            )
+        if t.device.type != device_type:
+            raise ValueError(f"{op}: {name} is on {t.device}; this kernel runs on {device_type}")
+        if t.device != first.device:
+            raise ValueError(f"{op}: {name} is on {t.device} but {first_name} is on {first.device}")
+        want = (dims or {}).get(name, 2)
+        if t.dim() != want:
+            raise ValueError(f"{op}: {name} must be {want}-D, got shape {tuple(t.shape)}")
+
+
 def check_matmul_args(
     op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, *, device_type: str
 ) -> None:
     """a (M, K) and b (K, N): contiguous, one dtype (bf16 or fp16), one device; out (M, N) alike."""
-    for name, t in (("a", a), ("b", b)) + ((("out", out),) if out is not None else ()):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in MATMUL_DTYPES:
-            raise TypeError(
-                f"{op}: {name} has dtype {str(t.dtype).removeprefix('torch.')}; supported: "
-                + ", ".join(str(d).removeprefix("torch.") for d in MATMUL_DTYPES)
-            )
-        if t.dim() != 2:
-            raise ValueError(
-                f"{op}: {name} must be a matrix (2 dimensions), got shape {tuple(t.shape)}"
-            )
-        if t.device.type != device_type:
-            raise ValueError(f"{op}: {name} is on {t.device}, expected a {device_type} tensor")
+    named = {"a": a, "b": b} | ({"out": out} if out is not None else {})
+    check_operands(op, named, device_type=device_type)
+    for name, t in named.items():
         if not t.is_contiguous():
             raise ValueError(
                 f"{op}: {name} is not contiguous (strides {t.stride()}): pass {name}.contiguous()"
             )
-    if b.dtype != a.dtype or b.device != a.device:
-        raise TypeError(
-            f"{op}: b is {str(b.dtype).removeprefix('torch.')} on {b.device} but a is "
-            f"{str(a.dtype).removeprefix('torch.')} on {a.device}; they must match"
-        )
     if a.shape[1] != b.shape[0]:
         raise ValueError(
             f"{op}: a is {tuple(a.shape)} and b is {tuple(b.shape)}: a's columns must equal b's "
             "rows"
         )
-    if out is not None and (
-        out.shape != (a.shape[0], b.shape[1]) or out.dtype != a.dtype or out.device != a.device
-    ):
+    if out is not None and out.shape != (a.shape[0], b.shape[1]):
         raise ValueError(
-            f"{op}: out must be a {(a.shape[0], b.shape[1])} {str(a.dtype).removeprefix('torch.')} "
-            f"tensor on {a.device}, got {tuple(out.shape)} {str(out.dtype).removeprefix('torch.')}"
+            f"{op}: out must have shape {(a.shape[0], b.shape[1])}, got {tuple(out.shape)}"
         )

@@ -73,14 +73,14 @@ BAD = [
         TypeError,
         "supported: bfloat16, float16",
     ),
-    ("dtypes differ", lambda a, b, w: (a, b.half(), w), TypeError, "they must match"),
+    ("dtypes differ", lambda a, b, w: (a, b.half(), w), TypeError, "cast one to match"),
     (
         "inner sizes differ",
         lambda a, b, w: (a, b[:-1], w),
         ValueError,
         "a's columns must equal b's rows",
     ),
-    ("a is 3-D", lambda a, b, w: (a[None], b, w), ValueError, "must be a matrix"),
+    ("a is 3-D", lambda a, b, w: (a[None], b, w), ValueError, "a must be 2-D"),
     (
         "b not contiguous",
         lambda a, b, w: (a, b.t().contiguous().t(), w),
@@ -102,14 +102,13 @@ def test_bad_input_is_rejected_clearly(case):
 
 def test_bad_out_and_device():
     a, b, w = operands(4, 48, 32)
-    with pytest.raises(ValueError, match=r"out must be a \(4, 32\) bfloat16 tensor"):
+    with pytest.raises(ValueError, match=r"out must have shape \(4, 32\), got \(4, 31\)"):
         triton_pdl.matmul(a, b, torch.empty(4, 31, dtype=a.dtype, device=DEVICE))
     if runtime.ON_GPU:  # a CPU tensor handed to the GPU kernels
-        with pytest.raises(ValueError, match="expected a cuda tensor"):
+        with pytest.raises(ValueError, match="this kernel runs on cuda"):
             triton_pdl.matmul(a.cpu(), b.cpu())
 
 
-@pytest.mark.gpu
 @pytest.mark.gpu  # programmatic dependent launch needs a GPU (sm_90)
 @pytest.mark.parametrize("tokens", [16, 512, 1000])
 def test_pdl_is_bit_identical_eager_and_in_a_graph(tokens):

@@ -55,7 +55,7 @@ import triton.language as tl
 from kernels import runtime
 from kernels.decoder import triton_gemv
 from kernels.testing import TINY, ULP, Comparison, compare
-from kernels.validate import MATMUL_DTYPES
+from kernels.validate import check_operands
 
 # --------------------------------------------------------------------------------------------------
 # The kernel
@@ -272,26 +272,16 @@ def _check(delta, residual, norm_weight, weight, eps, residual_out, out, swiglu)
     named = {"delta": delta, "residual": residual, "norm_weight": norm_weight, "weight": weight}
     named.update(residual_out=residual_out, out=out)
     tensors = {name: t for name, t in named.items() if t is not None}
+    check_operands(
+        OP,
+        tensors,
+        device_type=runtime.DEVICE,
+        like="residual",
+        dims={"norm_weight": 1},
+        float32_instead="fused_add_rms_norm and F.linear",
+    )
     for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{OP}: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in MATMUL_DTYPES:
-            raise TypeError(
-                f"{OP}: {name} has dtype {str(t.dtype).removeprefix('torch.')}; supported: "
-                "bfloat16, float16 (for float32, use fused_add_rms_norm and F.linear)"
-            )
-        if t.dtype != residual.dtype:
-            raise TypeError(
-                f"{OP}: {name} is {t.dtype} but residual is {residual.dtype}: cast one to match"
-            )
-        if t.device.type != runtime.DEVICE:
-            raise ValueError(f"{OP}: {name} is on {t.device}; this kernel runs on {runtime.DEVICE}")
-        if t.device != residual.device:
-            raise ValueError(f"{OP}: {name} is on {t.device} but residual is on {residual.device}")
-        want_dim = 1 if name == "norm_weight" else 2
-        if t.dim() != want_dim:
-            raise ValueError(f"{OP}: {name} must be {want_dim}-D, got shape {tuple(t.shape)}")
-        if want_dim == 2 and t.stride(1) != 1 and t.shape[1] > 1:
+        if t.dim() == 2 and t.stride(1) != 1 and t.shape[1] > 1:
             raise ValueError(
                 f"{OP}: {name}'s rows must be contiguous (last stride 1, got strides "
                 f"{t.stride()}): pass {name}.contiguous()"

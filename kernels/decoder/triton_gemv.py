@@ -49,7 +49,7 @@ import triton.language as tl
 
 from kernels import runtime
 from kernels.testing import TINY, ULP, Comparison, compare
-from kernels.validate import MATMUL_DTYPES
+from kernels.validate import check_operands
 
 MAX_ROWS = 32  # beyond this, x is a real matrix: cuBLAS's tiled GEMM is the right tool
 
@@ -187,22 +187,8 @@ tuned_kernel = triton.autotune(
 
 def _check(x, weight, out) -> None:
     op = "triton_gemv.linear"
-    for name, t in (("x", x), ("weight", weight)) + ((("out", out),) if out is not None else ()):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in MATMUL_DTYPES:
-            raise TypeError(
-                f"{op}: {name} has dtype {str(t.dtype).removeprefix('torch.')}; supported: "
-                "bfloat16, float16 (for float32, use F.linear)"
-            )
-        if t.dtype != x.dtype:
-            raise TypeError(f"{op}: {name} is {t.dtype} but x is {x.dtype}; cast one so they match")
-        if t.device.type != runtime.DEVICE:
-            raise ValueError(f"{op}: {name} is on {t.device}; this kernel runs on {runtime.DEVICE}")
-        if t.device != x.device:
-            raise ValueError(f"{op}: {name} is on {t.device} but x is on {x.device}")
-        if t.dim() != 2:
-            raise ValueError(f"{op}: {name} must be 2-D, got shape {tuple(t.shape)}")
+    named = {"x": x, "weight": weight} | ({"out": out} if out is not None else {})
+    check_operands(op, named, device_type=runtime.DEVICE, float32_instead="F.linear")
     (m, k), (n, k_w) = x.shape, weight.shape
     if k != k_w:
         raise ValueError(
