@@ -340,6 +340,11 @@ class WorkerProcess:
         message = {**message, "id": self._next_id}
         try:
             os.write(self._req_w, (json.dumps(message) + "\n").encode())
+        except BrokenPipeError:
+            # The worker has exited. What it wrote before it went is still read below, in order,
+            # until receive() finds its end closed and reports how it ended: raising here would
+            # make the verdict depend on whether it died just before this write or just after.
+            pass
         except OSError:
             raise self._gone() from None
         while True:

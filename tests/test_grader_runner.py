@@ -76,6 +76,30 @@ def test_a_forged_reply_is_ignored(tmp_path):
     assert answer["ok"] is True
 
 
+def test_what_a_worker_wrote_before_it_exited_is_read_even_after_it_is_gone(tmp_path):
+    """A worker that writes a reply and exits before the request is sent: the request's write
+    fails (no reader), and the reply is still read, then the death. Whether the worker died
+    before or after the write must not change the verdict (lab 01's forged_replies_then_exit)."""
+    script = tmp_path / "writes_then_exits.py"
+    script.write_text(textwrap.dedent('''
+        import json, os, sys
+        replies = int(sys.argv[sys.argv.index("--replies") + 1])
+        line = json.dumps({"id": 1, "ok": "written before it exited"}) + "\\n"
+        os.write(replies, line.encode())
+        os._exit(0)
+        '''))
+    worker = WorkerProcess([sys.executable, str(script)], tmp_path, time.monotonic() + 60,
+                           Options(call_timeout=60))
+    try:
+        worker.set_step("add", "case 1 float32")
+        assert worker.proc.wait(timeout=60) == 0  # gone before the request is written
+        assert worker.request({"op": "call"})["ok"] == "written before it exited"
+        with pytest.raises(WorkerGone):
+            worker.request({"op": "call"})
+    finally:
+        worker.close()
+
+
 def test_a_step_past_its_cpu_time_is_stopped(tmp_path):
     _, gone = ask(tmp_path, "while True:\n    pass\n", limit_s=0.5)
     assert isinstance(gone, WorkerGone) and gone.attempt.stopped == "step"
