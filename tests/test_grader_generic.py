@@ -27,11 +27,12 @@ from tests.grader_corpus_lab01 import PASS, Submission
 from tests.test_grader_lab01 import LIMITS, grade, strict_json
 
 STUB_STATUSES = ("not implemented", "needs a GPU")  # the lab's other functions, left as handed out
-# Lab 01's limits, with 30 s a call: lab 02's 4097-row case takes several seconds in the
-# interpreter.
-# The limit counts CPU time (grading/runner.py), so a machine busy with other work (two gradings and
-# two test workers at once on 2 cores, or stress-ng beside it) no longer turns it into a "hang".
-CASE_SECONDS = 30
+# Lab 01's limits, with 15 s a call: the slowest honest call of a target function takes 3.3 s of
+# CPU time in the interpreter (flash_attention's largest case; rms_norm's 0.8 s), and each
+# infinite loop below costs the whole limit, once per lab. The limit counts CPU time
+# (grading/runner.py), so a machine busy with other work (two gradings and two test workers at
+# once on 2 cores, or stress-ng beside it) does not turn a slow call into a "hang".
+CASE_SECONDS = 15
 RUNNER_LIMITS = [
     *LIMITS[: LIMITS.index("--call-timeout")],
     "--call-timeout",
