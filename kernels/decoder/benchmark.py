@@ -9,7 +9,10 @@ Ours first, in this process:
 * the decode step's projections: at each batch of DECODE (1, 8, 32), `Decoder.choose_decode_linears`
   times cuBLAS against the course GEMV (triton_gemv.py) on every projection's weight and the model
   keeps the GEMV where it won in this run ("decode_linears": both times per projection and the
-  choice). Every decode number below is for that choice, with the step on cuBLAS only beside it;
+  choice), then `Decoder.choose_decode_fused` captures the whole step with every subset of the
+  normed projections (qkv, gate_up, lm_head) fused with their norm and keeps the fastest
+  ("decode_fused"). Every decode number below is for that choice, with the step on cuBLAS and the
+  norms apart beside it;
   the sweep's other batches (2, 4, 16) run cuBLAS only: a choice there would add an autotuning of
   the GEMV per projection and batch to the run, for points of a plot;
 * the decode step replayed from one CUDA graph across contexts and batches (device events) against
@@ -197,7 +200,9 @@ def decode_floor_ms(batch: int, context: int, ceilings: dict) -> float:
 def linears_label(model: Decoder, batch: int) -> str:
     """Which kernel the decode step of `batch` runs its projections on, in words."""
     gemv = model.decode_gemv.get(batch, frozenset())
-    return "GEMV for " + ", ".join(p for p in PROJECTIONS if p in gemv) if gemv else "cuBLAS"
+    fused = model.decode_fused.get(batch, frozenset())
+    label = "GEMV for " + ", ".join(p for p in PROJECTIONS if p in gemv) if gemv else "cuBLAS"
+    return label + (f"; norm fused into {', '.join(sorted(fused))}" if fused else "")
 
 
 def choose_linears(model: Decoder, batches) -> list[dict]:
@@ -222,16 +227,31 @@ def choose_linears(model: Decoder, batches) -> list[dict]:
     return rows
 
 
+def choose_fused(model: Decoder, batches) -> list[dict]:
+    """Decoder.choose_decode_fused at each batch (after choose_linears): the whole graph step for
+    every subset of the normed projections fused, the fastest kept; one row per (batch, subset)."""
+    rows = []
+    for batch in dict.fromkeys(b for b in batches if b <= model.max_batch):
+        step_us = model.choose_decode_fused(batch)
+        for fused, us in step_us.items():
+            kept = model.decode_fused[batch] == frozenset(fused.split("+")) - {"none"}
+            rows.append({"batch": batch, "fused": fused, "step us": us, "kept": kept})
+    return rows
+
+
 def decode_graphs(model: Decoder, batch: int) -> dict:
-    """The decode step of `batch` captured twice: "cuBLAS" (every projection on cuBLAS) and
-    "choice" (the model's measured choice; the same graph where it kept no GEMV). The model keeps
-    its choice, and the choice's graph as its own."""
-    chosen = model.decode_gemv.get(batch, frozenset())
+    """The decode step of `batch` captured twice: "cuBLAS" (every projection on cuBLAS, the norms
+    apart) and "choice" (the model's measured choice of GEMV and fusion; the same graph where it
+    kept neither). The model keeps its choice, and the choice's graph as its own."""
+    gemv = model.decode_gemv.get(batch, frozenset())
+    fused = model.decode_fused.get(batch, frozenset())
     model.set_decode_linears(batch, ())
+    model.set_decode_fused(batch, ())
     cublas = model.capture_decode_graph(batch)
-    if not chosen:
+    if not gemv and not fused:
         return {"cuBLAS": cublas, "choice": cublas}
-    model.set_decode_linears(batch, chosen)
+    model.set_decode_linears(batch, gemv)
+    model.set_decode_fused(batch, fused)
     return {"cuBLAS": cublas, "choice": model.capture_decode_graph(batch)}
 
 
@@ -753,6 +773,9 @@ def main() -> int:
     # cuBLAS or the course GEMV for each projection, timed at the batches of the decode rows (the
     # model keeps the winners; a failure here leaves it on cuBLAS)
     section("decode_linears", lambda: choose_linears(model, [b for b, _ in configs]))
+    # then which norms to fold into their GEMV, by timing the whole graph step (the cache is
+    # still empty: the timing writes it)
+    section("decode_fused", lambda: choose_fused(model, [b for b, _ in configs]))
     section("sweep", lambda: sweep(model, ceilings))
     section("decode", lambda: [decode_ours(model, b, c, ceilings) for b, c in configs])
 

@@ -20,8 +20,9 @@ The projections of a pass of one token per sequence (a decode step) run through 
 `Decoder.choose_decode_linears(batch)` measured the course's GEMV (triton_gemv.py) faster for that
 projection on this GPU, in the same run; a prefill of several tokens always uses cuBLAS. Likewise
 `Decoder.choose_decode_fused(batch)` may fold the norm before qkv, gate_up and lm_head into their
-GEMV, and SwiGLU into gate_up's (triton_fused_gemv.py): three launches a layer fewer, where it
-measured faster (off until measured, or set by hand with `set_decode_fused`).
+GEMV, and SwiGLU into gate_up's (triton_fused_gemv.py), up to three launches a layer fewer: it
+captures the whole step with each subset fused and keeps the fastest (off until measured, or set by
+hand with `set_decode_fused`).
 
 Loading real weights: build the Hugging Face model from its folder and hand it over,
 
@@ -392,38 +393,53 @@ class Decoder:
         self.set_decode_linears(batch, [n for n, m in measured.items() if m["gemv"]])
         return measured
 
-    def choose_decode_fused(self, batch: int) -> dict[str, dict]:
-        """Time each normed projection at `batch` rows on this GPU, unfused (the norm, the linear
-        that decode_gemv chose, SwiGLU after gate_up) against triton_fused_gemv's one launch, each
-        captured in a CUDA graph as the decode step runs it, and fold only where that was faster in
-        this run. Call choose_decode_linears first: the unfused side uses its choice. Returns
-        {projection: {"unfused_us", "fused_us", "speedup", "fused"}}."""
+    def choose_decode_fused(self, batch: int, context: int = 512) -> dict[str, float]:
+        """Capture the decode step of `batch` sequences once for every subset of
+        NORMED_PROJECTIONS folded into triton_fused_gemv (the linears as choose_decode_linears
+        left them), replay the graphs interleaved at cache length `context` (device events), and
+        keep the fastest step. The step is timed whole, not each projection alone: on an H200 the
+        fused gate_up won alone and in the step, while qkv and lm_head fused alone measured
+        anywhere from 0.85x to 1.2x of the unfused pair, and fusing all three made the step
+        slower (kernels/decoder/PERFORMANCE.md). Timing writes the cache (each capture's warm-up
+        at positions 0 and 1, the replays at `context`), so it is refused after a prefill.
+        Returns {"+".join(projections) or "none": step us} for the eight subsets."""
         if not runtime.ON_GPU:
             raise RuntimeError(
                 "Decoder.choose_decode_fused: timing needs a GPU (the CPU keeps the norms "
                 "apart unless set_decode_fused says otherwise)"
             )
+        if self.cache.length:
+            raise RuntimeError(
+                f"Decoder.choose_decode_fused: the cache holds {self.cache.length} tokens, and "
+                f"timing the step would overwrite them: choose before the prefill"
+            )
         if self.dtype not in (torch.float16, torch.bfloat16) or batch > triton_gemv.MAX_ROWS:
             self.set_decode_fused(batch, ())
             return {}
-        gemv = self.decode_gemv.get(batch, frozenset())
-        measured = {}
-        for name in NORMED_PROJECTIONS:
-            t = triton_fused_gemv.time_against_unfused(
-                batch,
-                self._weight(name),
-                swiglu=name == "gate_up",
-                linear=triton_gemv.linear if name in gemv else F.linear,
-                eps=self.c.rms_eps,
-            )
-            speedup = bench.ratio(t["unfused"], t["fused"])
-            measured[name] = {
-                "unfused_us": t["unfused"].median_us,
-                "fused_us": t["fused"].median_us,
-                "speedup": speedup,
-                "fused": speedup > 1.0,
-            }
-        self.set_decode_fused(batch, [n for n, m in measured.items() if m["fused"]])
+        context = min(context, self.max_seq - 1)
+        subsets = [
+            tuple(p for i, p in enumerate(NORMED_PROJECTIONS) if mask >> i & 1)
+            for mask in range(2 ** len(NORMED_PROJECTIONS))
+        ]
+        tokens = torch.randint(0, self.c.vocab_size, (batch,), device=self.device)
+        graphs = {}
+        for subset in subsets:
+            self.set_decode_fused(batch, subset)
+            graphs["+".join(subset) or "none"] = DecodeGraph(self, batch)
+
+        def restart():
+            for step in graphs.values():
+                step.start(tokens, context)
+
+        times = bench.benchmark(
+            {name: step.replay for name, step in graphs.items()},
+            reps=20,
+            flush=False,  # a step reads 2.5 GB: it flushes L2 itself
+            before_round=restart,
+        )
+        measured = {name: t.median_us for name, t in times.items()}
+        best = min(measured, key=measured.get)
+        self.set_decode_fused(batch, () if best == "none" else best.split("+"))
         return measured
 
     def _linear(self, projection: str, x: torch.Tensor, weight: torch.Tensor, gemv: frozenset):

@@ -579,58 +579,32 @@ def per_step_saving(rows: list[dict]) -> list[dict]:
 
 def decode_step_comparison(batches=(1, 8), context: int = 512) -> list[dict]:
     """The whole decode step of Llama-3.2-1B (random bf16 weights) in a CUDA graph, with the
-    linears Decoder.choose_decode_linears keeps: the norms apart, every normed projection fused,
-    and the fusion Decoder.choose_decode_fused keeps; the graphs replayed interleaved at the same
-    context."""
-    from kernels import bench
+    linears Decoder.choose_decode_linears keeps, for every subset of the normed projections fused
+    (Decoder.choose_decode_fused: the graphs replayed interleaved at the same context); the row
+    names the fastest."""
     from kernels.decoder import hf_reference
-    from kernels.decoder.model import (
-        LLAMA_1B,
-        NORMED_PROJECTIONS,
-        DecodeGraph,
-        Decoder,
-        DecoderWeights,
-    )
+    from kernels.decoder.model import LLAMA_1B, Decoder, DecoderWeights
 
     hf = hf_reference.random_llama(LLAMA_1B, dtype=torch.bfloat16, device="cuda")
     model = Decoder(DecoderWeights.from_hf(hf), max_batch=max(batches), max_seq=context + 64)
     del hf
     rows = []
     for batch in batches:
-        tokens = torch.randint(0, LLAMA_1B.vocab_size, (batch,), device="cuda")
         model.choose_decode_linears(batch)
-        model.set_decode_fused(batch, ())
-        graphs = {"apart": DecodeGraph(model, batch)}
-        model.set_decode_fused(batch, NORMED_PROJECTIONS)
-        graphs["all fused"] = DecodeGraph(model, batch)
-        measured = model.choose_decode_fused(batch)
-        graphs["chosen"] = DecodeGraph(model, batch)
-
-        def restart(graphs=graphs, tokens=tokens):
-            for g in graphs.values():
-                g.start(tokens, context)
-
-        t = bench.benchmark({k: g.replay for k, g in graphs.items()}, before_round=restart)
+        step_us = model.choose_decode_fused(batch, context)
+        apart = step_us["none"]
         rows.append(
             {
                 "batch": batch,
                 "context": context,
                 "gemv kept for": sorted(model.decode_gemv[batch]),
                 "fused kept for": sorted(model.decode_fused[batch]),
-                **{f"{k} step ms": v.median_us / 1e3 for k, v in t.items()},
-                "all fused speedup": bench.ratio(t["apart"], t["all fused"]),
-                "chosen speedup": bench.ratio(t["apart"], t["chosen"]),
-                "choice": measured,
+                **{f"{name} step ms": us / 1e3 for name, us in step_us.items()},
+                **{f"{name} speedup": apart / us for name, us in step_us.items() if name != "none"},
             }
         )
-        r = rows[-1]
-        print(
-            f"batch {batch}: step {r['apart step ms']:.3f} ms with the norms apart, "
-            f"{r['all fused step ms']:.3f} ms all fused ({r['all fused speedup']:.3f}x), "
-            f"{r['chosen step ms']:.3f} ms fused for {r['fused kept for']} "
-            f"({r['chosen speedup']:.3f}x)",
-            flush=True,
-        )
+        steps = ", ".join(f"{name} {us / 1e3:.3f} ms" for name, us in step_us.items())
+        print(f"batch {batch}, fused: {steps}; kept {rows[-1]['fused kept for']}", flush=True)
     return rows
 
 
