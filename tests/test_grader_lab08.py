@@ -132,6 +132,28 @@ def test_the_reference_training_runs_in_a_process_of_its_own():
         assert all(same(a, b) for r, rf in zip(local, local_f) for a, b in zip(r, rf))
 
 
+def test_with_a_gpu_the_reference_is_spawned_and_gives_the_same_training(monkeypatch):
+    """On an H200, `python -m grading solutions` failed BucketedDDP as a grader bug: an earlier
+    lab's judge had run a backward pass in the grading process, so the forked reference could not.
+    With a GPU present the reference is spawned (its worker imported by name); here the CPU plays
+    a GPU machine, and the spawned training must match the forked one exactly."""
+    weights, batches, _ = lab08_communication.ddp_inputs(SEED, 2)
+    forked = lab08_communication.ddp_reference_forked(weights[0], batches, 2)
+    methods = []
+    real_run = lab08_communication.launch.run
+    monkeypatch.setattr(lab08_communication.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(
+        lab08_communication.launch,
+        "run",
+        lambda *a, **kw: methods.append(kw["start_method"]) or real_run(*a, **kw),
+    )
+    spawned = lab08_communication.ddp_reference_forked(weights[0], batches, 2)
+    assert methods == ["spawn"]
+    for (grads, local), (grads_s, local_s) in zip(forked, spawned):
+        assert all(map(torch.equal, grads, grads_s))
+        assert all(torch.equal(a, b) for r, rs in zip(local, local_s) for a, b in zip(r, rs))
+
+
 @pytest.mark.gpu
 def test_ranks_forked_after_a_backward_here_say_how_to_recover():
     x = torch.ones(3, requires_grad=True, device="cuda")
