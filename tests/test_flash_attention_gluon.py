@@ -10,22 +10,40 @@ import torch
 
 from tests.test_flash_attention import check_forward, make, run_forward
 
-
 # On a GPU the kernel itself runs (tests below); the offline path uses the CPU environment's Triton.
+# (head_dim, dtype, causal, schedule): the default at both head dims, and every variant the GPU
+# tests below run: 3 warpgroups (head_dim 64 only) with and without turns and with the overlap,
+# and the overlap at both head dims, with and without turns.
+COMPILED = [(128, "float16", True, {}), (64, "bfloat16", False, {}),
+            (64, "float16", True, {"warpgroups": 3}),
+            (64, "bfloat16", False, {"warpgroups": 3, "pingpong": False}),
+            (64, "float16", True, {"warpgroups": 3, "overlap": True}),
+            (128, "bfloat16", True, {"overlap": True}),
+            (128, "float16", False, {"overlap": True, "pingpong": False}),
+            (64, "float16", True, {"overlap": True})]  # fmt: skip
+
+
 @pytest.mark.cpu
-@pytest.mark.parametrize(
-    "head_dim, dtype, causal", [(128, "float16", True), (64, "bfloat16", False)]
-)
-def test_compiles_for_hopper_without_a_gpu(head_dim, dtype, causal):
-    """The whole pipeline down to a cubin for sm_90: 12 warps (two consumer warpgroups and the
-    producer's), wgmma for both products, TMA copies, register reallocation between the roles."""
+@pytest.mark.parametrize("head_dim, dtype, causal, schedule", COMPILED,
+                         ids=lambda v: str(v).replace(" ", ""))  # fmt: skip
+def test_compiles_for_hopper_without_a_gpu(head_dim, dtype, causal, schedule):
+    """The whole pipeline down to a cubin for sm_90: one consumer warpgroup per 64 query rows plus
+    the producer's (padded to a warpgroup), wgmma for both products, TMA copies, register
+    reallocation between the roles within the SM's 65,536 registers, shared memory within the
+    227 KiB a CTA may have, and nothing spilled to local memory."""
     from kernels.flash_attention import gluon_flash
 
-    made = gluon_flash.compile_offline(head_dim, dtype, causal)
-    assert made["warps"] == 12 and made["wgmma"] > 0 and made["tma_copies"] > 0
-    assert made["setmaxnreg"] > 0
+    made = gluon_flash.compile_offline(head_dim, dtype, causal, **schedule)
+    n_wg = schedule.get("warpgroups", 2)
+    assert made["warps"] == 4 * (n_wg + 1)
+    assert made["wgmma"] > 0 and made["tma_copies"] > 0
+    consumer, producer = gluon_flash.CONSUMER_REGS[n_wg], gluon_flash.PRODUCER_REGS
+    assert {consumer, producer} <= set(made["register_budgets"])
+    assert 128 * (n_wg * consumer + producer) <= 65536
+    assert made["spill_bytes"] == 0, made
     stages_kv = gluon_flash.STAGES * 2 * 128 * head_dim * 2  # K and V, 128 keys, 2 bytes
-    assert made["shared_bytes"] >= stages_kv + 2 * 64 * head_dim * 2  # plus Q for both warpgroups
+    assert made["shared_bytes"] >= stages_kv + n_wg * 64 * head_dim * 2  # plus Q per warpgroup
+    assert made["shared_bytes"] <= 227 * 1024
 
 
 # (B, Hq, Hkv, Nq, Nk, D): odd lengths, cross attention, Nq > Nk (rows that see no key with causal),
@@ -37,31 +55,43 @@ GLUON_SHAPES = [
     (1, 2, 2, 3, 200, 128),
     (1, 2, 2, 1, 1, 64),
     (1, 4, 4, 256, 512, 128),
+    (2, 4, 2, 700, 700, 64),  # 6 key blocks: the ring of 3 slots wraps twice at D = 64
 ]
 
 
-# (ping-pong turns, K/V stages, dtype): the default schedule in both dtypes, and the other two
-# schedules the benchmark compares, in fp16.
-VARIANTS = [(True, 3, torch.float16), (True, 3, torch.bfloat16), (False, 3, torch.float16),
-            (True, 2, torch.float16)]  # fmt: skip
+# (schedule, dtype): the default schedule in both dtypes, the schedules the benchmark compares in
+# fp16, and the variants: 3 consumer warpgroups (head_dim 64 only) and the intra-warpgroup overlap,
+# each in both dtypes, with and without ping-pong, and together.
+VARIANTS = [({}, torch.float16), ({}, torch.bfloat16), ({"pingpong": False}, torch.float16),
+            ({"stages": 2}, torch.float16),
+            ({"warpgroups": 3}, torch.float16), ({"warpgroups": 3}, torch.bfloat16),
+            ({"warpgroups": 3, "pingpong": False}, torch.float16),
+            ({"overlap": True}, torch.float16), ({"overlap": True}, torch.bfloat16),
+            ({"overlap": True, "pingpong": False}, torch.float16),
+            ({"warpgroups": 3, "overlap": True}, torch.float16)]  # fmt: skip
+
+
+def _variant_id(variant):
+    schedule, dtype = variant
+    names = [f"{k}{int(v)}" for k, v in schedule.items()] or ["default"]
+    return "_".join(names + [str(dtype).removeprefix("torch.")])
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(
-    "variant", VARIANTS, ids=lambda v: f"pingpong{int(v[0])}_stages{v[1]}_{v[2]}"
-)
+@pytest.mark.parametrize("variant", VARIANTS, ids=_variant_id)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", GLUON_SHAPES, ids=lambda s: "B{}_H{}:{}_Nq{}_Nk{}_D{}".format(*s))
 def test_gluon_forward_matches_fp64(shape, causal, variant):
     from kernels.flash_attention import gluon_flash
 
-    pingpong, stages, dtype = variant
+    schedule, dtype = variant
     b, hq, hkv, nq, nk, d = shape
+    if schedule.get("warpgroups") == 3 and d != 64:
+        pytest.skip("3 consumer warpgroups: head_dim 64 only (the rejection is tested below)")
     q, k, v = make((b, hq, nq, d), (b, hkv, nk, d), dtype, seed=nq * 7 + nk + d)
 
     def forward(q, k, v, causal, *, out, lse):
-        return gluon_flash.gluon_attention_forward(q, k, v, causal, out=out, lse=lse,
-                                                   pingpong=pingpong, stages=stages)  # fmt: skip
+        return gluon_flash.gluon_attention_forward(q, k, v, causal, out=out, lse=lse, **schedule)
 
     check_forward(*run_forward(forward, q, k, v, causal), q, k, v, causal)
 
@@ -76,3 +106,6 @@ def test_gluon_rejects_what_it_does_not_cover():
     q, k, v = make((1, 2, 64, 96), (1, 2, 64, 96), torch.float16, seed=2)
     with pytest.raises(ValueError, match="head_dim 96"):
         gluon_flash.gluon_attention_forward(q, k, v)
+    q, k, v = make((1, 2, 64, 128), (1, 2, 64, 128), torch.float16, seed=3)
+    with pytest.raises(ValueError, match="warpgroups=3 needs head_dim 64"):
+        gluon_flash.gluon_attention_forward(q, k, v, warpgroups=3)

@@ -542,6 +542,19 @@ def gluon_forward(dtypes=DTYPES, target_ms: float = 150.0) -> list[dict]:
                     "ours (Gluon, 2 stages)": lambda: gluon_flash.gluon_attention_forward(
                         q, k, v, causal, stages=2
                     ),
+                    # The variants (gluon_flash's docstring); 3 warpgroups exist at D = 64 only:
+                    # at 128 the call is refused and the column left out.
+                    "ours (Gluon, 3 warpgroups)": lambda: gluon_flash.gluon_attention_forward(
+                        q, k, v, causal, warpgroups=3
+                    ),
+                    "ours (Gluon, 3 warpgroups, S overlap)": (
+                        lambda: gluon_flash.gluon_attention_forward(
+                            q, k, v, causal, warpgroups=3, overlap=True
+                        )
+                    ),
+                    "ours (Gluon, S overlap)": lambda: gluon_flash.gluon_attention_forward(
+                        q, k, v, causal, overlap=True
+                    ),
                     "sdpa flash": lambda: flash(q, k, v, causal),
                     "sdpa cudnn": lambda: cudnn(q, k, v, causal),
                 }

@@ -15,15 +15,43 @@ Gluon (`triton.experimental.gluon`, shipped with Triton) exposes exactly these p
 layouts, shared-memory allocation, TMA copies, mbarriers, wgmma and `warp_specialize`, which forks
 the CTA into partitions of given warp counts and register budgets.
 
+Budget of the default CTA (a 64 x N fp32 tile spread over a warpgroup's 128 threads costs N / 2
+registers a thread): 12 warps (two consumer warpgroups, the producer's warp padded to a warpgroup)
+share the 65,536 registers of an SM; `setmaxnreg` gives each consumer thread 240 (S 64, O D/2,
+P 32 as fp16 pairs, the row statistics and indices) and the producer 24: 2 x 128 x 240 + 128 x 24
+= 64,512. Shared memory: Q 2 x 64 x D x 2 bytes plus STAGES x (K + V) of 128 x D x 2 bytes =
+224 KiB at D = 128 (of 227), 112 KiB at D = 64.
+
+Two variants, selected by keyword (`gluon_attention_forward`) or by the module constants
+WARPGROUPS and OVERLAP (per head_dim). They compile for sm_90 without spills but have not yet run
+on a GPU, so the defaults stay the schedule above, the one measured on an H100, until a GPU shows a
+variant correct and faster (PERFORMANCE.md):
+
+* `warpgroups=3` (D = 64 only), FlashAttention-3's choice at D = 64: three consumer warpgroups,
+  192 query rows a CTA. Each K/V tile brought into shared memory serves 192 rows instead of 128,
+  and the turns go round-robin (0, 1, 2, 0, ...): a warpgroup's softmax hides behind the other two
+  warpgroups' products instead of one. At D = 64 the exponentials of a block take about as long as
+  the block's two products, which is why one warpgroup's products cannot cover them. Budget: 16
+  warps, `setmaxnreg` 160 for the consumers (S 64 + O 32 + P 32) and 24 for the producer: 3 x 128
+  x 160 + 128 x 24 = 64,512 registers (the kernel's own warpgroup, consumer 0, keeps what is
+  left: 168); shared memory Q 24 KiB + 3 x 32 KiB = 120 KiB. At D = 128
+  it does not fit: S + O + P alone are 160 registers, and Q 48 KiB + 3 x 64 KiB > 227 KiB.
+* `overlap=True`, FlashAttention-3's intra-warpgroup overlap: iteration j queues S_j = Q K_j^T
+  and O += P_{j-1} V_{j-1}, waits for S_j only (wgmma groups retire in issue order, so
+  `warpgroup_mma_wait(1)` returns once S_j is done), runs the softmax of S_j while P_{j-1} V_{j-1}
+  is still on the tensor cores, then waits for that product and rescales O. The softmax now also
+  hides behind its own warpgroup's product. Cost: P_{j-1} stays in registers until its product
+  retires, beside S_j and P_j: O 64 + S 64 + P 32 + P 32 = 192 of the 240 registers at D = 128;
+  shared memory unchanged.
+
 Scope: the forward, head_dim 64 and 128, fp16 and bf16, causal (bottom-right aligned, as in
 `reference.py`) or not, grouped-query attention, any lengths; q, k and v contiguous (B, H, N, D)
 (a 2-D TMA descriptor over all rows). Rows of a tile past the end of a head read the next head's
-rows (or zeros past the tensor): their scores are masked and their outputs never stored.
+rows (or zeros past the tensor): their scores are masked and their outputs never stored. Needs a
+Triton whose `gl.warp_specialize` takes a list of (function, args) pairs, as 3.6 and later do.
 """
 
 from __future__ import annotations
-
-import inspect
 
 import torch
 import triton
@@ -40,18 +68,18 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from kernels.flash_attention.triton_flash import LOG2E, check_inputs, output_buffers, softmax_scale
 
 HEAD_DIMS = (64, 128)
-WG_M = gl.constexpr(64)  # query rows per consumer warpgroup (one wgmma M); a CTA owns 2 x 64
+WG_M = gl.constexpr(64)  # query rows per consumer warpgroup (one wgmma M)
 BLOCK_N = 128  # keys per K/V tile
 # K/V ring depth: 3 stages of K and V tiles are 192 KiB at D = 128, plus Q (32 KiB): 224 KiB of the
 # 227 KiB a CTA may use. 3 measured faster than 2 (PERFORMANCE.md).
 STAGES = 3
-PINGPONG = True  # the two consumer warpgroups take turns on the tensor cores (FlashAttention-3)
-CONSUMER_REGS = gl.constexpr(240)  # registers per thread: the consumers hold S, P and O
-PRODUCER_REGS = gl.constexpr(24)  # the producer holds a few scalars
-CTA_M = 2 * WG_M.value  # query rows per CTA
-# Triton 3.6 takes `warp_specialize([(function, args), ...], warps, regs)`; older releases took
-# (default_args, default_fn, worker_args, worker_fns, warps, regs). A constexpr picks the form.
-LIST_API = next(iter(inspect.signature(gl.warp_specialize).parameters)) == "functions_and_args"
+PINGPONG = True  # the consumer warpgroups take turns on the tensor cores (FlashAttention-3)
+WARPGROUPS = {64: 2, 128: 2}  # consumer warpgroups per CTA, by head_dim (3 fits only at 64)
+OVERLAP = {64: False, 128: False}  # the intra-warpgroup overlap, by head_dim
+# setmaxnreg budgets, registers per thread: the consumers hold S, P and O, the producer a few
+# scalars. 2 consumers: 2 x 128 x 240 + 128 x 24 = 64,512; 3: 3 x 128 x 160 + 128 x 24 = 64,512.
+CONSUMER_REGS = {2: 240, 3: 160}
+PRODUCER_REGS = 24
 GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 # TMA global-to-shared copy: `async_load` in newer releases, `async_copy_global_to_shared` before.
 tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
@@ -70,15 +98,16 @@ def accumulator_layout(width):
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, slot_free,
               q_row, kv_row, n_blocks):  # fmt: skip
-    """One warp: Q once (both consumers' tiles), then K and V block by block into the ring."""
+    """One warp: Q once (every consumer's tile), then K and V block by block into the ring."""
+    NUM_WG: gl.constexpr = q_smem.shape[0]
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
-    mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
-    tma_load(q_desc, [q_row, 0], q_ready, q_smem.index(0))
-    tma_load(q_desc, [q_row + WG_M, 0], q_ready, q_smem.index(1))
+    mbarrier.expect(q_ready, NUM_WG * q_desc.block_type.nbytes)
+    for wg in gl.static_range(NUM_WG):
+        tma_load(q_desc, [q_row + wg * WG_M, 0], q_ready, q_smem.index(wg))
     for j in range(n_blocks):
         slot = j % STAGES
-        # Wait until both consumers released this slot's K (its previous use, STAGES blocks ago;
+        # Wait until every consumer released this slot's K (its previous use, STAGES blocks ago;
         # slot_free[slot]) and, before V, its V (slot_free[STAGES + slot]). A fresh barrier counts
         # as released for parity 1, so the first pass does not wait.
         free_phase = ((j // STAGES) & 1) ^ 1
@@ -88,6 +117,28 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, 
         mbarrier.wait(slot_free.index(STAGES + slot), free_phase)
         mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
         tma_load(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
+
+
+@gluon.jit
+def _store_rows(WG: gl.constexpr, acc, m_i, l_i, out_ptr, lse_ptr, q_row, m0, n_q):
+    """The epilogue of one warpgroup: normalize O, store the rows that exist and their log-sum-exp
+    (natural log); a row that saw no key gets 0 and lse -inf."""
+    o_layout: gl.constexpr = acc.type.layout
+    row_layout: gl.constexpr = m_i.type.layout
+    HEAD_DIM: gl.constexpr = acc.shape[1]
+    seen = l_i > 0.0
+    l_safe = gl.where(seen, l_i, 1.0)
+    lse = gl.where(seen, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    wg_rows = gl.arange(0, WG_M, layout=row_layout)
+    gl.store(lse_ptr + (q_row + WG * WG_M) + wg_rows, lse, mask=m0 + WG * WG_M + wg_rows < n_q)
+    out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
+    o_rows = gl.arange(0, WG_M, layout=gl.SliceLayout(1, o_layout))
+    o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    offsets = (gl.expand_dims((q_row + WG * WG_M + o_rows).to(gl.int64), 1) * HEAD_DIM
+               + gl.expand_dims(o_cols, 0))  # fmt: skip
+    row_ok = gl.expand_dims(m0 + WG * WG_M + o_rows < n_q, 1)
+    gl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty),
+             mask=row_ok & gl.expand_dims(o_cols < HEAD_DIM, 0))  # fmt: skip
 
 
 @gluon.jit
@@ -104,10 +155,8 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_read
     o_layout: gl.constexpr = accumulator_layout(HEAD_DIM)  # O: 64 x D
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
 
     rows = m0 + WG * WG_M + gl.arange(0, WG_M, layout=row_layout)  # query index in the head
-    cols0 = gl.arange(0, BLOCK_N, layout=col_layout)
     m_i = gl.full([WG_M], float("-inf"), gl.float32, layout=row_layout)
     l_i = gl.zeros([WG_M], gl.float32, layout=row_layout)
     acc = gl.zeros([WG_M, HEAD_DIM], gl.float32, layout=o_layout)
@@ -123,48 +172,30 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_read
                           is_async=True)  # fmt: skip
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         mbarrier.arrive(slot_free.index(slot), count=1)  # K consumed
-        if j >= unmasked_blocks:  # the diagonal (causal) and the keys past Nk
-            cols = j * BLOCK_N + cols0
-            keep = (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1) + diagonal) & (
-                gl.expand_dims(cols < n_k, 0)
-            )
-            s = gl.where(keep, s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-        m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw no key yet
-        p = gl.exp2(s * qk_scale - gl.expand_dims(m_shift, 1))
-        alpha = gl.exp2(m_i - m_shift)
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-        p_op = gl.convert_layout(p.to(dtype), p_layout)  # P stays in registers: wgmma's A operand
+        p_op, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, rows, n_k, qk_scale,
+                                              unmasked_blocks, diagonal, dtype, p_layout,
+                                              o_layout)  # fmt: skip
+        acc = acc * gl.expand_dims(alpha, 1)
         mbarrier.wait(v_ready.index(slot), phase)
         acc = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(slot_free.index(STAGES + slot), count=1)  # V consumed
-        m_i = m_new
 
-    # Epilogue: normalize, store the rows that exist; a row that saw no key gets 0 and lse -inf.
-    seen = l_i > 0.0
-    l_safe = gl.where(seen, l_i, 1.0)
-    lse = gl.where(seen, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-    gl.store(lse_ptr + (q_row + WG * WG_M) + gl.arange(0, WG_M, layout=row_layout), lse,
-             mask=rows < n_q)  # fmt: skip
-    out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
-    o_rows = gl.arange(0, WG_M, layout=gl.SliceLayout(1, o_layout))
-    o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    offsets = (gl.expand_dims((q_row + WG * WG_M + o_rows).to(gl.int64), 1) * HEAD_DIM
-               + gl.expand_dims(o_cols, 0))  # fmt: skip
-    row_ok = gl.expand_dims(m0 + WG * WG_M + o_rows < n_q, 1)
-    gl.store(out_ptr + offsets, out.to(dtype), mask=row_ok & gl.expand_dims(o_cols < HEAD_DIM, 0))
+    _store_rows(WG, acc, m_i, l_i, out_ptr, lse_ptr, q_row, m0, n_q)
 
 
 @gluon.jit
-def _softmax_step(s, j, m_i, l_i, acc, rows, cols0, n_k, qk_scale, unmasked_blocks, diagonal,
-                  BLOCK_N: gl.constexpr, dtype: gl.constexpr, p_layout: gl.constexpr,
-                  o_layout: gl.constexpr):  # fmt: skip
+def _softmax_step(s, j, m_i, l_i, rows, n_k, qk_scale, unmasked_blocks, diagonal,
+                  dtype: gl.constexpr, p_layout: gl.constexpr, o_layout: gl.constexpr):  # fmt: skip
     """The online softmax of key block j's scores s: masks (diagonal, keys past Nk), the new row
-    maximum, P (as the next product's register operand), the running sum, and O rescaled."""
-    if j >= unmasked_blocks:
-        cols = j * BLOCK_N + cols0
+    maximum m_new, P (as the next product's register operand), the running sum, and alpha (in O's
+    row layout), the factor that moves O from the old maximum to m_new. O itself is not touched:
+    the caller rescales it once O's previous product has retired."""
+    BLOCK_N: gl.constexpr = s.shape[1]
+    if j >= unmasked_blocks:  # the diagonal (causal) and the keys past Nk
+        # The key indices are made here, not once before the loop: hoisted, they are 32 more
+        # registers a thread for the whole loop (they made 3 warpgroups spill at 160).
+        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
         keep = (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1) + diagonal) & (
             gl.expand_dims(cols < n_k, 0)
         )
@@ -174,21 +205,30 @@ def _softmax_step(s, j, m_i, l_i, acc, rows, cols0, n_k, qk_scale, unmasked_bloc
     p = gl.exp2(s * qk_scale - gl.expand_dims(m_shift, 1))
     alpha = gl.exp2(m_i - m_shift)
     l_i = l_i * alpha + gl.sum(p, axis=1)
-    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
     p_op = gl.convert_layout(p.to(dtype), p_layout)  # P stays in registers: wgmma's A operand
-    return p_op, m_new, l_i, acc
+    return p_op, m_new, l_i, gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
 
 
 @gluon.jit
 def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready,
                        slot_free, turn, out_ptr, lse_ptr, q_row, m0, n_q, n_k, qk_scale, n_blocks,
-                       unmasked_blocks, diagonal):  # fmt: skip
-    """The same warpgroup loop in FlashAttention-3's ping-pong order.
+                       unmasked_blocks, diagonal, PINGPONG: gl.constexpr,
+                       OVERLAP: gl.constexpr):  # fmt: skip
+    """The same warpgroup loop in FlashAttention-3's order: iteration j queues this warpgroup's
+    two matrix products, S_j = Q K_j^T and O += P_{j-1} V_{j-1}, then runs the softmax of S_j.
 
-    Iteration j waits for its turn, queues this warpgroup's two matrix products, S_j = Q K_j^T and
-    O += P_{j-1} V_{j-1}, passes the turn to the other warpgroup (the `turn` barriers), then waits
-    for S_j and runs its softmax while the other warpgroup's products run. The products of the two
-    warpgroups alternate instead of colliding, and each softmax hides behind the other's GEMMs."""
+    PINGPONG (the default schedule): before queueing, wait for this warpgroup's turn; after, pass
+    the turn to the next warpgroup (round-robin over the `turn` barriers: 0, 1, 0, ... with two
+    warpgroups, 0, 1, 2, 0, ... with three). The warpgroups' products then alternate on the tensor
+    cores instead of colliding, and each softmax hides behind the others' products.
+    OVERLAP (a variant, off by default): wait for S_j alone and run its softmax while
+    P_{j-1} V_{j-1} still runs; rescale O after that product retires. Without it, both products
+    are waited for first."""
+    NUM_WG: gl.constexpr = q_smem.shape[0]
+    NEXT: gl.constexpr = (WG + 1) % NUM_WG  # the warpgroup whose turn follows this one's
+    # Turn parity: warpgroup 0 goes first (a fresh barrier passes parity 1): its j-th wait is for
+    # the j-th pass from the last warpgroup; warpgroup w > 0 waits for the (j+1)-th pass from w-1.
+    FIRST: gl.constexpr = 1 if WG == 0 else 0
     dtype: gl.constexpr = q_smem.dtype
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
@@ -197,10 +237,8 @@ def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_read
     o_layout: gl.constexpr = accumulator_layout(HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
 
     rows = m0 + WG * WG_M + gl.arange(0, WG_M, layout=row_layout)
-    cols0 = gl.arange(0, BLOCK_N, layout=col_layout)
     m_i = gl.full([WG_M], float("-inf"), gl.float32, layout=row_layout)
     l_i = gl.zeros([WG_M], gl.float32, layout=row_layout)
     acc = gl.zeros([WG_M, HEAD_DIM], gl.float32, layout=o_layout)
@@ -209,86 +247,95 @@ def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_read
 
     mbarrier.wait(q_ready, 0)
     q = q_smem.index(WG)
-    # Turn parity: warpgroup 0 goes first (a fresh barrier passes parity 1), then they alternate.
+    # Turn parity: warpgroup 0 goes first (a fresh barrier passes parity FIRST = 1), then each
+    # warpgroup passes the turn to NEXT (with two warpgroups, the other one).
     if n_blocks > 0:  # block 0 has only its S = Q K^T: there is no P V yet
-        mbarrier.wait(turn.index(WG), 1 - WG)
+        if PINGPONG:
+            mbarrier.wait(turn.index(WG), FIRST)
         mbarrier.wait(k_ready.index(0), 0)
         s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False,
                           is_async=True)  # fmt: skip
-        mbarrier.arrive(turn.index(1 - WG), count=1)
+        if PINGPONG:
+            mbarrier.arrive(turn.index(NEXT), count=1)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         mbarrier.arrive(slot_free.index(0), count=1)  # K_0 consumed
-        p_op, m_i, l_i, acc = _softmax_step(s, 0, m_i, l_i, acc, rows, cols0, n_k, qk_scale,
-                                            unmasked_blocks, diagonal, BLOCK_N, dtype,
-                                            p_layout, o_layout)  # fmt: skip
+        # O is still zero: block 0's alpha has nothing to rescale.
+        p_op, m_i, l_i, alpha = _softmax_step(s, 0, m_i, l_i, rows, n_k, qk_scale,
+                                              unmasked_blocks, diagonal, dtype, p_layout,
+                                              o_layout)  # fmt: skip
     for j in range(1, n_blocks):
         slot = j % STAGES
         prev = (j - 1) % STAGES
-        mbarrier.wait(turn.index(WG), (j & 1) ^ (1 - WG))
+        if PINGPONG:
+            mbarrier.wait(turn.index(WG), (j + FIRST) & 1)
         mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
         s = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
                           is_async=True)  # fmt: skip
         mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
         acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-        # Both products are queued on the tensor cores: the other warpgroup may queue its own
+        # Both products are queued on the tensor cores: the next warpgroup may queue its own
         # (they run after these), while this one waits for its S and runs the softmax.
-        mbarrier.arrive(turn.index(1 - WG), count=1)
-        s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s, acc))
-        mbarrier.arrive(slot_free.index(slot), count=1)  # K_j consumed
-        mbarrier.arrive(slot_free.index(STAGES + prev), count=1)  # V_{j-1} consumed
-        p_op, m_i, l_i, acc = _softmax_step(s, j, m_i, l_i, acc, rows, cols0, n_k, qk_scale,
-                                            unmasked_blocks, diagonal, BLOCK_N, dtype,
-                                            p_layout, o_layout)  # fmt: skip
+        if PINGPONG:
+            mbarrier.arrive(turn.index(NEXT), count=1)
+        if OVERLAP:
+            # wgmma groups retire in issue order: one left outstanding is P_{j-1} V_{j-1}.
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
+            mbarrier.arrive(slot_free.index(slot), count=1)  # K_j consumed
+            p_new, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, rows, n_k, qk_scale,
+                                                   unmasked_blocks, diagonal, dtype, p_layout,
+                                                   o_layout)  # fmt: skip
+            # P_{j-1} is the running product's register operand: naming it in `deps` keeps its
+            # registers from being reused (by P_j, say) until the product has retired.
+            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+            mbarrier.arrive(slot_free.index(STAGES + prev), count=1)  # V_{j-1} consumed
+            acc = acc * gl.expand_dims(alpha, 1)
+            p_op = p_new
+        else:
+            s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s, acc))
+            mbarrier.arrive(slot_free.index(slot), count=1)  # K_j consumed
+            mbarrier.arrive(slot_free.index(STAGES + prev), count=1)  # V_{j-1} consumed
+            p_op, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, rows, n_k, qk_scale,
+                                                  unmasked_blocks, diagonal, dtype, p_layout,
+                                                  o_layout)  # fmt: skip
+            acc = acc * gl.expand_dims(alpha, 1)
     if n_blocks > 0:  # the last block's P V
         last = (n_blocks - 1) % STAGES
         mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
         acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
-    seen = l_i > 0.0
-    l_safe = gl.where(seen, l_i, 1.0)
-    lse = gl.where(seen, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-    gl.store(lse_ptr + (q_row + WG * WG_M) + gl.arange(0, WG_M, layout=row_layout), lse,
-             mask=rows < n_q)  # fmt: skip
-    out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
-    o_rows = gl.arange(0, WG_M, layout=gl.SliceLayout(1, o_layout))
-    o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    offsets = (gl.expand_dims((q_row + WG * WG_M + o_rows).to(gl.int64), 1) * HEAD_DIM
-               + gl.expand_dims(o_cols, 0))  # fmt: skip
-    row_ok = gl.expand_dims(m0 + WG * WG_M + o_rows < n_q, 1)
-    gl.store(out_ptr + offsets, out.to(dtype), mask=row_ok & gl.expand_dims(o_cols < HEAD_DIM, 0))
+    _store_rows(WG, acc, m_i, l_i, out_ptr, lse_ptr, q_row, m0, n_q)
+
+
+# warp_specialize runs one function per partition; these fix the warpgroup index of each.
+@gluon.jit
+def _pingpong_0(args, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr):
+    _consumer_pingpong(0, *args, PINGPONG, OVERLAP)
 
 
 @gluon.jit
-def _pingpong_0(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, slot_free, turn, out_ptr,
-                lse_ptr, q_row, m0, n_q, n_k, qk_scale, n_blocks, unmasked_blocks,
-                diagonal):  # fmt: skip
-    _consumer_pingpong(0, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, slot_free, turn,
-                       out_ptr, lse_ptr, q_row, m0, n_q, n_k, qk_scale, n_blocks, unmasked_blocks,
-                       diagonal)  # fmt: skip
+def _pingpong_1(args, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr):
+    _consumer_pingpong(1, *args, PINGPONG, OVERLAP)
 
 
 @gluon.jit
-def _pingpong_1(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, slot_free, turn, out_ptr,
-                lse_ptr, q_row, m0, n_q, n_k, qk_scale, n_blocks, unmasked_blocks,
-                diagonal):  # fmt: skip
-    _consumer_pingpong(1, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, slot_free, turn,
-                       out_ptr, lse_ptr, q_row, m0, n_q, n_k, qk_scale, n_blocks, unmasked_blocks,
-                       diagonal)  # fmt: skip
+def _pingpong_2(args, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr):
+    _consumer_pingpong(2, *args, PINGPONG, OVERLAP)
 
 
 @gluon.jit
-def _consumer_0(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, slot_free, out_ptr, lse_ptr,
-                q_row, m0, n_q, n_k, qk_scale, n_blocks, unmasked_blocks, diagonal):  # fmt: skip
-    _consumer(0, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, slot_free, out_ptr, lse_ptr,
-              q_row, m0, n_q, n_k, qk_scale, n_blocks, unmasked_blocks, diagonal)  # fmt: skip
+def _consumer_0(args):
+    _consumer(0, *args)
 
 
 @gluon.jit
-def _consumer_1(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, slot_free, out_ptr, lse_ptr,
-                q_row, m0, n_q, n_k, qk_scale, n_blocks, unmasked_blocks, diagonal):  # fmt: skip
-    _consumer(1, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, slot_free, out_ptr, lse_ptr,
-              q_row, m0, n_q, n_k, qk_scale, n_blocks, unmasked_blocks, diagonal)  # fmt: skip
+def _consumer_1(args):
+    _consumer(1, *args)
+
+
+@gluon.jit
+def _consumer_2(args):
+    _consumer(2, *args)
 
 
 # The sizes are not specialized on (Triton would compile again for every length divisible by 16
@@ -296,22 +343,24 @@ def _consumer_1(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, slot_free, ou
 @gluon.jit(do_not_specialize=["n_heads", "group", "n_q", "n_k"])
 def gluon_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, n_heads, group, n_q, n_k,
                      qk_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                     PINGPONG: gl.constexpr, LIST_API: gl.constexpr):  # fmt: skip
+                     PINGPONG: gl.constexpr, NUM_WG: gl.constexpr, OVERLAP: gl.constexpr,
+                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):  # fmt: skip
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    CTA_M: gl.constexpr = NUM_WG * WG_M  # query rows per CTA
     pid_m = gl.program_id(0)
     if CAUSAL:  # the last query blocks see the most keys: start them first
         pid_m = gl.num_programs(0) - 1 - pid_m
     bh = gl.program_id(1)
     kv_bh = (bh // n_heads) * (n_heads // group) + (bh % n_heads) // group
-    m0 = pid_m * (2 * WG_M)
+    m0 = pid_m * CTA_M
     q_row = bh * n_q + m0  # rows of the flattened (B * H * N, D) views
     kv_row = kv_bh * n_k
 
     # The key blocks this CTA visits, and how many of them every one of its rows sees whole.
     if CAUSAL:
         diagonal = n_k - n_q  # bottom-right aligned: query i sees keys j <= i + Nk - Nq
-        hi = gl.minimum(n_k, gl.maximum(0, m0 + 2 * WG_M + diagonal))
+        hi = gl.minimum(n_k, gl.maximum(0, m0 + CTA_M + diagonal))
         unmasked_blocks = gl.maximum(0, gl.minimum(n_k, m0 + diagonal + 1)) // BLOCK_N
     else:
         diagonal = n_k
@@ -319,7 +368,7 @@ def gluon_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, n_heads, group, n
         unmasked_blocks = n_k // BLOCK_N
     n_blocks = gl.cdiv(hi, BLOCK_N)
 
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, WG_M, HEAD_DIM], q_desc.layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, WG_M, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -331,44 +380,68 @@ def gluon_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, n_heads, group, n
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(slot_free.index(i), count=2)  # both consumers release each K and V
-        mbarrier.init(slot_free.index(STAGES + i), count=2)
+        mbarrier.init(slot_free.index(i), count=NUM_WG)  # every consumer releases each K and V
+        mbarrier.init(slot_free.index(STAGES + i), count=NUM_WG)
 
-    # The kernel's own 4 warps run consumer 0; a second warpgroup runs consumer 1; one warp loads.
+    # The kernel's own 4 warps run consumer 0; each further warpgroup a consumer; one warp loads.
     producer_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready,
                      slot_free, q_row, kv_row, n_blocks)  # fmt: skip
-    if PINGPONG:
-        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(turn.index(0), count=1)
-        mbarrier.init(turn.index(1), count=1)
+    if PINGPONG or OVERLAP:
+        turn = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(NUM_WG):
+            mbarrier.init(turn.index(i), count=1)
         args = (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, slot_free, turn, out_ptr,
                 lse_ptr, q_row, m0, n_q, n_k, qk_scale, n_blocks, unmasked_blocks,
                 diagonal)  # fmt: skip
-        if LIST_API:
-            gl.warp_specialize([(_pingpong_0, args), (_pingpong_1, args),
+        # The flags go as arguments of their own: a constexpr inside the `args` tuple would
+        # reach the partition as a runtime value.
+        if NUM_WG == 2:
+            gl.warp_specialize([(_pingpong_0, (args, PINGPONG, OVERLAP)),
+                                (_pingpong_1, (args, PINGPONG, OVERLAP)),
                                 (_producer, producer_args)], [4, 1],
                                [CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
         else:
-            gl.warp_specialize(args, _pingpong_0, args, [_pingpong_1, _producer], [4, 1],
-                               [CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
+            gl.warp_specialize([(_pingpong_0, (args, PINGPONG, OVERLAP)),
+                                (_pingpong_1, (args, PINGPONG, OVERLAP)),
+                                (_pingpong_2, (args, PINGPONG, OVERLAP)),
+                                (_producer, producer_args)], [4, 4, 1],
+                               [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
     else:
         args = (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, slot_free, out_ptr, lse_ptr,
                 q_row, m0, n_q, n_k, qk_scale, n_blocks, unmasked_blocks, diagonal)  # fmt: skip
-        if LIST_API:
-            gl.warp_specialize([(_consumer_0, args), (_consumer_1, args),
+        if NUM_WG == 2:
+            gl.warp_specialize([(_consumer_0, (args,)), (_consumer_1, (args,)),
                                 (_producer, producer_args)], [4, 1],
                                [CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
         else:
-            gl.warp_specialize(args, _consumer_0, args, [_consumer_1, _producer], [4, 1],
-                               [CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
+            gl.warp_specialize([(_consumer_0, (args,)), (_consumer_1, (args,)),
+                                (_consumer_2, (args,)), (_producer, producer_args)], [4, 4, 1],
+                               [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
+
+
+def _variant(head_dim: int, pingpong, stages, warpgroups, overlap) -> dict:
+    """The kernel's schedule constexprs for one call, the defaults filled in, checked."""
+    warpgroups = WARPGROUPS[head_dim] if warpgroups is None else int(warpgroups)
+    if warpgroups not in CONSUMER_REGS:
+        raise ValueError(f"gluon_attention_forward: warpgroups {warpgroups}; supported: 2, 3")
+    if warpgroups == 3 and head_dim != 64:
+        raise ValueError("gluon_attention_forward: warpgroups=3 needs head_dim 64 (at 128, S, P and"
+                         " O need 160 registers a thread, all that 3 consumers get)")  # fmt: skip
+    return {"STAGES": stages or STAGES,
+            "PINGPONG": PINGPONG if pingpong is None else bool(pingpong), "NUM_WG": warpgroups,
+            "OVERLAP": OVERLAP[head_dim] if overlap is None else bool(overlap),
+            "CONSUMER_REGS": CONSUMER_REGS[warpgroups], "PRODUCER_REGS": PRODUCER_REGS}  # fmt: skip
 
 
 def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None = None, *,
                             out=None, lse=None, pingpong: bool | None = None,
-                            stages: int | None = None):  # fmt: skip
+                            stages: int | None = None, warpgroups: int | None = None,
+                            overlap: bool | None = None):  # fmt: skip
     """(out, lse) as `triton_flash.flash_attention_forward`, with the warp-specialized kernel.
-    `pingpong` (None: PINGPONG) orders the two warpgroups' products by turns; `stages` (None:
-    STAGES) is the depth of the K/V ring."""
+    The schedule (None: the module constants): `pingpong` (PINGPONG) orders the warpgroups'
+    products by turns; `stages` (STAGES) is the depth of the K/V ring; `warpgroups` (WARPGROUPS)
+    is 2 or 3 consumer warpgroups of 64 query rows (3 at head_dim 64 only); `overlap` (OVERLAP)
+    runs each softmax beside the warpgroup's own previous P V product."""
     check_inputs("gluon_attention_forward", q, k, v)
     head_dim = q.shape[-1]
     if head_dim not in HEAD_DIMS:
@@ -376,6 +449,7 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not t.is_contiguous():
             raise ValueError(f"gluon_attention_forward: {name} must be contiguous (B, H, N, D)")
+    variant = _variant(head_dim, pingpong, stages, warpgroups, overlap)
     scale = softmax_scale(scale, head_dim)
     out, lse = output_buffers("gluon_attention_forward", q, out, lse)
     if not out.is_contiguous():
@@ -393,21 +467,27 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     )
     k_desc = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [BLOCK_N, head_dim], kv_layout)
     v_desc = TensorDescriptor(v2, list(v2.shape), list(v2.stride()), [BLOCK_N, head_dim], kv_layout)
-    grid = (triton.cdiv(n_q, CTA_M), batch * n_heads)
+    grid = (triton.cdiv(n_q, variant["NUM_WG"] * WG_M.value), batch * n_heads)
     gluon_fwd_kernel[grid](q_desc, k_desc, v_desc, out, lse, n_heads, n_heads // n_kv_heads, n_q,
-                           n_k, scale * LOG2E, CAUSAL=bool(causal), STAGES=stages or STAGES,
-                           PINGPONG=PINGPONG if pingpong is None else bool(pingpong),
-                           LIST_API=LIST_API, num_warps=4)  # fmt: skip
+                           n_k, scale * LOG2E, CAUSAL=bool(causal), **variant,
+                           num_warps=4)  # fmt: skip
     return out, lse
 
 
 def compile_for_hopper(head_dim: int = 128, dtype: torch.dtype = torch.float16,
-                       causal: bool = False, pingpong: bool = True, stages: int = 3):  # fmt: skip
+                       causal: bool = False, **schedule):  # fmt: skip
     """Compile the kernel for sm_90 without a GPU (the CPU test): the front end, the layouts, the
-    warp specialization and ptxas all run; returns the compiled kernel (its .asm has the PTX)."""
+    warp specialization and ptxas all run; returns the compiled kernel (its .asm has the PTX).
+    `schedule`: pingpong, stages, warpgroups, overlap, as `gluon_attention_forward` takes them."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
 
+    def mangle(desc):  # a descriptor's type string; Triton 3.6 has no __mangle__ method
+        return desc.__mangle__() if hasattr(desc, "__mangle__") else mangle_type(desc)
+
+    variant = _variant(head_dim, *(schedule.get(n) for n in ("pingpong", "stages", "warpgroups",
+                                                             "overlap")))  # fmt: skip
     gdt = GL_DTYPES[dtype]
     rows = torch.empty((1, head_dim), dtype=dtype)
     q_layout = gl.NVMMASharedLayout.get_default_for([WG_M.value, head_dim], gdt)
@@ -415,42 +495,56 @@ def compile_for_hopper(head_dim: int = 128, dtype: torch.dtype = torch.float16,
     q_desc = TensorDescriptor(rows, [1, head_dim], [head_dim, 1], [WG_M.value, head_dim], q_layout)
     kv_desc = TensorDescriptor(rows, [1, head_dim], [head_dim, 1], [BLOCK_N, head_dim], kv_layout)
     element = {torch.float16: "*fp16", torch.bfloat16: "*bf16"}[dtype]
-    signature = {"q_desc": q_desc.__mangle__(), "k_desc": kv_desc.__mangle__(),
-                 "v_desc": kv_desc.__mangle__(), "out_ptr": element, "lse_ptr": "*fp32",
-                 "n_heads": "i32", "group": "i32", "n_q": "i32", "n_k": "i32", "qk_scale": "fp32",
-                 "CAUSAL": "constexpr", "STAGES": "constexpr", "PINGPONG": "constexpr",
-                 "LIST_API": "constexpr"}  # fmt: skip
+    signature = {"q_desc": mangle(q_desc), "k_desc": mangle(kv_desc), "v_desc": mangle(kv_desc),
+                 "out_ptr": element, "lse_ptr": "*fp32", "n_heads": "i32", "group": "i32",
+                 "n_q": "i32", "n_k": "i32", "qk_scale": "fp32", "CAUSAL": "constexpr",
+                 **dict.fromkeys(variant, "constexpr")}  # fmt: skip
     names = list(signature)
-    constants = {"CAUSAL": causal, "STAGES": stages, "PINGPONG": pingpong, "LIST_API": LIST_API}
+    constants = {"CAUSAL": causal, **variant}
     constexprs = {(names.index(n),): value for n, value in constants.items()}
     source = GluonASTSource(gluon_fwd_kernel, signature, constexprs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
 
 
 _OFFLINE = """
-import os, sys
+import json, os, re, sys
 import kernels  # CPU mode sets TRITON_INTERPRET=1 before Triton is imported
 os.environ.pop("TRITON_INTERPRET", None)  # compile for real: nothing here launches a kernel
+os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"  # ptxas -v: registers and spills, printed to stdout
+os.environ["TRITON_ALWAYS_COMPILE"] = "1"  # so ptxas runs (and reports) even when cached
 import torch
 from kernels.flash_attention import gluon_flash
 head_dim, dtype, causal = int(sys.argv[1]), getattr(torch, sys.argv[2]), sys.argv[3] == "1"
-kernel = gluon_flash.compile_for_hopper(head_dim, dtype, causal)
+kernel = gluon_flash.compile_for_hopper(head_dim, dtype, causal, **json.loads(sys.argv[4]))
+sys.stdout.flush()
 ptx = kernel.asm["ptx"]
-print(kernel.metadata.num_warps, kernel.metadata.shared, ptx.count("wgmma.mma_async"),
-      ptx.count("cp.async.bulk.tensor"), ptx.count("setmaxnreg"))
+regs = sorted({int(n) for n in re.findall(r"setmaxnreg[.a-z0-9]*\\s+(\\d+)", ptx)})
+print(json.dumps({"warps": kernel.metadata.num_warps, "shared_bytes": kernel.metadata.shared,
+                  "wgmma": ptx.count("wgmma.mma_async"), "setmaxnreg": ptx.count("setmaxnreg"),
+                  "register_budgets": regs, "tma_copies": ptx.count("cp.async.bulk.tensor")}))
 """
 
 
-def compile_offline(head_dim: int = 128, dtype: str = "float16", causal: bool = True) -> dict:
+def compile_offline(head_dim: int = 128, dtype: str = "float16", causal: bool = True,
+                    **schedule) -> dict:  # fmt: skip
     """`compile_for_hopper` in a fresh process (a process running Triton's interpreter cannot
-    compile Gluon): what the compiler emitted, counted in the PTX."""
+    compile Gluon): what the compiler emitted, counted in the PTX (warps, shared bytes, wgmma and
+    TMA instructions, `setmaxnreg` instructions and the register counts they set,
+    `register_budgets`), and from ptxas's report the registers a thread at launch and the bytes
+    spilled to local memory."""
+    import json
+    import re
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", _OFFLINE, str(head_dim), dtype, str(int(causal))],
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
-    if done.returncode != 0:
-        raise RuntimeError("compiling for sm_90 failed:\n" + done.stderr[-3000:])
-    warps, shared, wgmma, tma_copies, setmaxnreg = map(int, done.stdout.split()[-5:])
-    return {"warps": warps, "shared_bytes": shared, "wgmma": wgmma, "tma_copies": tma_copies,
-            "setmaxnreg": setmaxnreg}  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", _OFFLINE, str(head_dim), dtype, str(int(causal)),
+                           json.dumps(schedule)], capture_output=True, text=True,
+                          timeout=900)  # fmt: skip
+    if done.returncode != 0:  # the error, without the binding's reference-leak report after it
+        error = done.stderr.split("nanobind: leaked")[0]
+        raise RuntimeError("compiling for sm_90 failed:\n" + error[-3000:])
+    made = json.loads(done.stdout.strip().splitlines()[-1])
+    ptxas = done.stdout
+    made["registers"] = max(map(int, re.findall(r"Used (\d+) registers", ptxas)), default=None)
+    made["spill_bytes"] = sum(map(int, re.findall(r"(\d+) bytes spill (?:stores|loads)", ptxas)))
+    return made
