@@ -200,6 +200,32 @@ def test_spawned_ranks_run_the_ring_as_nccl_ranks_would():
     assert results == [[], []]
 
 
+def test_a_notebook_worker_is_forked_even_after_cuda_was_used(monkeypatch):
+    """On an H200, notebook 08's cells (workers defined in the notebook, CUDA used by an earlier
+    cell) failed with 'exited with code None': the ranks were spawned and could not import their
+    worker. A worker of __main__ is forked (its ranks compute on the CPU); one in a module is
+    spawned once CUDA was used; and spawning a notebook worker is refused with the reason."""
+    methods = []
+    real_context = launch.mp.get_context
+    monkeypatch.setattr(launch.mp, "get_context", lambda m: methods.append(m) or real_context(m))
+    monkeypatch.setattr(launch.torch.cuda, "is_initialized", lambda: True)
+
+    def in_a_notebook(rank, world):
+        return rank
+
+    in_a_notebook.__module__ = "__main__"
+    assert launch.run(in_a_notebook, 2, backend="gloo") == [0, 1]
+    assert launch.run(_raises_not, 2, backend="gloo") == [0, 1]
+    assert methods == ["fork", "spawn"]
+    assert launch.importable(_raises_not) and not launch.importable(in_a_notebook)
+    with pytest.raises(ValueError, match="in_a_notebook.*defined in a notebook.*a .py file"):
+        launch.run(in_a_notebook, 2, backend="gloo", start_method="spawn")
+
+
+def _raises_not(rank, world):
+    return rank
+
+
 def test_launch_reports_a_failing_rank_with_its_traceback():
     with pytest.raises(RuntimeError, match="rank 1 of 2 failed(.|\n)*rank one is broken"):
         launch.run(_raises, 2, backend="gloo")

@@ -9,15 +9,18 @@ receive) makes `run` raise after `timeout_s`, never hang.
 
 Processes are forked for gloo: a forked child starts in milliseconds, shares the parent's imports
 and can run a function defined in a notebook. CUDA cannot be used after a fork, so NCCL processes
-are spawned instead, and so are gloo processes once this process has used CUDA (autograd's GPU
-threads do not survive a fork either); a spawned child imports the worker by name, so it must be
-defined in a module (a `.py` file), not in a notebook cell.
+are spawned instead, and so are gloo processes once this process has used CUDA, where the worker
+is defined in a module. A spawned child imports the worker by name, so a worker defined in a
+notebook cell is still forked: its ranks compute on the CPU, which a fork allows. (If this process
+ran a backward pass with a GPU present, forked ranks cannot run one: autograd's GPU threads do not
+survive a fork. Restart the kernel, or define the worker in a `.py` file.)
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 import traceback
 from datetime import timedelta
@@ -45,6 +48,17 @@ def default_backend(world: int) -> str:
 def device_for(rank: int, backend: str) -> torch.device:
     """Where rank `rank`'s tensors live: its own GPU under NCCL, the CPU under gloo."""
     return torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+
+
+def importable(fn) -> bool:
+    """Whether a spawned process can import `fn` by name: a function of a module, not of a
+    notebook (`__main__`) nor nested in another function."""
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    return (
+        module is not None
+        and fn.__module__ != "__main__"
+        and getattr(module, getattr(fn, "__qualname__", ""), None) is fn
+    )
 
 
 def _child(rank, world, port, backend, threads, worker, args, conn):
@@ -85,16 +99,24 @@ def run(
     """worker(rank, world, *args) in `world` processes of one process group; its return values by
     rank. `threads`: torch threads per process (default: the cores shared out, at least 1).
     Raises RuntimeError with the failing rank's traceback, or TimeoutError naming the ranks still
-    waiting. `start_method`: "fork" or "spawn" (default: fork for gloo in a process that has not
-    used CUDA, spawn otherwise)."""
+    waiting. `start_method`: "fork" or "spawn" (default: spawn for NCCL, and for gloo in a process
+    that has used CUDA where the worker can be imported; fork otherwise)."""
     backend = backend or default_backend(world)
     # torch.optim imports torch._dynamo when the first optimizer is built (seconds): do it once
     # here, so that forked children share it instead of each importing it on its own core
     import torch._dynamo  # noqa: F401
 
     threads = threads or max(1, (os.cpu_count() or 1) // world)
-    forkable = backend != "nccl" and not torch.cuda.is_initialized()
-    ctx = mp.get_context(start_method or ("fork" if forkable else "spawn"))
+    if start_method is None:
+        spawn = backend == "nccl" or (torch.cuda.is_initialized() and importable(worker))
+        start_method = "spawn" if spawn else "fork"
+    if start_method == "spawn" and not importable(worker):
+        raise ValueError(
+            f"launch.run: {getattr(worker, '__qualname__', worker)!r} is defined in a notebook or "
+            f"inside a function, and {backend} ranks are spawned processes, which import their "
+            "worker by name: define it in a .py file and import it"
+        )
+    ctx = mp.get_context(start_method)
     port = free_port()
     pipes, procs = [], []
     for rank in range(world):
