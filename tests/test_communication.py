@@ -87,40 +87,6 @@ def test_pipelined_ring_equals_the_simple_ring_bit_for_bit(world):
         assert failures == []
 
 
-def _ddp_against_one_process(rank, world, bucket_mb, overlap, steps):
-    """Train a replica with DataParallel on this rank's rows and the same model in one process on
-    the whole batch (SGD: its update is linear in the gradient, so replicas stay within fp32
-    tolerance); report the largest gradient and weight differences, and what the buckets did."""
-    torch.manual_seed(0)
-    model = gpt.GPT(CFG)
-    single = copy.deepcopy(model)
-    if rank == 1:  # DataParallel must start every replica from rank 0's weights
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(1.0)
-    wrapped = ddp.DataParallel(model, bucket_mb=bucket_mb, overlap=overlap)
-    opt = torch.optim.SGD(wrapped.parameters(), lr=0.5)
-    single_opt = torch.optim.SGD(single.parameters(), lr=0.5)
-    rows = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
-    grad_err = 0.0
-    launched_during_backward = []
-    for step in range(steps):
-        idx, targets = gpt.make_batch(CFG, BATCH, SEQ, "cpu", seed=step)
-        wrapped(idx[rows], targets[rows]).backward()
-        launched_during_backward.append(sum(b.work is not None for b in wrapped.buckets))
-        wrapped.finish_gradient_synchronization()
-        single(idx, targets).backward()
-        for a, b in zip(model.parameters(), single.parameters()):
-            grad_err = max(grad_err, ((a.grad - b.grad).abs() / (b.grad.abs().max() + 1e-30)).max())
-        for o in (opt, single_opt):
-            o.step()
-            o.zero_grad(set_to_none=True)
-    weight_err = max(
-        (a - b).abs().max().item() for a, b in zip(model.parameters(), single.parameters())
-    )
-    return float(grad_err), weight_err, len(wrapped.buckets), launched_during_backward
-
-
 @pytest.mark.parametrize(
     "bucket_mb, overlap",
     [(0.0, True), (0.02, True), (100.0, True), (0.02, False)],
@@ -129,7 +95,7 @@ def _ddp_against_one_process(rank, world, bucket_mb, overlap, steps):
 def test_data_parallel_matches_single_process_training(bucket_mb, overlap):
     n_params = len(list(gpt.GPT(CFG).parameters()))
     for grad_err, weight_err, buckets, launched in launch.run(
-        _ddp_against_one_process, 2, (bucket_mb, overlap, 3), backend="gloo"
+        ddp.against_one_process, 2, (bucket_mb, overlap, 3), backend="gloo"
     ):
         assert grad_err < 1e-5 and weight_err < 1e-5, (grad_err, weight_err)
         if bucket_mb == 0.0:
@@ -201,14 +167,17 @@ def test_spawned_ranks_run_the_ring_as_nccl_ranks_would():
 
 
 def test_a_notebook_worker_is_forked_even_after_cuda_was_used(monkeypatch):
-    """On an H200, notebook 08's cells (workers defined in the notebook, CUDA used by an earlier
-    cell) failed with 'exited with code None': the ranks were spawned and could not import their
-    worker. A worker of __main__ is forked (its ranks compute on the CPU); one in a module is
-    spawned once CUDA was used; and spawning a notebook worker is refused with the reason."""
+    """On an H200, notebook 08's ring cells (workers defined in the notebook, CUDA used by an
+    earlier cell) failed with 'exited with code None': the ranks were spawned and could not import
+    their worker. A worker of __main__ is forked (its ranks compute on the CPU); one in a module is
+    spawned on a GPU machine (there a forked rank's torch.optim step failed with 'CUDA error:
+    initialization error'); and spawning a notebook worker is refused with the reason."""
     methods = []
     real_context = launch.mp.get_context
     monkeypatch.setattr(launch.mp, "get_context", lambda m: methods.append(m) or real_context(m))
-    monkeypatch.setattr(launch.torch.cuda, "is_initialized", lambda: True)
+    # the H200's state in that test process: a GPU, and torch's CUDA not initialized yet
+    monkeypatch.setattr(launch.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(launch.torch.cuda, "is_initialized", lambda: False)
 
     def in_a_notebook(rank, world):
         return rank

@@ -17,10 +17,14 @@ per-message latency fewer times; smaller ones start earlier and leave less to do
 `overlap=False` starts every all-reduce only when `finish_gradient_synchronization()` is called (the
 naive data parallelism the overlap is measured against). The time that call waited is kept in
 `exposed_s`: the communication the backward pass did not hide.
+
+`against_one_process(rank, world, ...)`, run in every rank by `launch.run`, checks it against
+training the same model in one process on the whole batch.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 
 import torch
@@ -109,3 +113,46 @@ class DataParallel(nn.Module):
             bucket.ready, bucket.work = 0, None
         self._next = 0
         self.exposed_s = time.perf_counter() - start
+
+
+# --------------------------------------------------------------------------------------------------
+# Check: the replicas against one process training on the whole batch
+
+
+def against_one_process(rank, world, bucket_mb, overlap=True, steps=3, batch=4, seq=16):
+    """Train a replica with DataParallel on this rank's rows and the same tiny GPT in one process
+    on the whole batch (SGD: its update is linear in the gradient, so the replicas stay within
+    float32 rounding of it). Rank 1 starts from other weights: DataParallel must copy rank 0's.
+    Returns (largest gradient difference relative to the gradient's size, largest weight
+    difference, number of buckets, buckets started during each backward). A module function, so
+    that `launch.run` can spawn its ranks where forking is unsafe (a GPU machine)."""
+    from kernels.memory_profiling import gpt
+
+    cfg = gpt.GPTConfig(vocab=97, max_seq=seq, d_model=32, layers=2, heads=4)
+    torch.manual_seed(0)
+    model = gpt.GPT(cfg)
+    single = copy.deepcopy(model)
+    if rank == 1:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+    wrapped = DataParallel(model, bucket_mb=bucket_mb, overlap=overlap)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (wrapped, single)]
+    rows = slice(rank * batch // world, (rank + 1) * batch // world)
+    grad_err, started_in_backward = 0.0, []
+    for step in range(steps):
+        idx, targets = gpt.make_batch(cfg, batch, seq, "cpu", seed=step)
+        wrapped(idx[rows], targets[rows]).backward()
+        started_in_backward.append(sum(b.work is not None for b in wrapped.buckets))
+        wrapped.finish_gradient_synchronization()
+        single(idx, targets).backward()
+        for a, b in zip(model.parameters(), single.parameters()):
+            scale = b.grad.abs().max() + 1e-30
+            grad_err = max(grad_err, float(((a.grad - b.grad).abs() / scale).max()))
+        for opt in opts:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    weight_err = max(
+        (a - b).abs().max().item() for a, b in zip(model.parameters(), single.parameters())
+    )
+    return grad_err, weight_err, len(wrapped.buckets), started_in_backward

@@ -9,11 +9,12 @@ receive) makes `run` raise after `timeout_s`, never hang.
 
 Processes are forked for gloo: a forked child starts in milliseconds, shares the parent's imports
 and can run a function defined in a notebook. CUDA cannot be used after a fork, so NCCL processes
-are spawned instead, and so are gloo processes once this process has used CUDA, where the worker
-is defined in a module. A spawned child imports the worker by name, so a worker defined in a
-notebook cell is still forked: its ranks compute on the CPU, which a fork allows. (If this process
-ran a backward pass with a GPU present, forked ranks cannot run one: autograd's GPU threads do not
-survive a fork. Restart the kernel, or define the worker in a `.py` file.)
+are spawned instead, and so are gloo processes on a machine with a GPU, where the worker is
+defined in a module: once this process has asked CUDA anything, a forked child that touches it
+fails (torch.optim's step asks whether a graph is being captured), and after a backward pass
+autograd's GPU threads do not survive a fork either. A spawned child imports the worker by name, so
+a worker defined in a notebook cell is still forked; on a GPU machine it must stay off CUDA
+entirely (no torch.optim step), or move into a `.py` file.
 """
 
 from __future__ import annotations
@@ -99,8 +100,8 @@ def run(
     """worker(rank, world, *args) in `world` processes of one process group; its return values by
     rank. `threads`: torch threads per process (default: the cores shared out, at least 1).
     Raises RuntimeError with the failing rank's traceback, or TimeoutError naming the ranks still
-    waiting. `start_method`: "fork" or "spawn" (default: spawn for NCCL, and for gloo in a process
-    that has used CUDA where the worker can be imported; fork otherwise)."""
+    waiting. `start_method`: "fork" or "spawn" (default: spawn for NCCL, and for gloo on a GPU
+    machine where the worker can be imported; fork otherwise)."""
     backend = backend or default_backend(world)
     # torch.optim imports torch._dynamo when the first optimizer is built (seconds): do it once
     # here, so that forked children share it instead of each importing it on its own core
@@ -108,7 +109,8 @@ def run(
 
     threads = threads or max(1, (os.cpu_count() or 1) // world)
     if start_method is None:
-        spawn = backend == "nccl" or (torch.cuda.is_initialized() and importable(worker))
+        gpu_here = torch.cuda.is_initialized() or torch.cuda.is_available()
+        spawn = backend == "nccl" or (gpu_here and importable(worker))
         start_method = "spawn" if spawn else "fork"
     if start_method == "spawn" and not importable(worker):
         raise ValueError(
