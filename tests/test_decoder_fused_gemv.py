@@ -375,6 +375,20 @@ def test_decoder_refuses_bad_fused_choices(tiny_bf16):
     fp32.set_decode_fused(1, ())  # nothing fused is always allowed
 
 
+def test_host_breakdown_times_the_fused_wrapper(tiny_bf16, monkeypatch):
+    """The H200 run's host split had no row for the fused GEMV (32 calls a step there), so the
+    course wrappers' share left them out. Every normed projection fused: 2 per layer + lm_head."""
+    from kernels.decoder import benchmark
+
+    monkeypatch.setattr(benchmark, "CONFIG", TINY)
+    hf, _ = tiny_bf16
+    model = Decoder(DecoderWeights.from_hf(hf), max_batch=1, max_seq=16)
+    model.set_decode_fused(1, NORMED_PROJECTIONS)
+    calls = benchmark.host_breakdown(model, batch=1, context=4, steps=1)["calls per step"]
+    assert calls["norm + linear (course fused GEMV)"] == 2 * TINY.n_layers + 1
+    assert "swiglu" not in calls and "fused_add_rms_norm" not in calls
+
+
 @pytest.mark.cpu
 def test_choosing_fusion_by_timing_needs_a_gpu(tiny_bf16):
     _, model = tiny_bf16

@@ -49,7 +49,14 @@ import torch
 import torch.nn.functional as F
 
 from kernels import bench, runtime
-from kernels.decoder import hf_reference, triton_attention, triton_gemv, triton_ops, triton_rope
+from kernels.decoder import (
+    hf_reference,
+    triton_attention,
+    triton_fused_gemv,
+    triton_gemv,
+    triton_ops,
+    triton_rope,
+)
 from kernels.decoder.model import LLAMA_1B, PROJECTIONS, Decoder, DecoderWeights
 from kernels.flash_attention import triton_decode, triton_flash
 from kernels.rmsnorm import triton_rmsnorm
@@ -386,6 +393,7 @@ WRAPPERS = {
     "flash_attention_forward": (triton_flash, "flash_attention_forward"),
     "cache_attention": (triton_attention, "cache_attention"),
     "linear (course GEMV)": (triton_gemv, "linear"),
+    "norm + linear (course fused GEMV)": (triton_fused_gemv, "add_rms_norm_linear"),
     "F.linear (cuBLAS)": (F, "linear"),
 }
 
