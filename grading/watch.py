@@ -455,8 +455,9 @@ def watch(profile_cuda: bool = False, snapshot=None, allowed_ops: tuple[str, ...
                 record.tampered = "stopped the grader's profiler inside the call"
             else:
                 ops, record.host_reads = found
-                record.forbidden_ops = [f"{op} (outside this thread's watch: another thread, a "
-                                        f"hook or a disabled dispatch mode)" for op in ops]
+                record.forbidden_ops = [f"{op} (outside this thread's watch: another thread, "
+                                        f"perhaps one an earlier call left running, a hook or a "
+                                        f"disabled dispatch mode)" for op in ops]
         record.triton_launches, record.cupy_launches = state.launches, state.cupy_launches
         failure = None
         if runtime.ON_GPU:
