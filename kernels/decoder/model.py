@@ -398,9 +398,9 @@ class Decoder:
         NORMED_PROJECTIONS folded into triton_fused_gemv (the linears as choose_decode_linears
         left them), replay the graphs interleaved at cache length `context` (device events), and
         keep the fastest step. The step is timed whole, not each projection alone: on an H200 the
-        fused gate_up won alone and in the step, while qkv and lm_head fused alone measured
-        anywhere from 0.85x to 1.2x of the unfused pair, and fusing all three made the step
-        slower (kernels/decoder/PERFORMANCE.md). Timing writes the cache (each capture's warm-up
+        fused launch alone measured 0.84x to 1.20x of the unfused pair for the same projection,
+        from one process to the next, and fusing all three made the step slower
+        (kernels/decoder/PERFORMANCE.md). Timing writes the cache (each capture's warm-up
         at positions 0 and 1, the replays at `context`), so it is refused after a prefill.
         Returns {"+".join(projections) or "none": step us} for the eight subsets."""
         if not runtime.ON_GPU:
@@ -411,7 +411,7 @@ class Decoder:
         if self.cache.length:
             raise RuntimeError(
                 f"Decoder.choose_decode_fused: the cache holds {self.cache.length} tokens, and "
-                f"timing the step would overwrite them: choose before the prefill"
+                "timing the step would overwrite them: choose before the prefill"
             )
         if self.dtype not in (torch.float16, torch.bfloat16) or batch > triton_gemv.MAX_ROWS:
             self.set_decode_fused(batch, ())
