@@ -184,14 +184,14 @@ def test_a_notebook_worker_is_forked_even_after_cuda_was_used(monkeypatch):
 
     in_a_notebook.__module__ = "__main__"
     assert launch.run(in_a_notebook, 2, backend="gloo") == [0, 1]
-    assert launch.run(_raises_not, 2, backend="gloo") == [0, 1]
+    assert launch.run(_returns_its_rank, 2, backend="gloo") == [0, 1]
     assert methods == ["fork", "spawn"]
-    assert launch.importable(_raises_not) and not launch.importable(in_a_notebook)
+    assert launch.importable(_returns_its_rank) and not launch.importable(in_a_notebook)
     with pytest.raises(ValueError, match="in_a_notebook.*defined in a notebook.*a .py file"):
         launch.run(in_a_notebook, 2, backend="gloo", start_method="spawn")
 
 
-def _raises_not(rank, world):
+def _returns_its_rank(rank, world):
     return rank
 
 
