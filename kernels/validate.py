@@ -113,6 +113,17 @@ def check_operands(
             raise ValueError(f"{op}: {name} must be {want}-D, got shape {tuple(t.shape)}")
 
 
+def check_rows_contiguous(op: str, tensors: dict[str, torch.Tensor]) -> None:
+    """Each 2-D tensor's rows are contiguous (last stride 1, unless a row has one element): the
+    row stride may be anything, so row-strided views pass."""
+    for name, t in tensors.items():
+        if t.dim() == 2 and t.stride(1) != 1 and t.shape[1] > 1:
+            raise ValueError(
+                f"{op}: {name}'s rows must be contiguous (last stride 1, got strides "
+                f"{t.stride()}): pass {name}.contiguous()"
+            )
+
+
 def check_matmul_args(
     op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, *, device_type: str
 ) -> None:

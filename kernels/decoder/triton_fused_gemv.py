@@ -55,7 +55,7 @@ import triton.language as tl
 from kernels import runtime
 from kernels.decoder import triton_gemv
 from kernels.testing import TINY, ULP, Comparison, compare
-from kernels.validate import check_operands
+from kernels.validate import check_operands, check_rows_contiguous
 
 # --------------------------------------------------------------------------------------------------
 # The kernel
@@ -280,12 +280,7 @@ def _check(delta, residual, norm_weight, weight, eps, residual_out, out, swiglu)
         dims={"norm_weight": 1},
         float32_instead="fused_add_rms_norm and F.linear",
     )
-    for name, t in tensors.items():
-        if t.dim() == 2 and t.stride(1) != 1 and t.shape[1] > 1:
-            raise ValueError(
-                f"{OP}: {name}'s rows must be contiguous (last stride 1, got strides "
-                f"{t.stride()}): pass {name}.contiguous()"
-            )
+    check_rows_contiguous(OP, tensors)
     (m, k), n_weight = residual.shape, weight.shape[0]
     if delta is not None and delta.shape != residual.shape:
         raise ValueError(

@@ -49,7 +49,7 @@ import triton.language as tl
 
 from kernels import runtime
 from kernels.testing import TINY, ULP, Comparison, compare
-from kernels.validate import check_operands
+from kernels.validate import check_operands, check_rows_contiguous
 
 MAX_ROWS = 32  # beyond this, x is a real matrix: cuBLAS's tiled GEMM is the right tool
 
@@ -205,16 +205,11 @@ def _check(x, weight, out) -> None:
             f"{op}: weight must be contiguous (strides {weight.stride()}): pass "
             "weight.contiguous() once, when the model is loaded"
         )
-    if x.stride(1) != 1 and k > 1:
-        raise ValueError(
-            f"{op}: x's rows must be contiguous (last stride 1, got strides {x.stride()}): "
-            "pass x.contiguous()"
-        )
+    check_rows_contiguous(op, {"x": x})
     if out is not None:
         if tuple(out.shape) != (m, n):
             raise ValueError(f"{op}: out must have shape {(m, n)}, got {tuple(out.shape)}")
-        if out.stride(1) != 1 and n > 1:
-            raise ValueError(f"{op}: out's rows must be contiguous, got strides {out.stride()}")
+        check_rows_contiguous(op, {"out": out})
 
 
 def linear(
