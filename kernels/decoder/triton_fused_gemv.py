@@ -87,6 +87,12 @@ def _rows_of_output(acc, scale, USE_DOT: tl.constexpr):
 
 
 @triton.jit
+def _rstd(sum_sq, K, eps):
+    """1 / rms of each row from its (BLOCK_M, BLOCK_K) partial sums of r^2: module 02's formula."""
+    return 1.0 / tl.sqrt(tl.sum(sum_sq, axis=1) / K + eps)
+
+
+@triton.jit
 def _residual_tile(
     DELTA,
     RESIDUAL,
@@ -162,7 +168,7 @@ def add_norm_linear_kernel(
                 DELTA, RESIDUAL, offs_m, k, x_ok, stride_dm, stride_rm, HAS_DELTA, stored
             )
             sum_sq += r * r
-        rstd = 1.0 / tl.sqrt(tl.sum(sum_sq, axis=1) / K + eps)  # the same formula as module 02
+        rstd = _rstd(sum_sq, K, eps)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + offs_k
         k_ok = k < K
@@ -185,7 +191,7 @@ def add_norm_linear_kernel(
     if STATISTICS_FIRST:
         scale = tl.full((BLOCK_M,), 1.0, tl.float32)  # rstd is in the operand already
     else:
-        scale = 1.0 / tl.sqrt(tl.sum(sum_sq, axis=1) / K + eps)  # rstd, factored out of the sum
+        scale = _rstd(sum_sq, K, eps)  # factored out of the sum over K
     y = _rows_of_output(acc, scale, USE_DOT)
     if SWIGLU:
         # gate and up rounded as the unfused path stores them, then triton_ops.swiglu's formula
