@@ -177,7 +177,13 @@ def test_embedding_and_swiglu(dtype):
     table = random_tensor((37, 100), dtype, DEVICE, g)
     ids = torch.tensor([[3, 36, 0], [5, 5, 11]], device=DEVICE)
     assert torch.equal(triton_ops.embedding(ids, table), table[ids])
-    assert not triton_ops.embedding(torch.tensor([37, -1], device=DEVICE), table).any()
+    status = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    assert torch.equal(triton_ops.embedding(ids, table, status=status), table[ids])
+    assert int(status) == 0
+    bad = torch.tensor([2, 37, 4, -1], device=DEVICE)
+    rows = triton_ops.embedding(bad, table, status=status)
+    assert int(status) == triton_ops.STATUS_TOKEN_OUT_OF_RANGE
+    assert torch.equal(rows[0::2], table[bad[0::2]]) and not rows[1::2].any()
     gate_up = random_tensor((5, 2 * 201), dtype, DEVICE, g)
     out = poison_(torch.empty(5, 201, dtype=dtype, device=DEVICE))
     triton_ops.swiglu(gate_up, out=out)
@@ -313,11 +319,18 @@ def test_decoding_past_the_cache_is_refused():
 def test_bad_token_ids_and_batches_are_refused(tiny_fp32):
     _, model = tiny_fp32
     with pytest.raises(ValueError, match=r"token ids must lie in \[0, 251\)"):
-        model.prefill(torch.tensor([[1, 251]], device=DEVICE))
+        model.prefill(torch.tensor([[1, 251]]))  # ids on the host: checked before any launch
     with pytest.raises(ValueError, match="batch <= 2"):
         model.prefill(torch.zeros(3, 2, dtype=torch.int64, device=DEVICE))
     with pytest.raises(TypeError, match="int32/int64"):
         model.prefill(torch.zeros(1, 2, device=DEVICE))
+    # a bad id in a decode step (on the device: not read back) is flagged, not silently embedded
+    model.prefill(torch.tensor([[1, 2]], device=DEVICE))
+    model.check_status()
+    model.decode_step(torch.tensor([251], device=DEVICE))
+    with pytest.raises(RuntimeError, match=r"token id outside \[0, 251\)"):
+        model.check_status()
+    model.reset()
 
 
 def test_weights_of_another_shape_or_dtype_are_refused():
@@ -405,6 +418,25 @@ def test_graph_decode_equals_eager_decode():
     eager = model.generate(tokens, 40, graph=False)
     graphed = model.generate(tokens, 40, graph=True)
     assert torch.equal(eager, graphed)
+
+
+@pytest.mark.gpu
+def test_prefill_of_device_tokens_never_waits_for_the_gpu():
+    """A prefill that read its ids back would stall the host behind the GPU, and a benchmark that
+    queues work ahead of the call (bench.benchmark does) would time the host's launches too."""
+    hf = hf_reference.random_llama(TINY, seed=7, dtype=torch.bfloat16, device="cuda")
+    model = Decoder(DecoderWeights.from_hf(hf), max_batch=2, max_seq=16)
+    tokens = prompt(TINY, 2, 9).cuda()
+    bad = torch.tensor([[3, TINY.vocab_size]], device="cuda")
+    model.prefill(tokens)  # compiles and autotunes, which synchronizes
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        model.prefill(tokens)
+        model.prefill(bad)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    with pytest.raises(RuntimeError, match="token id outside"):
+        model.check_status()
 
 
 @pytest.mark.gpu

@@ -314,9 +314,9 @@ class Decoder:
         self.max_batch, self.max_seq = max_batch, max_seq
         self.cache = KVCache(self.c, max_batch, max_seq, self.dtype, self.device)
         self.scale = 1.0 / math.sqrt(self.c.head_dim)
-        self.status = torch.zeros(
-            1, dtype=torch.int32, device=self.device
-        )  # RoPE's bad-position flag
+        # The kernels' flags for input they refused (a bad position, a bad token id), read by
+        # check_status() when the host may synchronize
+        self.status = torch.zeros(1, dtype=torch.int32, device=self.device)
         self._workspaces: dict = {}
         self._graph = None
         # batch -> the projections whose decode step runs triton_gemv.linear instead of cuBLAS
@@ -528,7 +528,8 @@ class Decoder:
         c, w = self.c, self.w
         batch, n_q = tokens.shape
         rows = batch * n_q
-        x = triton_ops.embedding(tokens.reshape(-1), w.embed)  # (rows, hidden): the residual stream
+        # (rows, hidden): the residual stream
+        x = triton_ops.embedding(tokens.reshape(-1), w.embed, status=self.status)
         delta = None  # the last sublayer's output, not yet added to x: the next norm adds it
         attn = torch.empty(
             (batch, n_q, c.n_heads, c.head_dim), dtype=self.dtype, device=self.device
@@ -596,9 +597,15 @@ class Decoder:
         self.status.zero_()
 
     def prefill(self, tokens: torch.Tensor, hidden_states: list | None = None) -> torch.Tensor:
-        """Run the prompts tokens (B, T) from position 0; returns the logits of their last token."""
+        """Run the prompts tokens (B, T) from position 0; returns the logits of their last token.
+
+        Token ids on the CPU are checked here. Ids already on the device are not: reading them
+        back would stall the host until the GPU is idle, so the embedding kernel flags a bad id
+        instead (a row of zeros goes in its place) and check_status() raises."""
         self._check_tokens(tokens, tokens.shape[-1] if tokens.dim() == 2 else 0, cached=0)
-        if bool(((tokens < 0) | (tokens >= self.c.vocab_size)).any()):
+        if tokens.device.type == "cpu" and bool(
+            ((tokens < 0) | (tokens >= self.c.vocab_size)).any()
+        ):
             raise ValueError(f"Decoder: token ids must lie in [0, {self.c.vocab_size})")
         self.reset()
         batch, n = tokens.shape
@@ -624,11 +631,20 @@ class Decoder:
         return logits
 
     def check_status(self) -> None:
-        """Raise if a kernel refused a position outside the cache (reads the flag: synchronizes)."""
-        if int(self.status.item()):
+        """Raise if a kernel refused input since the last reset(): a position outside the KV cache
+        (nothing was written there) or a token id outside the vocabulary (read as zeros). Reads
+        the flags, so it synchronizes."""
+        flags = int(self.status.item())
+        if flags & triton_rope.STATUS_POSITION_OUT_OF_RANGE:
             raise RuntimeError(
                 "Decoder: a position outside the KV cache was refused (nothing was written "
                 "there); reset() the decoder or make it with a larger max_seq"
+            )
+        if flags & triton_ops.STATUS_TOKEN_OUT_OF_RANGE:
+            raise RuntimeError(
+                f"Decoder: a token id outside [0, {self.c.vocab_size}) was read as a row of "
+                "zeros, so the logits since the last reset() are wrong; check the tokenizer "
+                "matches this model"
             )
 
     # ----------------------------------------------------------------------------------------------
@@ -672,8 +688,7 @@ class Decoder:
             else:
                 token = triton_ops.argmax(self.decode_step(token))
             out[:, t] = token
-        if use_graph:
-            self.check_status()
+        self.check_status()
         return out
 
 

@@ -21,6 +21,7 @@ BLOCK_COLUMNS = runtime.pick(gpu=1024, cpu=8192)  # elements of a row per progra
 # programs
 # per row (one row at batch 1 would otherwise stream 250 KB through one SM).
 ARGMAX_CHUNK = runtime.pick(gpu=4096, cpu=65536)
+STATUS_TOKEN_OUT_OF_RANGE = 2  # the bit embedding sets in a status word (RoPE's is 1)
 
 
 def _on_device(op: str, **tensors) -> None:
@@ -36,20 +37,29 @@ def _on_device(op: str, **tensors) -> None:
 
 
 @triton.jit
-def embedding_kernel(IDS, TABLE, OUT, vocab, width, BLOCK: tl.constexpr):
+def embedding_kernel(
+    IDS, TABLE, OUT, STATUS, vocab, width, BLOCK: tl.constexpr, FLAG: tl.constexpr
+):
     token = tl.program_id(0)
     col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     idx = tl.load(IDS + token + 0 * col)  # the token's id, once per column
-    ok = (col < width) & (idx >= 0) & (idx < vocab)  # an id outside the table gives a zero row
+    bad = (idx < 0) | (idx >= vocab)
+    if FLAG != 0:  # one lane per token raises the flag: the host learns of it without a sync
+        tl.atomic_or(STATUS + 0 * col, FLAG, mask=bad & (col == 0))
+    ok = (col < width) & (bad == 0)  # an id outside the table gives a zero row
     row = tl.load(TABLE + tl.where(ok, idx, 0).to(tl.int64) * width + col, mask=ok, other=0.0)
     tl.store(OUT + token.to(tl.int64) * width + col, row, mask=col < width)
 
 
 def embedding(
-    ids: torch.Tensor, table: torch.Tensor, out: torch.Tensor | None = None
+    ids: torch.Tensor,
+    table: torch.Tensor,
+    out: torch.Tensor | None = None,
+    status: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """table[ids]: ids of any shape (int32/int64, contiguous), table (vocab, width) contiguous. An
-    id outside [0, vocab) gives a row of zeros (checking ids on the host would synchronize)."""
+    id outside [0, vocab) gives a row of zeros and, if `status` (an int32 flag word on the device)
+    is given, ORs STATUS_TOKEN_OUT_OF_RANGE into it: checking ids on the host would synchronize."""
     _on_device("embedding", ids=ids, table=table)
     if ids.dtype not in TOKEN_DTYPES:
         raise TypeError(f"embedding: ids must be an int32/int64 tensor, got {ids.dtype}")
@@ -66,10 +76,20 @@ def embedding(
         out = torch.empty((*ids.shape, width), dtype=table.dtype, device=table.device)
     elif out.shape != (*ids.shape, width) or out.dtype != table.dtype or not out.is_contiguous():
         raise ValueError(f"embedding: out must be contiguous {(*ids.shape, width)} {table.dtype}")
+    if status is not None and (status.dtype != torch.int32 or status.device != table.device):
+        raise ValueError(f"embedding: status must be an int32 tensor on {table.device}")
     if ids.numel():
         block = min(BLOCK_COLUMNS, triton.next_power_of_2(width))
         embedding_kernel[(ids.numel(), triton.cdiv(width, block))](
-            ids, table, out, vocab, width, BLOCK=block, num_warps=runtime.pick(gpu=4, cpu=1)
+            ids,
+            table,
+            out,
+            ids if status is None else status,  # (unread without a flag)
+            vocab,
+            width,
+            BLOCK=block,
+            FLAG=0 if status is None else STATUS_TOKEN_OUT_OF_RANGE,
+            num_warps=runtime.pick(gpu=4, cpu=1),
         )
     return out
 
