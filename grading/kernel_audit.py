@@ -46,6 +46,9 @@ NCU_ARGS = ["--target-processes", "all", "--metrics", "launch__grid_size", "--cs
             "--print-kernel-base", "demangled", "--cache-control", "none", "--clock-control",
             "none"]
 LOG_LIMIT = 16 * 2**20  # bytes of ncu output read; more means something is writing into the pipe
+# After the last marker the worker exits, and ncu writes its list once every process it profiles
+# has: what is still running this long after is the student's code's, and is stopped.
+WORKER_EXIT_S = 30
 
 # Kernels of libraries, by the start of their (demangled, "void "-less) names. A student's own
 # kernel named like one of these is counted as the library's (grading/README.md says so).
@@ -293,7 +296,10 @@ def _audit_under_ncu(report: dict, chosen: list, done: dict, seed: int, opts, en
                                               f"under Nsight Compute: {outcome.reason}")
         worker.set_step(None, "kernel audit")
         worker.request({"op": "mark", "index": len(chosen)})
-        returncode = worker.finish(timeout=120)
+        returncode = worker.finish(timeout=WORKER_EXIT_S)
+        if returncode is None:  # ncu is waiting for processes the student's code left running
+            report["left_running"] = runner.stop_processes_below(worker.pid, keep="ncu")
+            returncode = worker.finish(timeout=120)
         if returncode != 0:
             raise AuditError(f"ncu and the worker ended with exit status {returncode}")
     except runner.WorkerGone as gone:

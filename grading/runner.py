@@ -144,6 +144,22 @@ def process_tree(pid: int) -> list[int]:
     return found
 
 
+def stop_processes_below(pid: int, keep: str) -> int:
+    """SIGKILL every process below `pid` but those whose name (/proc's comm) is `keep`; returns how
+    many it stopped. The kernel audit's use: ncu waits for every process of the tree it profiles,
+    so one the student's code started and left running would keep it, and its list, from ending."""
+    stopped = 0
+    for p in process_tree(pid)[1:]:
+        try:
+            if Path(f"/proc/{p}/comm").read_text().strip() == keep:
+                continue
+            os.kill(p, signal.SIGKILL)
+            stopped += 1
+        except (OSError, ValueError):  # gone already
+            pass
+    return stopped
+
+
 def tree_cpu_seconds(pid: int) -> float:
     return sum(cpu_seconds(p) or 0.0 for p in process_tree(pid))
 

@@ -23,6 +23,7 @@ from grading.runner import (
     cpu_seconds,
     death_reason,
     rss_bytes,
+    stop_processes_below,
 )
 from kernels import runtime
 
@@ -179,6 +180,48 @@ def test_the_whole_process_group_is_stopped(tmp_path):
     assert gone.attempt.stopped == "step"
     pid = int(marker.read_text())
     assert _gone(pid), f"the worker's child {pid} survived"
+
+
+def test_a_process_left_running_under_the_audit_is_stopped_and_ncu_ends(tmp_path):
+    """The kernel audit runs the worker under ncu, which waits for every process below it: a process
+    the student's code started and left running kept it from ending (on the H200, every function
+    failed after a 120 s wait). A stand-in named ncu waits the same way (a child subreaper);
+    stop_processes_below stops the leftover, not ncu, which then ends on its own."""
+    ncu = tmp_path / "ncu"
+    ncu.write_text(f"#!{sys.executable}\n" + textwrap.dedent('''
+        import ctypes, os, subprocess, sys
+        ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans below are reparented here
+        subprocess.Popen(sys.argv[1:], close_fds=False)
+        while True:
+            try:
+                os.wait()
+            except ChildProcessError:
+                break
+        '''))
+    ncu.chmod(0o755)
+    marker = tmp_path / "left.pid"
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent(f'''
+        import json, os, subprocess, sys
+        requests = os.fdopen(int(sys.argv[sys.argv.index("--requests") + 1]), "r")
+        replies = os.fdopen(int(sys.argv[sys.argv.index("--replies") + 1]), "w")
+        for line in requests:
+            left = subprocess.Popen(["setsid", "sleep", "600"])
+            open({str(marker)!r}, "w").write(str(left.pid))
+            replies.write(json.dumps({{"id": json.loads(line)["id"]}}) + "\\n")
+            replies.flush()
+        '''))
+    worker = WorkerProcess([sys.executable, str(script)], tmp_path, time.monotonic() + 60,
+                           Options(call_timeout=30), prefix=[str(ncu)])
+    try:
+        worker.set_step(None, "kernel audit")
+        worker.request({"op": "mark"})
+        assert worker.finish(timeout=3) is None, "the stand-in ended with a process left below it"
+        assert stop_processes_below(worker.pid, keep="ncu") == 1
+        assert worker.finish(timeout=30) == 0  # ncu itself was not stopped: it ended
+        assert _gone(int(marker.read_text()))
+    finally:
+        worker.close()
 
 
 @pytest.mark.skipif(not sandbox.status()[0], reason="bubblewrap cannot run here")
