@@ -3,38 +3,22 @@
 Two ways to call it:
 
   python -m grading [PATH ...]           a student: grade these notebooks (or folders of them;
-  default
-                                         labs/) -> OUT/report.json and OUT/report.md
+                                         default labs/) -> OUT/report.json and OUT/report.md
   python -m grading --submissions DIR    an instructor: DIR holds one folder per student; each
-  student's
-                                         lab notebooks are
-                                         graded -> OUT/stud
-                                         ents/<student>/rep
-                                         ort.{json,md}
-                                         and OUT/summary.{c
-                                         sv,md,json}
-                                         (students x labs).
-                                         Resumable: a lab
-                                         whose notebook,
-                                         source and grader
-                                         are unchanged
-                                         since the last
-                                         run (same content
-                                         hash) is not
-                                         graded again
-                                         (--force:
-                                         regrade).
+                                         student's lab notebooks are graded ->
+                                         OUT/students/<student>/report.{json,md} and
+                                         OUT/summary.{csv,md,json} (students x labs). Resumable:
+                                         a lab whose notebook, source and grader are unchanged
+                                         since the last run (same content hash) is not graded
+                                         again (--force: regrade).
 
-Each lab is graded in its own worker process, with the solution cells of the student's notebook, the
-locked cells of the source notebook in solutions/, and a fresh secret seed (or --seed, to reproduce
-a
-run). A step that hangs, a crash, an out-of-memory or a corrupted CUDA context costs that function,
-and
-the rest of the lab is graded in a new process; other labs are unaffected (grading/runner.py).
-Reports
-are written atomically; Ctrl-C or SIGTERM writes a report marked partial (exit status 130). Nothing
-is
-written next to the notebooks.
+Each lab is graded in its own worker process, with the solution cells of the student's notebook,
+the locked cells of the source notebook in solutions/, and a fresh secret seed (or --seed, to
+reproduce a run). A step that hangs, a crash, an out-of-memory or a corrupted CUDA context costs
+that function, and the rest of the lab is graded in a new process; other labs are unaffected
+(grading/runner.py). Without a GPU, labs are graded side by side, one per core (at most 4); where
+they are timed, one at a time. Reports are written atomically; Ctrl-C or SIGTERM writes a report
+marked partial (exit status 130). Nothing is written next to the notebooks.
 """
 
 from __future__ import annotations
@@ -57,6 +41,9 @@ from grading.notebooks import lab_id_of, source_path_for
 from grading.runner import STOP, Options, grade_lab, interrupted_lab, options_dict
 
 EXIT_INTERRUPTED = 130
+# Labs graded side by side by default without a GPU, at most: each worker may hold its memory limit
+# (--memory-gib) on top of its own, and a laptop's other work needs room too.
+AUTO_JOBS_MAX = 4
 
 
 def find_notebooks(paths: list[Path], only_lab: str | None) -> list[Path]:
@@ -506,8 +493,9 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--jobs",
         type=int,
-        default=1,
-        help="labs graded at once (on a GPU only with --no-perf: concurrent labs distort timings)",
+        help="labs graded at once (default: one per core up to "
+        f"{AUTO_JOBS_MAX} without a GPU, else 1; on a GPU more only with --no-perf: concurrent "
+        "labs distort timings)",
     )
     parser.add_argument(
         "--sandbox",
@@ -552,7 +540,10 @@ def main(argv=None) -> int:
         kernel_audit=not args.no_kernel_audit,
     )
     _say_where_code_runs(opts)
-    jobs = args.jobs if (args.cpu or not runtime.ON_GPU or args.no_perf) else 1
+    cpu_mode = args.cpu or not runtime.ON_GPU
+    if args.jobs is None:  # a step's limits count CPU time, so labs side by side cost none of it
+        args.jobs = min(AUTO_JOBS_MAX, os.cpu_count() or 1) if cpu_mode else 1
+    jobs = args.jobs if (cpu_mode or args.no_perf) else 1
     if args.submissions:
         return grade_submissions(args, opts, jobs)
     return grade_paths(args, opts, jobs)
