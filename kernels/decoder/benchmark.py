@@ -360,8 +360,9 @@ def prefill_times(fn) -> tuple[float, float]:
     sides (what the first token waits for, the host's launches included), and of device events
     around calls queued behind a GPU spin (bench.benchmark: the host's launches hidden, unless the
     call itself synchronizes)."""
-    latency = wall_per_call_ms({"prefill": fn}, {"prefill": lambda: None}, calls=1, rounds=10)
-    gpu = bench.benchmark({"prefill": fn}, reps=10)["prefill"]
+    reps = 2 * ROUNDS  # as read when called (tests shrink ROUNDS)
+    latency = wall_per_call_ms({"prefill": fn}, {"prefill": lambda: None}, calls=1, rounds=reps)
+    gpu = bench.benchmark({"prefill": fn}, reps=reps)["prefill"]
     return latency["prefill"], gpu.median_us / 1e3
 
 
