@@ -140,12 +140,12 @@ def test_with_a_gpu_the_reference_is_spawned_and_gives_the_same_training(monkeyp
     weights, batches, _ = lab08_communication.ddp_inputs(SEED, 2)
     forked = lab08_communication.ddp_reference_forked(weights[0], batches, 2)
     methods = []
-    real_run = lab08_communication.launch.run
+    real_get_context = lab08_communication.launch.mp.get_context
     monkeypatch.setattr(lab08_communication.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(
-        lab08_communication.launch,
-        "run",
-        lambda *a, **kw: methods.append(kw["start_method"]) or real_run(*a, **kw),
+        lab08_communication.launch.mp,
+        "get_context",
+        lambda method: methods.append(method) or real_get_context(method),
     )
     spawned = lab08_communication.ddp_reference_forked(weights[0], batches, 2)
     assert methods == ["spawn"]

@@ -512,12 +512,12 @@ def _reference_rank(rank: int, world: int, weights0: list, batches: list, ranks:
 def ddp_reference_forked(weights0: list, batches: list, world: int):
     """`ddp_reference` in a process of its own: a backward pass in this process would start
     autograd's device threads (with a GPU present), and ranks forked after it could not run
-    backward -- a check cell run twice would fail the second time. Forked without a GPU
-    (milliseconds); spawned with one, since this process may have run a backward already (an
-    earlier lab's judge in `python -m grading`, a notebook cell), and then no fork could."""
-    method = "spawn" if torch.cuda.is_available() else "fork"
+    backward -- a check cell run twice would fail the second time. `launch.run` forks it without
+    a GPU (milliseconds) and spawns it with one, since this process may have run a backward
+    already (an earlier lab's judge in `python -m grading`, a notebook cell), and then no fork
+    could."""
     [packed] = launch.run(_reference_rank, 1, (weights0, batches, world), backend="gloo",
-                          timeout_s=TIMEOUT_S * 3, start_method=method, threads=1)
+                          timeout_s=TIMEOUT_S * 3, threads=1)
     return torch.load(io.BytesIO(packed), weights_only=True)
 
 
