@@ -229,6 +229,7 @@ def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_read
     NEXT: gl.constexpr = (WG + 1) % NUM_WG  # the warpgroup whose turn follows this one's
     # Turn parity: warpgroup 0 goes first (a fresh barrier passes parity 1): its j-th wait is for
     # the j-th pass from the last warpgroup; warpgroup w > 0 waits for the (j+1)-th pass from w-1.
+    # Each warpgroup passes the turn on to NEXT.
     FIRST: gl.constexpr = 1 if WG == 0 else 0
     dtype: gl.constexpr = q_smem.dtype
     STAGES: gl.constexpr = k_smem.shape[0]
@@ -248,8 +249,6 @@ def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_read
 
     mbarrier.wait(q_ready, 0)
     q = q_smem.index(WG)
-    # Turn parity: warpgroup 0 goes first (a fresh barrier passes parity FIRST = 1), then each
-    # warpgroup passes the turn to NEXT (with two warpgroups, the other one).
     if n_blocks > 0:  # block 0 has only its S = Q K^T: there is no P V yet
         if PINGPONG:
             mbarrier.wait(turn.index(WG), FIRST)
