@@ -67,6 +67,9 @@ if not ON_GPU:
             "Restart the kernel and run `import kernels` before `import triton`."
         )
     os.environ["TRITON_INTERPRET"] = "1"
+    from kernels import interpreter_speedup
+
+    interpreter_speedup.install()
 
 # Triton's CPU interpreter computes tl.dot on bfloat16 tiles wrongly. So in CPU mode the Triton
 # kernels that call tl.dot take UPCAST=True and convert their tiles to float32 first (after the
