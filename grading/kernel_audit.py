@@ -279,12 +279,23 @@ def _audit_under_ncu(report: dict, chosen: list, done: dict, seed: int, opts, en
     worker = runner.WorkerProcess(cmd, work, time.monotonic() + opts.timeout, opts, env, sandboxed,
                                   prefix=prefix, extra_fds=[write_fd])
     failure, failed_cases = None, {}
+    phases = report["phase_seconds"] = {}  # where the audit's time goes: start, import, calls, exit
+    clock = time.monotonic()
+
+    def phase_done(name: str) -> None:
+        nonlocal clock
+        now = time.monotonic()
+        phases[name] = round(now - clock, 2)
+        clock = now
+
     try:
         worker.set_step(None, "starting the kernel audit's worker", "import")
         worker.receive()
+        phase_done("start")
         worker.set_step(None, "importing the solution cells (kernel audit)", "import")
         if worker.request({"op": "import"}).get("import_error"):
             raise AuditError("the solution cells failed to import under the audit")
+        phase_done("import")
         for k, fn_spec in enumerate(chosen):
             worker.set_step(fn_spec.name, "kernel audit")
             worker.request({"op": "mark", "index": k})
@@ -296,10 +307,12 @@ def _audit_under_ncu(report: dict, chosen: list, done: dict, seed: int, opts, en
                                               f"under Nsight Compute: {outcome.reason}")
         worker.set_step(None, "kernel audit")
         worker.request({"op": "mark", "index": len(chosen)})
+        phase_done("calls")
         returncode = worker.finish(timeout=WORKER_EXIT_S)
         if returncode is None:  # ncu is waiting for processes the student's code left running
             report["left_running"] = runner.stop_processes_below(worker.pid, keep="ncu")
             returncode = worker.finish(timeout=120)
+        phase_done("exit")
         if returncode != 0:
             raise AuditError(f"ncu and the worker ended with exit status {returncode}")
     except runner.WorkerGone as gone:

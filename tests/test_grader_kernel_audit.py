@@ -281,6 +281,7 @@ def test_the_solution_passes_the_audit_with_its_own_kernels(tmp_path):
     code, _ = solution_module(nb, nb)
     report, done = audit(tmp_path, code, sandboxed=True)
     assert "error" not in report, report
+    assert list(report["phase_seconds"]) == ["start", "import", "calls", "exit"], report
     for name, seen in report["functions"].items():
         assert done[name]["status"] == "pass", done[name]["message"]
         assert seen["kernels"] and not seen["library"], seen
