@@ -717,6 +717,11 @@ def grade_lab(notebook: Path, lab_id: str, seed: int, opts: Options,
            *opts.worker_args()]
     if spec.functions and all(f.run_group for f in spec.functions) and "--cpu" not in cmd:
         cmd.append("--cpu")  # gloo groups of CPU processes: a worker without CUDA can fork them
+    audit = opts.kernel_audit and not opts.cpu and runtime.ON_GPU
+    if audit:
+        from grading import kernel_audit
+
+        kernel_audit.start_probe()  # whether ncu works here, found while this lab is graded
     with tempfile.TemporaryDirectory(prefix=f"grading-{lab_id}-") as tmp:
         folder = Path(tmp)
         while len(done) < len(spec.functions):
@@ -750,10 +755,14 @@ def grade_lab(notebook: Path, lab_id: str, seed: int, opts: Options,
                     break
             finally:
                 worker.close()
-        if opts.kernel_audit and not opts.cpu and runtime.ON_GPU and not lab.get("error"):
-            from grading import kernel_audit
+        if audit and not lab.get("error"):
+            # Seeded from the last worker's caches, which hold the student's compiled kernels
+            # too: under ncu, which serializes every launch, compiling and autotuning is slow.
+            graded_in, work = work, _worker_folder(folder / "kernel-audit", lab_id, code, False)
+            if sandboxed:
+                from grading import sandbox
 
-            work = _worker_folder(folder / "kernel-audit", lab_id, code, seed_caches=sandboxed)
+                sandbox.seed_caches(work, from_worker=graded_in)
             kernel_audit.audit_lab(lab, spec, done, seed, opts, env, cmd, work, sandboxed)
     lab["functions"] = [done[f.name] for f in spec.functions]
     lab["elapsed_s"] = round(time.monotonic() - started, 2)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -80,19 +81,37 @@ def status() -> tuple[bool, str]:
 CACHE_COPY_LIMIT = 2 * 2**30  # bytes: a larger cache is not copied (the worker compiles afresh)
 
 
-def seed_caches(workdir: Path) -> None:
-    """Copy the user's compiled-kernel caches (Triton's, CuPy's) into the worker's folder, where
-    the sandbox points them: a GPU worker then compiles only what is new, as outside the sandbox,
-    and whatever it writes there dies with its folder (no cache is shared between submissions)."""
-    home = Path.home()
-    caches = ((Path(os.environ.get("TRITON_CACHE_DIR", home / ".triton" / "cache")), ".triton"),
-              (Path(os.environ.get("CUPY_CACHE_DIR", home / ".cupy" / "kernel_cache")), ".cupy"))
+def seed_caches(workdir: Path, from_worker: Path | None = None) -> None:
+    """Copy compiled-kernel caches (Triton's, CuPy's) into the worker's folder, where the sandbox
+    points them: by default the user's, so a GPU worker compiles only what is new, as outside the
+    sandbox; `from_worker`: another worker's folder for the same submission (the kernel audit's
+    worker then does not compile the student's kernels again). Whatever a worker writes there dies
+    with its folder (no cache is shared between submissions)."""
+    if from_worker is None:
+        home = Path.home()
+        triton = Path(os.environ.get("TRITON_CACHE_DIR", home / ".triton" / "cache"))
+        cupy = Path(os.environ.get("CUPY_CACHE_DIR", home / ".cupy" / "kernel_cache"))
+        caches = ((triton, ".triton"), (cupy, ".cupy"))
+    else:
+        caches = ((from_worker / ".triton", ".triton"), (from_worker / ".cupy", ".cupy"))
     for source, name in caches:
-        if not source.is_dir():
+        if not source.is_dir() or source.is_symlink():
             continue
-        size = sum(f.stat().st_size for f in source.rglob("*") if f.is_file())
-        if size <= CACHE_COPY_LIMIT:
-            shutil.copytree(source, workdir / name, symlinks=False, dirs_exist_ok=True)
+        size = sum(f.lstat().st_size for f in source.rglob("*") if f.is_file())
+        if size > CACHE_COPY_LIMIT:
+            continue
+        try:  # a worker's folder is the student's code's: copy its links as links, skip the rest
+            shutil.copytree(source, workdir / name, symlinks=True, dirs_exist_ok=True,
+                            ignore=_not_files_or_folders)
+        except (OSError, shutil.Error):
+            shutil.rmtree(workdir / name, ignore_errors=True)  # the worker compiles afresh
+
+
+def _not_files_or_folders(folder: str, names: list[str]) -> list[str]:
+    """copytree's `ignore`: pipes, sockets and devices, which copying would block on or refuse."""
+    kinds = {name: os.lstat(os.path.join(folder, name)).st_mode for name in names}
+    return [name for name, mode in kinds.items()
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode))]
 
 
 def wrap(cmd: list[str], workdir: str, *, gpu: bool, info_fd: int) -> list[str]:

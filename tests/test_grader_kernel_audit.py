@@ -2,10 +2,14 @@
 grader's markers, library kernels named; on a GPU, a function that computes with PyTorch loses its
 points even where the in-process watch was told it passed, and an honest one keeps them."""
 
+import fcntl
+import functools
 import os
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 
 import pytest
 
@@ -209,6 +213,36 @@ def test_audits_run_one_at_a_time_across_threads_and_processes(tmp_path):
 @pytest.mark.cpu
 def test_without_a_gpu_the_audit_says_why():
     assert kernel_audit.status() == (False, "no GPU")
+
+
+def test_the_probe_runs_once_in_a_thread_holding_the_audit_lock(monkeypatch, tmp_path):
+    """start_probe() finds whether ncu works while the first lab is graded; it must take the lock
+    that keeps two ncu sessions apart, and status() must wait for it rather than probe again."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the lock file lands here
+    lock_was_free, probes = [], []
+
+    @functools.cache
+    def probe():
+        with open(tmp_path / f"course-kernel-audit-{os.getuid()}.lock", "a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                lock_was_free.append(True)
+            except BlockingIOError:
+                lock_was_free.append(False)
+        probes.append(threading.current_thread().name)
+        time.sleep(0.5)
+        return True, "probed"
+
+    monkeypatch.setattr(kernel_audit, "_probe", probe)
+    monkeypatch.setattr(kernel_audit, "_probe_thread", None)
+    kernel_audit.start_probe()
+    kernel_audit.start_probe()
+    deadline = time.monotonic() + 10
+    while not probes and time.monotonic() < deadline:  # the thread is inside its probe
+        time.sleep(0.01)
+    assert kernel_audit.status() == (True, "probed")  # waits for the thread's answer
+    kernel_audit._probe_thread.join(10)
+    assert probes == ["ncu-probe"] and lock_was_free == [False]
 
 
 # ---- on the GPU: ncu, the sandbox, the markers, end to end ----------------------------------

@@ -270,6 +270,25 @@ def _beats_stopped(heartbeat: Path) -> bool:
     return heartbeat.read_text() == first
 
 
+def test_the_audit_s_caches_are_copied_from_the_worker_without_following_its_links(tmp_path):
+    """The kernel audit's worker starts with the graded worker's compiled kernels. That folder is
+    the student's code's: a link is copied as a link (never followed by the grader), and a pipe,
+    which copying would block on, is left out."""
+    graded = tmp_path / "graded"
+    (graded / ".triton" / "abc").mkdir(parents=True)
+    (graded / ".triton" / "abc" / "add_kernel.cubin").write_bytes(b"\x7fELF cubin")
+    (graded / ".triton" / "secret").symlink_to("/etc/hostname")
+    os.mkfifo(graded / ".cupy")  # not even a folder: skipped
+    os.mkfifo(graded / ".triton" / "abc" / "pipe")
+    audit = tmp_path / "audit"
+    audit.mkdir()
+    sandbox.seed_caches(audit, from_worker=graded)
+    assert (audit / ".triton" / "abc" / "add_kernel.cubin").read_bytes() == b"\x7fELF cubin"
+    assert (audit / ".triton" / "secret").is_symlink()
+    assert not (audit / ".triton" / "abc" / "pipe").exists()
+    assert not (audit / ".cupy").exists()
+
+
 def test_deaths_are_named(tmp_path):
     _, crashed = ask(tmp_path, '''
         import ctypes
