@@ -60,7 +60,11 @@ CPU_FORCED_BY: str | None = (
 )
 DEVICE: str = "cuda" if ON_GPU else "cpu"
 
-if not ON_GPU:
+# A process that only compiles for a GPU it does not have (`compile_offline` in the Gluon and
+# CUDA modules) sets KERNELS_COMPILE_ONLY=1: CPU mode, but Triton compiles instead of interpreting.
+COMPILE_ONLY: bool = not ON_GPU and os.environ.get("KERNELS_COMPILE_ONLY") == "1"
+
+if not ON_GPU and not COMPILE_ONLY:
     if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError(
             "triton was imported before kernels, so the CPU interpreter cannot be switched on. "

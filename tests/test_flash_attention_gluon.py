@@ -13,14 +13,15 @@ from tests.test_flash_attention import check_forward, make, run_forward
 # On a GPU the kernel itself runs (tests below); the offline path uses the CPU environment's Triton.
 # (head_dim, dtype, causal, schedule): the default at both head dims, and every variant the GPU
 # tests below run: 3 warpgroups (head_dim 64 only) with and without turns and with the overlap,
-# and the overlap at both head dims, with and without turns.
+# the overlap at both head dims, with and without turns, and the persistent grid.
 COMPILED = [(128, "float16", True, {}), (64, "bfloat16", False, {}),
             (64, "float16", True, {"warpgroups": 3}),
             (64, "bfloat16", False, {"warpgroups": 3, "pingpong": False}),
             (64, "float16", True, {"warpgroups": 3, "overlap": True}),
             (128, "bfloat16", True, {"overlap": True}),
             (128, "float16", False, {"overlap": True, "pingpong": False}),
-            (64, "float16", True, {"overlap": True})]  # fmt: skip
+            (64, "float16", True, {"overlap": True}),
+            (128, "float16", True, {"persistent": True, "overlap": True})]  # fmt: skip
 
 
 @pytest.mark.cpu
@@ -56,6 +57,11 @@ GLUON_SHAPES = [
     (1, 2, 2, 1, 1, 64),
     (1, 4, 4, 256, 512, 128),
     (2, 4, 2, 700, 700, 64),  # 6 key blocks: the ring of 3 slots wraps twice at D = 64
+    # More tiles than an H100 or H200 has SMs (132): a persistent CTA takes 2 to 4 tiles, and the
+    # ring's position, the turns and Q's barrier run on across them. 5 x 32 = 160 tiles, and
+    # with causal and Nq > Nk the first tile of each head sees no key.
+    (2, 16, 8, 600, 200, 64),
+    (4, 16, 4, 1000, 1000, 128),  # 8 x 64 = 512 tiles
 ]
 
 
@@ -68,7 +74,10 @@ VARIANTS = [({}, torch.float16), ({}, torch.bfloat16), ({"pingpong": False}, tor
             ({"warpgroups": 3, "pingpong": False}, torch.float16),
             ({"overlap": True}, torch.float16), ({"overlap": True}, torch.bfloat16),
             ({"overlap": True, "pingpong": False}, torch.float16),
-            ({"warpgroups": 3, "overlap": True}, torch.float16)]  # fmt: skip
+            ({"warpgroups": 3, "overlap": True}, torch.float16),
+            ({"persistent": True}, torch.float16), ({"persistent": True}, torch.bfloat16),
+            ({"persistent": True, "overlap": True}, torch.float16),
+            ({"persistent": True, "pingpong": False}, torch.float16)]  # fmt: skip
 
 
 def _variant_id(variant):
@@ -120,6 +129,9 @@ def test_gluon_rejects_what_it_does_not_cover():
     q, k, v = make((1, 2, 64, 128), (1, 2, 64, 128), torch.float16, seed=3)
     with pytest.raises(ValueError, match="warpgroups=3 needs head_dim 64"):
         gluon_flash.gluon_attention_forward(q, k, v, warpgroups=3)
+    q, k, v = make((1, 2, 64, 64), (1, 2, 64, 64), torch.float16, seed=4)
+    with pytest.raises(ValueError, match="persistent=True needs 2 warpgroups"):
+        gluon_flash.gluon_attention_forward(q, k, v, warpgroups=3, persistent=True)
 
 
 def test_gluon_targets_state_the_ratio_and_its_threshold():

@@ -555,6 +555,14 @@ def gluon_forward(dtypes=DTYPES, target_ms: float = 150.0) -> list[dict]:
                     "ours (Gluon, S overlap)": lambda: gluon_flash.gluon_attention_forward(
                         q, k, v, causal, overlap=True
                     ),
+                    "ours (Gluon, persistent)": lambda: gluon_flash.gluon_attention_forward(
+                        q, k, v, causal, persistent=True
+                    ),
+                    "ours (Gluon, persistent, S overlap)": (
+                        lambda: gluon_flash.gluon_attention_forward(
+                            q, k, v, causal, persistent=True, overlap=True
+                        )
+                    ),
                     "sdpa flash": lambda: flash(q, k, v, causal),
                     "sdpa cudnn": lambda: cudnn(q, k, v, causal),
                 }

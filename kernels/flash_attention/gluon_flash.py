@@ -54,6 +54,8 @@ Triton whose `gl.warp_specialize` takes a list of (function, args) pairs, as 3.6
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -77,6 +79,7 @@ STAGES = 3
 PINGPONG = True  # the consumer warpgroups take turns on the tensor cores (FlashAttention-3)
 WARPGROUPS = {64: 2, 128: 2}  # consumer warpgroups per CTA, by head_dim (3 fits only at 64)
 OVERLAP = {64: False, 128: False}  # the intra-warpgroup overlap, by head_dim
+PERSISTENT = {64: False, 128: False}  # one CTA per SM looping over tiles, by head_dim
 # setmaxnreg budgets, registers per thread: the consumers hold S, P and O, the producer a few
 # scalars. 2 consumers: 2 x 128 x 240 + 128 x 24 = 64,512; 3: 3 x 128 x 160 + 128 x 24 = 64,512.
 CONSUMER_REGS = {2: 240, 3: 160}
@@ -97,27 +100,76 @@ def accumulator_layout(width):
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, slot_free,
-              q_row, kv_row, n_blocks):  # fmt: skip
-    """One warp: Q once (every consumer's tile), then K and V block by block into the ring."""
+def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready,
+              slot_free, tiles, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):  # fmt: skip
+    """One warp: for each of the CTA's tiles, Q (every consumer's rows), then K and V block by
+    block into the ring. The ring's position (`it`, blocks loaded so far) runs on across tiles, so
+    the next tile's first blocks load while the consumers finish the last one."""
     NUM_WG: gl.constexpr = q_smem.shape[0]
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
-    mbarrier.expect(q_ready, NUM_WG * q_desc.block_type.nbytes)
-    for wg in gl.static_range(NUM_WG):
-        tma_load(q_desc, [q_row + wg * WG_M, 0], q_ready, q_smem.index(wg))
-    for j in range(n_blocks):
-        slot = j % STAGES
-        # Wait until every consumer released this slot's K (its previous use, STAGES blocks ago;
-        # slot_free[slot]) and, before V, its V (slot_free[STAGES + slot]). A fresh barrier counts
-        # as released for parity 1, so the first pass does not wait.
-        free_phase = ((j // STAGES) & 1) ^ 1
-        mbarrier.wait(slot_free.index(slot), free_phase)
-        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-        tma_load(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
-        mbarrier.wait(slot_free.index(STAGES + slot), free_phase)
-        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-        tma_load(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
+    it = 0
+    done_tiles = 0
+    for i in range(_tile_count(tiles[0], PERSISTENT)):
+        t = gl.program_id(0) + i * gl.num_programs(0)
+        q_row, kv_row, m0, n_blocks, unmasked_blocks, diagonal = _tile(
+            t, tiles, NUM_WG * WG_M, BLOCK_N, CAUSAL
+        )
+        # Q's buffer is free once every consumer's last S = Q K^T of the previous tile retired
+        # (q_free; a fresh barrier counts as released for parity 1, so the first tile goes on).
+        mbarrier.wait(q_free, (done_tiles & 1) ^ 1)
+        mbarrier.expect(q_ready, NUM_WG * q_desc.block_type.nbytes)
+        for wg in gl.static_range(NUM_WG):
+            tma_load(q_desc, [q_row + wg * WG_M, 0], q_ready, q_smem.index(wg))
+        for j in range(n_blocks):
+            slot = it % STAGES
+            # Wait until every consumer released this slot's K (its previous use, STAGES blocks
+            # ago; slot_free[slot]) and, before V, its V (slot_free[STAGES + slot]).
+            free_phase = ((it // STAGES) & 1) ^ 1
+            mbarrier.wait(slot_free.index(slot), free_phase)
+            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+            tma_load(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
+            mbarrier.wait(slot_free.index(STAGES + slot), free_phase)
+            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+            tma_load(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
+            it += 1
+        done_tiles += 1
+
+
+@gluon.jit
+def _tile_count(n_tiles, PERSISTENT: gl.constexpr):
+    """How many tiles this CTA takes: tiles program_id, program_id + num_programs, ... when
+    PERSISTENT (one CTA per SM), else the one tile program_id (a constant trip count of one, so
+    the compiler drops the loop around the tile)."""
+    if PERSISTENT:
+        return gl.cdiv(n_tiles - gl.program_id(0), gl.num_programs(0))
+    else:
+        return 1
+
+
+@gluon.jit
+def _tile(t, tiles, CTA_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """Tile t (query block fastest, then batch x head): its first Q and K/V rows in the flattened
+    (B * H * N, D) views, its first query m0, the key blocks it visits (n_blocks), how many of
+    them every one of its rows sees whole, and the causal diagonal (query i sees keys
+    j <= i + diagonal). `tiles`: (tiles, query blocks a head, heads, query heads per KV head,
+    Nq, Nk)."""
+    n_m, n_heads, group, n_q, n_k = tiles[1], tiles[2], tiles[3], tiles[4], tiles[5]
+    pid_m = t % n_m
+    if CAUSAL:  # the last query blocks see the most keys: start them first
+        pid_m = n_m - 1 - pid_m
+    bh = t // n_m
+    kv_bh = (bh // n_heads) * (n_heads // group) + (bh % n_heads) // group
+    m0 = pid_m * CTA_M
+    if CAUSAL:
+        diagonal = n_k - n_q  # bottom-right aligned: query i sees keys j <= i + Nk - Nq
+        hi = gl.minimum(n_k, gl.maximum(0, m0 + CTA_M + diagonal))
+        unmasked_blocks = gl.maximum(0, gl.minimum(n_k, m0 + diagonal + 1)) // BLOCK_N
+    else:
+        diagonal = n_k
+        hi = n_k
+        unmasked_blocks = n_k // BLOCK_N
+    return bh * n_q + m0, kv_bh * n_k, m0, gl.cdiv(hi, BLOCK_N), unmasked_blocks, diagonal
 
 
 @gluon.jit
@@ -143,11 +195,12 @@ def _store_rows(WG: gl.constexpr, acc, m_i, l_i, out_ptr, lse_ptr, q_row, m0, n_
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, slot_free,
-              out_ptr, lse_ptr, q_row, m0, n_q, n_k, qk_scale, n_blocks, unmasked_blocks,
-              diagonal):  # fmt: skip
-    """One warpgroup, 64 query rows: the FlashAttention-2 loop with wgmma, fed by the producer.
-    Query i sees keys j <= i + diagonal (diagonal = Nk - Nq when causal, Nk when not)."""
+def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready,
+              slot_free, out_ptr, lse_ptr, qk_scale, tiles, CAUSAL: gl.constexpr,
+              PERSISTENT: gl.constexpr):  # fmt: skip
+    """One warpgroup, 64 query rows of each of the CTA's tiles: the FlashAttention-2 loop with
+    wgmma, fed by the producer."""
+    NUM_WG: gl.constexpr = q_smem.shape[0]
     dtype: gl.constexpr = q_smem.dtype
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
@@ -156,33 +209,42 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_read
     o_layout: gl.constexpr = accumulator_layout(HEAD_DIM)  # O: 64 x D
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-
-    rows = m0 + WG * WG_M + gl.arange(0, WG_M, layout=row_layout)  # query index in the head
-    m_i = gl.full([WG_M], float("-inf"), gl.float32, layout=row_layout)
-    l_i = gl.zeros([WG_M], gl.float32, layout=row_layout)
-    acc = gl.zeros([WG_M, HEAD_DIM], gl.float32, layout=o_layout)
     zero_s = gl.zeros([WG_M, BLOCK_N], gl.float32, layout=s_layout)
-
-    mbarrier.wait(q_ready, 0)
     q = q_smem.index(WG)
-    for j in range(n_blocks):
-        slot = j % STAGES
-        phase = (j // STAGES) & 1
-        mbarrier.wait(k_ready.index(slot), phase)
-        s = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
-                          is_async=True)  # fmt: skip
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        mbarrier.arrive(slot_free.index(slot), count=1)  # K consumed
-        p_op, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, rows, n_k, qk_scale,
-                                              unmasked_blocks, diagonal, dtype, p_layout,
-                                              o_layout)  # fmt: skip
-        acc = acc * gl.expand_dims(alpha, 1)
-        mbarrier.wait(v_ready.index(slot), phase)
-        acc = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(slot_free.index(STAGES + slot), count=1)  # V consumed
+    n_q, n_k = tiles[4], tiles[5]
 
-    _store_rows(WG, acc, m_i, l_i, out_ptr, lse_ptr, q_row, m0, n_q)
+    it = 0  # K/V blocks consumed so far, over all tiles: the ring's position, as the producer's
+    done_tiles = 0
+    for i in range(_tile_count(tiles[0], PERSISTENT)):
+        t = gl.program_id(0) + i * gl.num_programs(0)
+        q_row, kv_row, m0, n_blocks, unmasked_blocks, diagonal = _tile(
+            t, tiles, NUM_WG * WG_M, BLOCK_N, CAUSAL
+        )
+        rows = m0 + WG * WG_M + gl.arange(0, WG_M, layout=row_layout)  # query index in the head
+        m_i = gl.full([WG_M], float("-inf"), gl.float32, layout=row_layout)
+        l_i = gl.zeros([WG_M], gl.float32, layout=row_layout)
+        acc = gl.zeros([WG_M, HEAD_DIM], gl.float32, layout=o_layout)
+        mbarrier.wait(q_ready, done_tiles & 1)
+        for j in range(n_blocks):
+            slot = (it + j) % STAGES
+            phase = ((it + j) // STAGES) & 1
+            mbarrier.wait(k_ready.index(slot), phase)
+            s = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
+                              is_async=True)  # fmt: skip
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            mbarrier.arrive(slot_free.index(slot), count=1)  # K consumed
+            p_op, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, rows, n_k, qk_scale,
+                                                  unmasked_blocks, diagonal, dtype, p_layout,
+                                                  o_layout)  # fmt: skip
+            acc = acc * gl.expand_dims(alpha, 1)
+            mbarrier.wait(v_ready.index(slot), phase)
+            acc = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(slot_free.index(STAGES + slot), count=1)  # V consumed
+        mbarrier.arrive(q_free, count=1)  # every S of this tile retired: Q may be replaced
+        _store_rows(WG, acc, m_i, l_i, out_ptr, lse_ptr, q_row, m0, n_q)
+        it += n_blocks
+        done_tiles += 1
 
 
 @gluon.jit
@@ -211,9 +273,9 @@ def _softmax_step(s, j, m_i, l_i, rows, n_k, qk_scale, unmasked_blocks, diagonal
 
 
 @gluon.jit
-def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready,
-                       slot_free, turn, out_ptr, lse_ptr, q_row, m0, n_q, n_k, qk_scale, n_blocks,
-                       unmasked_blocks, diagonal, PINGPONG: gl.constexpr,
+def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free, k_ready,
+                       v_ready, slot_free, turn, out_ptr, lse_ptr, qk_scale, tiles,
+                       CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr,
                        OVERLAP: gl.constexpr):  # fmt: skip
     """The same warpgroup loop in FlashAttention-3's order: iteration j queues this warpgroup's
     two matrix products, S_j = Q K_j^T and O += P_{j-1} V_{j-1}, then runs the softmax of S_j.
@@ -240,143 +302,148 @@ def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_read
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
-    rows = m0 + WG * WG_M + gl.arange(0, WG_M, layout=row_layout)
-    m_i = gl.full([WG_M], float("-inf"), gl.float32, layout=row_layout)
-    l_i = gl.zeros([WG_M], gl.float32, layout=row_layout)
-    acc = gl.zeros([WG_M, HEAD_DIM], gl.float32, layout=o_layout)
     zero_s = gl.zeros([WG_M, BLOCK_N], gl.float32, layout=s_layout)
-    p_op = gl.zeros([WG_M, BLOCK_N], dtype, layout=p_layout)  # P of the previous block
-
-    mbarrier.wait(q_ready, 0)
     q = q_smem.index(WG)
-    if n_blocks > 0:  # block 0 has only its S = Q K^T: there is no P V yet
-        if PINGPONG:
-            mbarrier.wait(turn.index(WG), FIRST)
-        mbarrier.wait(k_ready.index(0), 0)
-        s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False,
-                          is_async=True)  # fmt: skip
-        if PINGPONG:
-            mbarrier.arrive(turn.index(NEXT), count=1)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        mbarrier.arrive(slot_free.index(0), count=1)  # K_0 consumed
-        # O is still zero: block 0's alpha has nothing to rescale.
-        p_op, m_i, l_i, alpha = _softmax_step(s, 0, m_i, l_i, rows, n_k, qk_scale,
-                                              unmasked_blocks, diagonal, dtype, p_layout,
-                                              o_layout)  # fmt: skip
-    for j in range(1, n_blocks):
-        slot = j % STAGES
-        prev = (j - 1) % STAGES
-        if PINGPONG:
-            mbarrier.wait(turn.index(WG), (j + FIRST) & 1)
-        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
-        s = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
-                          is_async=True)  # fmt: skip
-        mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-        acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-        # Both products are queued on the tensor cores: the next warpgroup may queue its own
-        # (they run after these), while this one waits for its S and runs the softmax.
-        if PINGPONG:
-            mbarrier.arrive(turn.index(NEXT), count=1)
-        if OVERLAP:
-            # wgmma groups retire in issue order: one left outstanding is P_{j-1} V_{j-1}.
-            s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
-            mbarrier.arrive(slot_free.index(slot), count=1)  # K_j consumed
-            p_new, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, rows, n_k, qk_scale,
-                                                   unmasked_blocks, diagonal, dtype, p_layout,
-                                                   o_layout)  # fmt: skip
-            # P_{j-1} is the running product's register operand: naming it in `deps` keeps its
-            # registers from being reused (by P_j, say) until the product has retired.
-            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
-            mbarrier.arrive(slot_free.index(STAGES + prev), count=1)  # V_{j-1} consumed
-            acc = acc * gl.expand_dims(alpha, 1)
-            p_op = p_new
-        else:
-            s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s, acc))
-            mbarrier.arrive(slot_free.index(slot), count=1)  # K_j consumed
-            mbarrier.arrive(slot_free.index(STAGES + prev), count=1)  # V_{j-1} consumed
-            p_op, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, rows, n_k, qk_scale,
+    n_q, n_k = tiles[4], tiles[5]
+
+    # Over all tiles: K/V blocks consumed (the ring's position, as the producer's) and turns taken
+    # (one per block, as every warpgroup's).
+    it = 0
+    done_tiles = 0
+    for i in range(_tile_count(tiles[0], PERSISTENT)):
+        t = gl.program_id(0) + i * gl.num_programs(0)
+        q_row, kv_row, m0, n_blocks, unmasked_blocks, diagonal = _tile(
+            t, tiles, NUM_WG * WG_M, BLOCK_N, CAUSAL
+        )
+        rows = m0 + WG * WG_M + gl.arange(0, WG_M, layout=row_layout)
+        m_i = gl.full([WG_M], float("-inf"), gl.float32, layout=row_layout)
+        l_i = gl.zeros([WG_M], gl.float32, layout=row_layout)
+        acc = gl.zeros([WG_M, HEAD_DIM], gl.float32, layout=o_layout)
+        p_op = gl.zeros([WG_M, BLOCK_N], dtype, layout=p_layout)  # P of the previous block
+        mbarrier.wait(q_ready, done_tiles & 1)
+        if n_blocks > 0:  # block 0 has only its S = Q K^T: there is no P V yet
+            slot = it % STAGES
+            if PINGPONG:
+                mbarrier.wait(turn.index(WG), (it + FIRST) & 1)
+            mbarrier.wait(k_ready.index(slot), (it // STAGES) & 1)
+            s = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
+                              is_async=True)  # fmt: skip
+            if PINGPONG:
+                mbarrier.arrive(turn.index(NEXT), count=1)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            mbarrier.arrive(slot_free.index(slot), count=1)  # K_0 consumed
+            # O is still zero: block 0's alpha has nothing to rescale.
+            p_op, m_i, l_i, alpha = _softmax_step(s, 0, m_i, l_i, rows, n_k, qk_scale,
                                                   unmasked_blocks, diagonal, dtype, p_layout,
                                                   o_layout)  # fmt: skip
-            acc = acc * gl.expand_dims(alpha, 1)
-    if n_blocks > 0:  # the last block's P V
-        last = (n_blocks - 1) % STAGES
-        mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
-        acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-
-    _store_rows(WG, acc, m_i, l_i, out_ptr, lse_ptr, q_row, m0, n_q)
+        for j in range(1, n_blocks):
+            slot = (it + j) % STAGES
+            prev = (it + j - 1) % STAGES
+            if PINGPONG:
+                mbarrier.wait(turn.index(WG), (it + j + FIRST) & 1)
+            mbarrier.wait(k_ready.index(slot), ((it + j) // STAGES) & 1)
+            s = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
+                              is_async=True)  # fmt: skip
+            mbarrier.wait(v_ready.index(prev), ((it + j - 1) // STAGES) & 1)
+            acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+            # Both products are queued on the tensor cores: the next warpgroup may queue its own
+            # (they run after these), while this one waits for its S and runs the softmax.
+            if PINGPONG:
+                mbarrier.arrive(turn.index(NEXT), count=1)
+            if OVERLAP:
+                # wgmma groups retire in issue order: one left outstanding is P_{j-1} V_{j-1}.
+                s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
+                mbarrier.arrive(slot_free.index(slot), count=1)  # K_j consumed
+                p_new, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, rows, n_k, qk_scale,
+                                                       unmasked_blocks, diagonal, dtype,
+                                                       p_layout, o_layout)  # fmt: skip
+                # P_{j-1} is the running product's register operand: naming it in `deps` keeps
+                # its registers from being reused (by P_j, say) until the product has retired.
+                acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+                mbarrier.arrive(slot_free.index(STAGES + prev), count=1)  # V_{j-1} consumed
+                acc = acc * gl.expand_dims(alpha, 1)
+                p_op = p_new
+            else:
+                s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s, acc))
+                mbarrier.arrive(slot_free.index(slot), count=1)  # K_j consumed
+                mbarrier.arrive(slot_free.index(STAGES + prev), count=1)  # V_{j-1} consumed
+                p_op, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, rows, n_k, qk_scale,
+                                                      unmasked_blocks, diagonal, dtype, p_layout,
+                                                      o_layout)  # fmt: skip
+                acc = acc * gl.expand_dims(alpha, 1)
+        # Every S of this tile has retired: the producer may load the next tile's Q.
+        mbarrier.arrive(q_free, count=1)
+        if n_blocks > 0:  # the last block's P V
+            last = (it + n_blocks - 1) % STAGES
+            mbarrier.wait(v_ready.index(last), ((it + n_blocks - 1) // STAGES) & 1)
+            acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(slot_free.index(STAGES + last), count=1)  # V consumed
+        _store_rows(WG, acc, m_i, l_i, out_ptr, lse_ptr, q_row, m0, n_q)
+        it += n_blocks
+        done_tiles += 1
 
 
 # warp_specialize runs one function per partition; these fix the warpgroup index of each.
 @gluon.jit
-def _pingpong_0(args, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr):
-    _consumer_pingpong(0, *args, PINGPONG, OVERLAP)
+def _pingpong_0(args, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr,
+                OVERLAP: gl.constexpr):  # fmt: skip
+    _consumer_pingpong(0, *args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP)
 
 
 @gluon.jit
-def _pingpong_1(args, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr):
-    _consumer_pingpong(1, *args, PINGPONG, OVERLAP)
+def _pingpong_1(args, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr,
+                OVERLAP: gl.constexpr):  # fmt: skip
+    _consumer_pingpong(1, *args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP)
 
 
 @gluon.jit
-def _pingpong_2(args, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr):
-    _consumer_pingpong(2, *args, PINGPONG, OVERLAP)
+def _pingpong_2(args, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr,
+                OVERLAP: gl.constexpr):  # fmt: skip
+    _consumer_pingpong(2, *args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP)
 
 
 @gluon.jit
-def _consumer_0(args):
-    _consumer(0, *args)
+def _consumer_0(args, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
+    _consumer(0, *args, CAUSAL, PERSISTENT)
 
 
 @gluon.jit
-def _consumer_1(args):
-    _consumer(1, *args)
+def _consumer_1(args, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
+    _consumer(1, *args, CAUSAL, PERSISTENT)
 
 
 @gluon.jit
-def _consumer_2(args):
-    _consumer(2, *args)
+def _consumer_2(args, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
+    _consumer(2, *args, CAUSAL, PERSISTENT)
 
 
 # The sizes are not specialized on (Triton would compile again for every length divisible by 16
 # or equal to 1): they only enter address arithmetic, TMA coordinates and masks.
-@gluon.jit(do_not_specialize=["n_heads", "group", "n_q", "n_k"])
-def gluon_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, n_heads, group, n_q, n_k,
-                     qk_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+@gluon.jit(do_not_specialize=["n_tiles", "n_m", "n_heads", "group", "n_q", "n_k"])
+def gluon_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, n_tiles, n_m, n_heads, group, n_q,
+                     n_k, qk_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                      PINGPONG: gl.constexpr, NUM_WG: gl.constexpr, OVERLAP: gl.constexpr,
-                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):  # fmt: skip
+                     PERSISTENT: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                     PRODUCER_REGS: gl.constexpr):  # fmt: skip
+    """Tiles of NUM_WG x 64 query rows of one head; the CTA takes tiles program_id, program_id +
+    num_programs, ... With one CTA per tile that is one tile; with one CTA per SM (persistent),
+    the producer loads the next tile's first K and V blocks while the consumers finish a tile."""
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-    CTA_M: gl.constexpr = NUM_WG * WG_M  # query rows per CTA
-    pid_m = gl.program_id(0)
-    if CAUSAL:  # the last query blocks see the most keys: start them first
-        pid_m = gl.num_programs(0) - 1 - pid_m
-    bh = gl.program_id(1)
-    kv_bh = (bh // n_heads) * (n_heads // group) + (bh % n_heads) // group
-    m0 = pid_m * CTA_M
-    q_row = bh * n_q + m0  # rows of the flattened (B * H * N, D) views
-    kv_row = kv_bh * n_k
-
-    # The key blocks this CTA visits, and how many of them every one of its rows sees whole.
-    if CAUSAL:
-        diagonal = n_k - n_q  # bottom-right aligned: query i sees keys j <= i + Nk - Nq
-        hi = gl.minimum(n_k, gl.maximum(0, m0 + CTA_M + diagonal))
-        unmasked_blocks = gl.maximum(0, gl.minimum(n_k, m0 + diagonal + 1)) // BLOCK_N
-    else:
-        diagonal = n_k
-        hi = n_k
-        unmasked_blocks = n_k // BLOCK_N
-    n_blocks = gl.cdiv(hi, BLOCK_N)
+    tiles = (n_tiles, n_m, n_heads, group, n_q, n_k)
 
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, WG_M, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     # slot_free[s]: K of slot s consumed; slot_free[STAGES + s]: V of slot s consumed.
     slot_free = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
+    mbarrier.init(q_free, count=NUM_WG)  # every consumer is done with Q
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
@@ -384,42 +451,44 @@ def gluon_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, n_heads, group, n
         mbarrier.init(slot_free.index(STAGES + i), count=NUM_WG)
 
     # The kernel's own 4 warps run consumer 0; each further warpgroup a consumer; one warp loads.
-    producer_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready,
-                     slot_free, q_row, kv_row, n_blocks)  # fmt: skip
+    # The flags go as arguments of their own: a constexpr inside a tuple (`args`, `tiles`) would
+    # reach the partition as a runtime value.
+    producer_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_free, k_ready,
+                     v_ready, slot_free, tiles, CAUSAL, PERSISTENT)  # fmt: skip
     if PINGPONG or OVERLAP:
         turn = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(NUM_WG):
             mbarrier.init(turn.index(i), count=1)
-        args = (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, slot_free, turn, out_ptr,
-                lse_ptr, q_row, m0, n_q, n_k, qk_scale, n_blocks, unmasked_blocks,
-                diagonal)  # fmt: skip
-        # The flags go as arguments of their own: a constexpr inside the `args` tuple would
-        # reach the partition as a runtime value.
+        args = (q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, slot_free, turn,
+                out_ptr, lse_ptr, qk_scale, tiles)  # fmt: skip
         if NUM_WG == 2:
-            gl.warp_specialize([(_pingpong_0, (args, PINGPONG, OVERLAP)),
-                                (_pingpong_1, (args, PINGPONG, OVERLAP)),
+            gl.warp_specialize([(_pingpong_0, (args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP)),
+                                (_pingpong_1, (args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP)),
                                 (_producer, producer_args)], [4, 1],
                                [CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
         else:
-            gl.warp_specialize([(_pingpong_0, (args, PINGPONG, OVERLAP)),
-                                (_pingpong_1, (args, PINGPONG, OVERLAP)),
-                                (_pingpong_2, (args, PINGPONG, OVERLAP)),
+            gl.warp_specialize([(_pingpong_0, (args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP)),
+                                (_pingpong_1, (args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP)),
+                                (_pingpong_2, (args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP)),
                                 (_producer, producer_args)], [4, 4, 1],
                                [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
     else:
-        args = (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, slot_free, out_ptr, lse_ptr,
-                q_row, m0, n_q, n_k, qk_scale, n_blocks, unmasked_blocks, diagonal)  # fmt: skip
+        args = (q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, slot_free, out_ptr,
+                lse_ptr, qk_scale, tiles)  # fmt: skip
         if NUM_WG == 2:
-            gl.warp_specialize([(_consumer_0, (args,)), (_consumer_1, (args,)),
+            gl.warp_specialize([(_consumer_0, (args, CAUSAL, PERSISTENT)),
+                                (_consumer_1, (args, CAUSAL, PERSISTENT)),
                                 (_producer, producer_args)], [4, 1],
                                [CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
         else:
-            gl.warp_specialize([(_consumer_0, (args,)), (_consumer_1, (args,)),
-                                (_consumer_2, (args,)), (_producer, producer_args)], [4, 4, 1],
+            gl.warp_specialize([(_consumer_0, (args, CAUSAL, PERSISTENT)),
+                                (_consumer_1, (args, CAUSAL, PERSISTENT)),
+                                (_consumer_2, (args, CAUSAL, PERSISTENT)),
+                                (_producer, producer_args)], [4, 4, 1],
                                [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
 
 
-def _variant(head_dim: int, pingpong, stages, warpgroups, overlap) -> dict:
+def _variant(head_dim: int, pingpong, stages, warpgroups, overlap, persistent) -> dict:
     """The kernel's schedule constexprs for one call, the defaults filled in, checked."""
     warpgroups = WARPGROUPS[head_dim] if warpgroups is None else int(warpgroups)
     if warpgroups not in CONSUMER_REGS:
@@ -427,21 +496,33 @@ def _variant(head_dim: int, pingpong, stages, warpgroups, overlap) -> dict:
     if warpgroups == 3 and head_dim != 64:
         raise ValueError("gluon_attention_forward: warpgroups=3 needs head_dim 64 (at 128, S, P and"
                          " O need 160 registers a thread, all that 3 consumers get)")  # fmt: skip
+    persistent = PERSISTENT[head_dim] if persistent is None else bool(persistent)
+    if persistent and warpgroups == 3:
+        raise ValueError("gluon_attention_forward: persistent=True needs 2 warpgroups (with 3, "
+                         "the tile loop's state spills past 160 registers a thread)")  # fmt: skip
     return {"STAGES": stages or STAGES,
             "PINGPONG": PINGPONG if pingpong is None else bool(pingpong), "NUM_WG": warpgroups,
             "OVERLAP": OVERLAP[head_dim] if overlap is None else bool(overlap),
+            "PERSISTENT": persistent,
             "CONSUMER_REGS": CONSUMER_REGS[warpgroups], "PRODUCER_REGS": PRODUCER_REGS}  # fmt: skip
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None = None, *,
                             out=None, lse=None, pingpong: bool | None = None,
                             stages: int | None = None, warpgroups: int | None = None,
-                            overlap: bool | None = None):  # fmt: skip
+                            overlap: bool | None = None,
+                            persistent: bool | None = None):  # fmt: skip
     """(out, lse) as `triton_flash.flash_attention_forward`, with the warp-specialized kernel.
     The schedule (None: the module constants): `pingpong` (PINGPONG) orders the warpgroups'
     products by turns; `stages` (STAGES) is the depth of the K/V ring; `warpgroups` (WARPGROUPS)
     is 2 or 3 consumer warpgroups of 64 query rows (3 at head_dim 64 only); `overlap` (OVERLAP)
-    runs each softmax beside the warpgroup's own previous P V product."""
+    runs each softmax beside the warpgroup's own previous P V product; `persistent`
+    (PERSISTENT) launches one CTA per SM, each looping over tiles, instead of one per tile."""
     check_inputs("gluon_attention_forward", q, k, v)
     head_dim = q.shape[-1]
     if head_dim not in HEAD_DIMS:
@@ -449,7 +530,7 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not t.is_contiguous():
             raise ValueError(f"gluon_attention_forward: {name} must be contiguous (B, H, N, D)")
-    variant = _variant(head_dim, pingpong, stages, warpgroups, overlap)
+    variant = _variant(head_dim, pingpong, stages, warpgroups, overlap, persistent)
     scale = softmax_scale(scale, head_dim)
     out, lse = output_buffers("gluon_attention_forward", q, out, lse)
     if not out.is_contiguous():
@@ -467,10 +548,12 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     )
     k_desc = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [BLOCK_N, head_dim], kv_layout)
     v_desc = TensorDescriptor(v2, list(v2.shape), list(v2.stride()), [BLOCK_N, head_dim], kv_layout)
-    grid = (triton.cdiv(n_q, variant["NUM_WG"] * WG_M.value), batch * n_heads)
-    gluon_fwd_kernel[grid](q_desc, k_desc, v_desc, out, lse, n_heads, n_heads // n_kv_heads, n_q,
-                           n_k, scale * LOG2E, CAUSAL=bool(causal), **variant,
-                           num_warps=4)  # fmt: skip
+    n_m = triton.cdiv(n_q, variant["NUM_WG"] * WG_M.value)  # query tiles a head
+    n_tiles = n_m * batch * n_heads
+    ctas = min(n_tiles, _sm_count(q.device.index)) if variant["PERSISTENT"] else n_tiles
+    gluon_fwd_kernel[(ctas,)](q_desc, k_desc, v_desc, out, lse, n_tiles, n_m, n_heads,
+                              n_heads // n_kv_heads, n_q, n_k, scale * LOG2E,
+                              CAUSAL=bool(causal), **variant, num_warps=4)  # fmt: skip
     return out, lse
 
 
@@ -486,8 +569,8 @@ def compile_for_hopper(head_dim: int = 128, dtype: torch.dtype = torch.float16,
     def mangle(desc):  # a descriptor's type string; Triton 3.6 has no __mangle__ method
         return desc.__mangle__() if hasattr(desc, "__mangle__") else mangle_type(desc)
 
-    variant = _variant(head_dim, *(schedule.get(n) for n in ("pingpong", "stages", "warpgroups",
-                                                             "overlap")))  # fmt: skip
+    names = ("pingpong", "stages", "warpgroups", "overlap", "persistent")
+    variant = _variant(head_dim, *(schedule.get(n) for n in names))
     gdt = GL_DTYPES[dtype]
     rows = torch.empty((1, head_dim), dtype=dtype)
     q_layout = gl.NVMMASharedLayout.get_default_for([WG_M.value, head_dim], gdt)
@@ -496,7 +579,8 @@ def compile_for_hopper(head_dim: int = 128, dtype: torch.dtype = torch.float16,
     kv_desc = TensorDescriptor(rows, [1, head_dim], [head_dim, 1], [BLOCK_N, head_dim], kv_layout)
     element = {torch.float16: "*fp16", torch.bfloat16: "*bf16"}[dtype]
     signature = {"q_desc": mangle(q_desc), "k_desc": mangle(kv_desc), "v_desc": mangle(kv_desc),
-                 "out_ptr": element, "lse_ptr": "*fp32", "n_heads": "i32", "group": "i32",
+                 "out_ptr": element, "lse_ptr": "*fp32", "n_tiles": "i32", "n_m": "i32",
+                 "n_heads": "i32", "group": "i32",
                  "n_q": "i32", "n_k": "i32", "qk_scale": "fp32", "CAUSAL": "constexpr",
                  **dict.fromkeys(variant, "constexpr")}  # fmt: skip
     names = list(signature)
@@ -508,8 +592,8 @@ def compile_for_hopper(head_dim: int = 128, dtype: torch.dtype = torch.float16,
 
 _OFFLINE = """
 import json, os, re, sys
-import kernels  # CPU mode sets TRITON_INTERPRET=1 before Triton is imported
-os.environ.pop("TRITON_INTERPRET", None)  # compile for real: nothing here launches a kernel
+os.environ["KERNELS_COMPILE_ONLY"] = "1"  # compile for real: nothing here launches a kernel
+os.environ.pop("TRITON_INTERPRET", None)
 os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"  # ptxas -v: registers and spills, printed to stdout
 os.environ["TRITON_ALWAYS_COMPILE"] = "1"  # so ptxas runs (and reports) even when cached
 import torch
