@@ -20,8 +20,8 @@ entirely (no torch.optim step), or move into a `.py` file.
 from __future__ import annotations
 
 import os
-import socket
 import sys
+import tempfile
 import time
 import traceback
 from datetime import timedelta
@@ -31,13 +31,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 TIMEOUT_S = 60.0  # process group and join: a bug fails a test instead of hanging it
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now (the rendezvous of one run)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def default_backend(world: int) -> str:
@@ -62,7 +55,7 @@ def importable(fn) -> bool:
     )
 
 
-def _child(rank, world, port, backend, threads, worker, args, conn):
+def _child(rank, world, rendezvous, backend, threads, worker, args, conn):
     try:
         if threads:
             torch.set_num_threads(threads)  # the ranks share the machine's cores
@@ -71,7 +64,7 @@ def _child(rank, world, port, backend, threads, worker, args, conn):
             torch.cuda.set_device(device)
         dist.init_process_group(
             backend,
-            init_method=f"tcp://127.0.0.1:{port}",
+            init_method=f"file://{rendezvous}",
             rank=rank,
             world_size=world,
             timeout=timedelta(seconds=TIMEOUT_S),
@@ -119,13 +112,17 @@ def run(
             "worker by name: define it in a .py file and import it"
         )
     ctx = mp.get_context(start_method)
-    port = free_port()
+    # The ranks meet through a file (torch's FileStore), not a TCP port: a port found free here
+    # can be taken by another process before rank 0 listens on it (EADDRINUSE, seen when two test
+    # runs shared a machine). The file must not exist yet; the folder goes when the run ends.
+    folder = tempfile.TemporaryDirectory(prefix="launch-")
+    rendezvous = os.path.join(folder.name, "rendezvous")
     pipes, procs = [], []
     for rank in range(world):
         parent_end, child_end = ctx.Pipe(duplex=False)
         p = ctx.Process(
             target=_child,
-            args=(rank, world, port, backend, threads, worker, args, child_end),
+            args=(rank, world, rendezvous, backend, threads, worker, args, child_end),
             daemon=True,
         )
         p.start()
@@ -170,6 +167,7 @@ def run(
                 p.join(timeout=5.0)
         for c in pipes:
             c.close()
+        folder.cleanup()
     if failures:
         raise RuntimeError("\n".join(failures[rank] for rank in sorted(failures)))
     return [results[r] for r in range(world)]
