@@ -22,11 +22,12 @@ P 32 as fp16 pairs, the row statistics and indices) and the producer 24: 2 x 128
 = 64,512. Shared memory: Q 2 x 64 x D x 2 bytes plus STAGES x (K + V) of 128 x D x 2 bytes =
 224 KiB at D = 128 (of 227), 112 KiB at D = 64.
 
-Two variants, selected by keyword (`gluon_attention_forward`) or by the module constants
-WARPGROUPS and OVERLAP (per head_dim). Both passed every fp64 test on an H200; neither is faster in
-every case of its head_dim by more than the noise (PERFORMANCE.md: at D = 64 both together reach
-0.99x cuDNN non-causal, +12%, and tie causal; at D = 128 the overlap helps causal and hurts
-non-causal), so the defaults stay the schedule above, the one measured on an H100:
+Three variants, selected by keyword (`gluon_attention_forward`) or by the module constants
+WARPGROUPS, OVERLAP and PERSISTENT (per head_dim). All passed every fp64 test on an H200; none is
+faster in every case of its head_dim by more than the noise (PERFORMANCE.md: at D = 64 the first
+two together reach 0.97-0.99x cuDNN non-causal and lose causal; at D = 128 the overlap won 6 of 8
+comparisons over two runs and lost 2), so the defaults stay the schedule above, the one measured on
+an H100:
 
 * `warpgroups=3` (D = 64 only), FlashAttention-3's choice at D = 64: three consumer warpgroups,
   192 query rows a CTA. Each K/V tile brought into shared memory serves 192 rows instead of 128,
@@ -44,6 +45,12 @@ non-causal), so the defaults stay the schedule above, the one measured on an H10
   hides behind its own warpgroup's product. Cost: P_{j-1} stays in registers until its product
   retires, beside S_j and P_j: O 64 + S 64 + P 32 + P 32 = 192 of the 240 registers at D = 128;
   shared memory unchanged.
+* `persistent=True` (2 warpgroups): one CTA per SM instead of one per tile; each CTA takes tiles
+  t, t + 132, ... The producer loads the next tile's Q (once both consumers' last S = Q K^T of the
+  tile has retired: `q_free`) and K/V blocks while the consumers finish the last tile; the ring's
+  position and the turns run on across tiles. Every role loops over its tiles either way; without
+  it the loop has a trip count of one, which the compiler removes. +9 points of cuDNN at D = 64
+  non-causal, nothing at D = 128 (PERFORMANCE.md).
 
 Scope: the forward, head_dim 64 and 128, fp16 and bf16, causal (bottom-right aligned, as in
 `reference.py`) or not, grouped-query attention, any lengths; q, k and v contiguous (B, H, N, D)
