@@ -311,36 +311,44 @@ class EarlyStart:
     holding the audit lock from then on: its start (Python, PyTorch and CUDA under ncu: 5.3-6.5 s
     of each audit on an H200) then overlaps the grading instead of adding to it. Used where labs
     are graded one at a time (it holds the lock for the whole lab). `close()` stops an unused
-    worker and lets go of the lock."""
+    worker and lets go of the lock.
+
+    The thread lives until `close()`: the worker is started with "die with parent" (Linux's
+    parent-death signal, which bubblewrap's --die-with-parent uses too), and that parent is the
+    thread that started it, not the process: a thread that ended at once killed the worker."""
 
     def __init__(self, cmd: list[str], work: Path, opts, env: dict, sandboxed: bool) -> None:
         self.usable, self.why, self.error = False, "", None
         self.worker = self.reader = None
-        self._lock = contextlib.ExitStack()
-        self._thread = threading.Thread(target=self._start, name="ncu-audit-worker",
+        self._ready, self._closing = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ncu-audit-worker",
                                         args=(cmd, work, opts, env, sandboxed))
         self._thread.start()
 
-    def _start(self, cmd, work, opts, env, sandboxed) -> None:
-        self._lock.enter_context(one_audit_at_a_time())
-        try:
-            self.usable, self.why = status()
-            if self.usable:
-                self.worker, self.reader = _start_under_ncu(cmd, work, opts, env, sandboxed)
-        except Exception as exc:  # noqa: BLE001 - reported by the audit, as its own failure
-            self.error = f"the audit's worker could not be started: {type(exc).__name__}: {exc}"
+    def _run(self, cmd, work, opts, env, sandboxed) -> None:
+        with one_audit_at_a_time():
+            try:
+                self.usable, self.why = status()
+                if self.usable:
+                    self.worker, self.reader = _start_under_ncu(cmd, work, opts, env, sandboxed)
+            except Exception as exc:  # noqa: BLE001 - reported by the audit as its own failure
+                self.error = f"the audit's worker could not be started: {type(exc).__name__}: {exc}"
+            finally:
+                self._ready.set()
+            self._closing.wait()  # the worker's parent-death signal fires when this thread ends
 
     def wait(self) -> None:
-        self._thread.join()
+        self._ready.wait()
 
     def close(self) -> None:
-        self._thread.join()
+        self._ready.wait()
         try:
             if self.worker is not None:
                 self.worker.close()
                 self.reader.join(timeout=60)
         finally:
-            self._lock.close()
+            self._closing.set()
+            self._thread.join()
 
 
 def _start_under_ncu(cmd: list[str], work: Path, opts, env: dict, sandboxed: bool):

@@ -172,6 +172,30 @@ class _Reader:
         pass
 
 
+def test_an_early_worker_outlives_the_moment_its_thread_started_it(monkeypatch, tmp_path):
+    """The worker is started with "die with parent", and its parent is the thread that started
+    it: on the H200 a thread that ended right after the start killed every early worker
+    (SIGKILL), and every audited function failed. The worker lives until close()."""
+    from grading.runner import Options, WorkerProcess
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(kernel_audit, "status", lambda: (True, ""))
+
+    def start_under_ncu(cmd, work, opts, env, sandboxed):
+        sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+        return WorkerProcess(sleeper, work, time.monotonic() + 60, opts), _Reader()
+
+    monkeypatch.setattr(kernel_audit, "_start_under_ncu", start_under_ncu)
+    early = kernel_audit.EarlyStart(["python"], tmp_path, Options(), {}, False)
+    try:
+        early.wait()
+        time.sleep(1.0)
+        assert early.worker.proc.poll() is None, f"the worker ended: {early.worker.proc.poll()}"
+    finally:
+        early.close()
+    assert early.worker.proc.poll() is not None  # close() stopped it
+
+
 def test_an_early_worker_holds_the_lock_and_is_the_one_the_audit_uses(monkeypatch, tmp_path):
     """EarlyStart starts the audit's worker (in a thread) when the lab's grading starts; from then
     until it is closed no other audit may run; the audit then calls that worker instead of
