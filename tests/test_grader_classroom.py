@@ -136,7 +136,9 @@ def test_merge_says_who_is_missing_partial_or_on_another_stack(tmp_path):
     assert "missing: f" in text and "e: gpu NVIDIA H200" in text
 
 
-def test_merging_a_thousand_reports_takes_under_ten_seconds(tmp_path):
+def test_merging_a_thousand_reports_takes_under_ten_cpu_seconds(tmp_path):
+    """CPU time, not wall-clock time: a CI run that shared its 2 cores with another test run took
+    14.8 s of wall-clock time here and failed, with no change to the merge."""
     report = json.loads((ROOT / "data/results/h100-80gb-hbm3/grading-solutions/report.json")
                         .read_text())
     text = json.dumps(report)
@@ -144,11 +146,11 @@ def test_merging_a_thousand_reports_takes_under_ten_seconds(tmp_path):
         folder = tmp_path / "students" / f"s{i:04d}"
         folder.mkdir(parents=True)
         (folder / "report.json").write_text(text)
-    start = time.perf_counter()
+    start = time.process_time()
     merged = classroom.merge(None, tmp_path)
-    elapsed = time.perf_counter() - start
+    elapsed = time.process_time() - start
     assert len(merged["students"]) == 1000 and merged["speed"][LABS[0]]
-    assert elapsed < 10, f"merging 1000 reports took {elapsed:.1f} s"
+    assert elapsed < 10, f"merging 1000 reports took {elapsed:.1f} s of CPU time"
 
 
 def test_sbatch_script_has_one_task_per_shard_and_the_graders_time_limit(tmp_path):

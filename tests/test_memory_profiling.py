@@ -250,6 +250,7 @@ def test_timeline_arrays_account_for_every_byte():
 
 
 def test_timeline_of_100k_events_renders_in_under_10_s():
+    """CPU time, so that a machine shared with other work does not fail it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -257,11 +258,11 @@ def test_timeline_of_100k_events_renders_in_under_10_s():
 
     snap = timeline.synthetic_snapshot(100_000)
     assert len(snap["device_traces"][0]) >= 100_000
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     fig, ax = plt.subplots(figsize=(10, 4))
     timeline.plot_timeline(snap, ax=ax)
     fig.canvas.draw()
-    elapsed = time.perf_counter() - t0
+    elapsed = time.process_time() - t0
     plt.close(fig)
     assert elapsed < 10.0, elapsed
 
