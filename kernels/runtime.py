@@ -60,8 +60,8 @@ CPU_FORCED_BY: str | None = (
 )
 DEVICE: str = "cuda" if ON_GPU else "cpu"
 
-# A process that only compiles for a GPU it does not have (`compile_offline` in the Gluon and
-# CUDA modules) sets KERNELS_COMPILE_ONLY=1: CPU mode, but Triton compiles instead of interpreting.
+# A process that only compiles for a GPU it does not have (`gluon_flash.compile_offline`) sets
+# KERNELS_COMPILE_ONLY=1: CPU mode, but Triton compiles instead of interpreting.
 COMPILE_ONLY: bool = not ON_GPU and os.environ.get("KERNELS_COMPILE_ONLY") == "1"
 
 if not ON_GPU and not COMPILE_ONLY:
