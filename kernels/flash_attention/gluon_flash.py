@@ -110,8 +110,8 @@ def accumulator_layout(width):
 def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready,
               slot_free, tiles, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):  # fmt: skip
     """One warp: for each of the CTA's tiles, Q (every consumer's rows), then K and V block by
-    block into the ring. The ring's position (`it`, blocks loaded so far) runs on across tiles, so
-    the next tile's first blocks load while the consumers finish the last one."""
+    block into the ring. The ring's position (`it`, blocks loaded so far) runs on across tiles:
+    with PERSISTENT, the next tile's first blocks load while the consumers finish the last one."""
     NUM_WG: gl.constexpr = q_smem.shape[0]
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
@@ -119,9 +119,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_free, k
     done_tiles = 0
     for i in range(_tile_count(tiles[0], PERSISTENT)):
         t = gl.program_id(0) + i * gl.num_programs(0)
-        q_row, kv_row, m0, n_blocks, unmasked_blocks, diagonal = _tile(
-            t, tiles, NUM_WG * WG_M, BLOCK_N, CAUSAL
-        )
+        q_row, kv_row, _, n_blocks, _, _ = _tile(t, tiles, NUM_WG * WG_M, BLOCK_N, CAUSAL)
         # Q's buffer is free once every consumer's last S = Q K^T of the previous tile retired
         # (q_free; a fresh barrier counts as released for parity 1, so the first tile goes on).
         mbarrier.wait(q_free, (done_tiles & 1) ^ 1)
@@ -224,7 +222,7 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free, k_ready
     done_tiles = 0
     for i in range(_tile_count(tiles[0], PERSISTENT)):
         t = gl.program_id(0) + i * gl.num_programs(0)
-        q_row, kv_row, m0, n_blocks, unmasked_blocks, diagonal = _tile(
+        q_row, _, m0, n_blocks, unmasked_blocks, diagonal = _tile(
             t, tiles, NUM_WG * WG_M, BLOCK_N, CAUSAL
         )
         rows = m0 + WG * WG_M + gl.arange(0, WG_M, layout=row_layout)  # query index in the head
@@ -319,7 +317,7 @@ def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free
     done_tiles = 0
     for i in range(_tile_count(tiles[0], PERSISTENT)):
         t = gl.program_id(0) + i * gl.num_programs(0)
-        q_row, kv_row, m0, n_blocks, unmasked_blocks, diagonal = _tile(
+        q_row, _, m0, n_blocks, unmasked_blocks, diagonal = _tile(
             t, tiles, NUM_WG * WG_M, BLOCK_N, CAUSAL
         )
         rows = m0 + WG * WG_M + gl.arange(0, WG_M, layout=row_layout)
