@@ -544,6 +544,7 @@ def main(argv=None) -> int:
     if args.jobs is None:  # a step's limits count CPU time, so labs side by side cost none of it
         args.jobs = min(AUTO_JOBS_MAX, os.cpu_count() or 1) if cpu_mode else 1
     jobs = args.jobs if (cpu_mode or args.no_perf) else 1
+    opts.early_audit = jobs == 1  # an early audit worker holds the audit lock for its whole lab
     if args.submissions:
         return grade_submissions(args, opts, jobs)
     return grade_paths(args, opts, jobs)

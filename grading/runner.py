@@ -28,6 +28,7 @@ says so and exits, with the same effect.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -63,6 +64,9 @@ class Options:
     output_limit_mib: float = 16.0  # stdout + stderr
     sandbox: str = "auto"  # "auto": bubblewrap where it works; "require"; "off"
     kernel_audit: bool = True  # on a GPU with Nsight Compute: grading/kernel_audit.py
+    # Start the audit's worker when a lab's grading starts (kernel_audit.EarlyStart): only where
+    # labs are graded one at a time, since it holds the audit lock for the whole lab.
+    early_audit: bool = True
 
     def worker_args(self) -> list[str]:
         args = ["--memory-gib", str(self.memory_gib),
@@ -720,10 +724,17 @@ def grade_lab(notebook: Path, lab_id: str, seed: int, opts: Options,
     audit = opts.kernel_audit and not opts.cpu and runtime.ON_GPU
     if audit:
         from grading import kernel_audit
-
-        kernel_audit.start_probe()  # whether ncu works here, found while this lab is graded
-    with tempfile.TemporaryDirectory(prefix=f"grading-{lab_id}-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"grading-{lab_id}-") as tmp, \
+            contextlib.ExitStack() as audit_stack:
         folder = Path(tmp)
+        early = None
+        if audit:
+            audit_work = _worker_folder(folder / "kernel-audit", lab_id, code, False)
+            if opts.early_audit:  # its worker starts under ncu while this lab is graded
+                early = kernel_audit.EarlyStart(cmd, audit_work, opts, env, sandboxed)
+                audit_stack.callback(early.close)
+            else:
+                kernel_audit.start_probe()  # whether ncu works here, found meanwhile
         while len(done) < len(spec.functions):
             work = _worker_folder(folder / f"worker-{len(lab['incidents'])}", lab_id, code,
                                   seed_caches=sandboxed and not opts.cpu and runtime.ON_GPU)
@@ -758,12 +769,12 @@ def grade_lab(notebook: Path, lab_id: str, seed: int, opts: Options,
         if audit and not lab.get("error"):
             # Seeded from the last worker's caches, which hold the student's compiled kernels
             # too: under ncu, which serializes every launch, compiling and autotuning is slow.
-            graded_in, work = work, _worker_folder(folder / "kernel-audit", lab_id, code, False)
             if sandboxed:
                 from grading import sandbox
 
-                sandbox.seed_caches(work, from_worker=graded_in)
-            kernel_audit.audit_lab(lab, spec, done, seed, opts, env, cmd, work, sandboxed)
+                sandbox.seed_caches(audit_work, from_worker=work)
+            kernel_audit.audit_lab(lab, spec, done, seed, opts, env, cmd, audit_work, sandboxed,
+                                   early)
     lab["functions"] = [done[f.name] for f in spec.functions]
     lab["elapsed_s"] = round(time.monotonic() - started, 2)
     return lab

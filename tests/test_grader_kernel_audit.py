@@ -167,6 +167,71 @@ def test_a_worker_stopped_by_a_limit_leaves_the_audit_inconclusive(monkeypatch, 
                "with code 0" in done["add"]["message"], done["add"]["message"]
 
 
+class _Reader:
+    def join(self, timeout=None):
+        pass
+
+
+def test_an_early_worker_outlives_the_moment_its_thread_started_it(monkeypatch, tmp_path):
+    """The worker is started with "die with parent", and its parent is the thread that started
+    it: on the H200 a thread that ended right after the start killed every early worker
+    (SIGKILL), and every audited function failed. The worker lives until close()."""
+    from grading.runner import Options, WorkerProcess
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(kernel_audit, "status", lambda: (True, ""))
+
+    def start_under_ncu(cmd, work, opts, env, sandboxed):
+        sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+        return WorkerProcess(sleeper, work, time.monotonic() + 60, opts), _Reader()
+
+    monkeypatch.setattr(kernel_audit, "_start_under_ncu", start_under_ncu)
+    early = kernel_audit.EarlyStart(["python"], tmp_path, Options(), {}, False)
+    try:
+        early.wait()
+        time.sleep(1.0)
+        assert early.worker.proc.poll() is None, f"the worker ended: {early.worker.proc.poll()}"
+    finally:
+        early.close()
+    assert early.worker.proc.poll() is not None  # close() stopped it
+
+
+def test_an_early_worker_holds_the_lock_and_is_the_one_the_audit_uses(monkeypatch, tmp_path):
+    """EarlyStart starts the audit's worker (in a thread) when the lab's grading starts; from then
+    until it is closed no other audit may run; the audit then calls that worker instead of
+    starting one, and gives the audit's own time a fresh lab timeout."""
+    from grading.runner import Attempt, Options
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(kernel_audit, "status", lambda: (True, ""))
+    started = []
+    attempt = Attempt(returncode=None, stopped="step",
+                      step={"function": "add", "step": "kernel audit", "kind": "call",
+                            "limit_s": 60.0})
+    monkeypatch.setattr(_WorkerThatEnds, "attempt", attempt)
+
+    def start_under_ncu(cmd, work, opts, env, sandboxed):
+        started.append(threading.current_thread().name)
+        return _WorkerThatEnds(), _Reader()
+
+    monkeypatch.setattr(kernel_audit, "_start_under_ncu", start_under_ncu)
+    early = kernel_audit.EarlyStart(["python"], tmp_path, Options(), {}, False)
+    early.wait()
+    lock = tmp_path / f"course-kernel-audit-{os.getuid()}.lock"
+    with open(lock, "a") as handle, pytest.raises(BlockingIOError):
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held by the early worker
+    spec = get_lab("01_elementwise_add")
+    done = {"add": {"status": "pass", "points": 4, "message": ""}}
+    lab = {}
+    kernel_audit.audit_lab(lab, spec, done, 3, Options(), {}, ["python"], tmp_path, False, early)
+    assert early.worker.deadline > time.monotonic() + Options().timeout - 60
+    early.close()
+    assert started == ["ncu-audit-worker"]  # one worker, started by the thread, not the audit
+    assert lab["kernel_audit"]["error"].startswith("inconclusive, the audit's worker was stopped")
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # let go of once closed
+
+
 HOLD_THE_LOCK = """
 import sys, time
 from pathlib import Path
