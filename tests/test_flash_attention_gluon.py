@@ -11,17 +11,34 @@ import torch
 from tests.test_flash_attention import check_forward, make, run_forward
 
 # On a GPU the kernel itself runs (tests below); the offline path uses the CPU environment's Triton.
-# (head_dim, dtype, causal, schedule): the default at both head dims, and every variant the GPU
-# tests below run: 3 warpgroups (head_dim 64 only) with and without turns and with the overlap,
-# the overlap at both head dims, with and without turns, and the persistent grid.
-COMPILED = [(128, "float16", True, {}), (64, "bfloat16", False, {}),
-            (64, "float16", True, {"warpgroups": 3}),
+# (head_dim, dtype, causal, schedule): the default schedule of each (head_dim, causal) (3
+# warpgroups with the overlap at 64 non-causal, the persistent grid with the overlap at 64 causal,
+# the overlap at 128), and the other combinations the GPU tests below run: 2 warpgroups without
+# the overlap, 3 warpgroups with and without turns, the overlap without turns, the persistent grid
+# at 128.
+COMPILED = [(128, "float16", True, {}), (64, "bfloat16", False, {}), (64, "float16", True, {}),
+            (128, "bfloat16", False, {"overlap": False}),
+            (64, "float16", True, {"warpgroups": 3, "overlap": False}),
             (64, "bfloat16", False, {"warpgroups": 3, "pingpong": False}),
-            (64, "float16", True, {"warpgroups": 3, "overlap": True}),
-            (128, "bfloat16", True, {"overlap": True}),
             (128, "float16", False, {"overlap": True, "pingpong": False}),
-            (64, "float16", True, {"overlap": True}),
+            (64, "float16", False, {"warpgroups": 2, "overlap": True}),
             (128, "float16", True, {"persistent": True, "overlap": True})]  # fmt: skip
+
+
+def test_every_default_schedule_is_one_the_kernel_has():
+    """DEFAULT_SCHEDULE is read for every call without keywords: an entry the checks refuse (3
+    warpgroups at 128, or with the persistent grid) would break every such call."""
+    from kernels.flash_attention import gluon_flash
+
+    for (head_dim, causal), schedule in gluon_flash.DEFAULT_SCHEDULE.items():
+        resolved = gluon_flash.resolve_schedule(head_dim, causal)
+        assert resolved["NUM_WG"] == schedule["warpgroups"]
+        assert resolved["OVERLAP"] == schedule["overlap"]
+        assert resolved["PERSISTENT"] == schedule["persistent"]
+    assert set(gluon_flash.DEFAULT_SCHEDULE) == {(d, c) for d in gluon_flash.HEAD_DIMS
+                                                  for c in (False, True)}  # fmt: skip
+    with pytest.raises(ValueError, match="warpgroups=3 needs head_dim 64"):
+        gluon_flash.resolve_schedule(128, False, warpgroups=3)
 
 
 @pytest.mark.cpu
@@ -35,7 +52,7 @@ def test_compiles_for_hopper_without_a_gpu(head_dim, dtype, causal, schedule):
     from kernels.flash_attention import gluon_flash
 
     made = gluon_flash.compile_offline(head_dim, dtype, causal, **schedule)
-    n_wg = schedule.get("warpgroups", 2)
+    n_wg = gluon_flash.resolve_schedule(head_dim, causal, **schedule)["NUM_WG"]
     assert made["warps"] == 4 * (n_wg + 1)
     assert made["wgmma"] > 0 and made["tma_copies"] > 0
     consumer, producer = gluon_flash.CONSUMER_REGS[n_wg], gluon_flash.PRODUCER_REGS
@@ -65,19 +82,26 @@ GLUON_SHAPES = [
 ]
 
 
-# (schedule, dtype): the default schedule in both dtypes, the schedules the benchmark compares in
-# fp16, and the variants: 3 consumer warpgroups (head_dim 64 only) and the intra-warpgroup overlap,
-# each in both dtypes, with and without ping-pong, and together.
+# (schedule, dtype): the default schedule of each case in both dtypes, the default without its turns
+# or with 2 stages (the benchmark's comparisons), and every combination of warpgroups, overlap and
+# persistent grid, spelled out in full, in fp16, most also in bf16 or without turns.
 VARIANTS = [({}, torch.float16), ({}, torch.bfloat16), ({"pingpong": False}, torch.float16),
             ({"stages": 2}, torch.float16),
-            ({"warpgroups": 3}, torch.float16), ({"warpgroups": 3}, torch.bfloat16),
-            ({"warpgroups": 3, "pingpong": False}, torch.float16),
-            ({"overlap": True}, torch.float16), ({"overlap": True}, torch.bfloat16),
-            ({"overlap": True, "pingpong": False}, torch.float16),
+            ({"warpgroups": 2, "overlap": False, "persistent": False}, torch.float16),
+            ({"warpgroups": 2, "overlap": False, "persistent": False}, torch.bfloat16),
+            ({"warpgroups": 3, "overlap": False}, torch.float16),
+            ({"warpgroups": 3, "overlap": False}, torch.bfloat16),
+            ({"warpgroups": 3, "overlap": False, "pingpong": False}, torch.float16),
+            ({"warpgroups": 2, "overlap": True, "persistent": False}, torch.float16),
+            ({"warpgroups": 2, "overlap": True, "persistent": False}, torch.bfloat16),
+            ({"warpgroups": 2, "overlap": True, "persistent": False, "pingpong": False},
+             torch.float16),
             ({"warpgroups": 3, "overlap": True}, torch.float16),
-            ({"persistent": True}, torch.float16), ({"persistent": True}, torch.bfloat16),
-            ({"persistent": True, "overlap": True}, torch.float16),
-            ({"persistent": True, "pingpong": False}, torch.float16)]  # fmt: skip
+            ({"warpgroups": 2, "persistent": True, "overlap": False}, torch.float16),
+            ({"warpgroups": 2, "persistent": True, "overlap": False}, torch.bfloat16),
+            ({"warpgroups": 2, "persistent": True, "overlap": True}, torch.float16),
+            ({"warpgroups": 2, "persistent": True, "overlap": False, "pingpong": False},
+             torch.float16)]  # fmt: skip
 
 
 def _variant_id(variant):

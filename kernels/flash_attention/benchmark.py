@@ -24,6 +24,7 @@ CUDNN_ATTENTION (cuDNN's fused attention), and the naive version where it fits i
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -518,6 +519,21 @@ def _runs(fn) -> bool:
         return False
 
 
+# The Gluon schedules timed beside the default (gluon_flash's docstring and DEFAULT_SCHEDULE): the
+# default without one of its choices, then each combination spelled out in full, so that a column is
+# the same kernel at every shape.
+GLUON_SCHEDULES = {
+    "no ping-pong": {"pingpong": False},
+    "2 stages": {"stages": 2},
+    "2 warpgroups": {"warpgroups": 2, "overlap": False, "persistent": False},
+    "S overlap": {"warpgroups": 2, "overlap": True, "persistent": False},
+    "3 warpgroups": {"warpgroups": 3, "overlap": False, "persistent": False},
+    "3 warpgroups, S overlap": {"warpgroups": 3, "overlap": True, "persistent": False},
+    "persistent": {"warpgroups": 2, "overlap": False, "persistent": True},
+    "persistent, S overlap": {"warpgroups": 2, "overlap": True, "persistent": True},
+}
+
+
 def gluon_forward(dtypes=DTYPES, target_ms: float = 150.0) -> list[dict]:
     """Forward only, at the target shapes: the warp-specialized Gluon kernel beside the Triton
     kernel, FlashAttention-2 and cuDNN (SDPA), interleaved; and the largest difference between the
@@ -536,36 +552,21 @@ def gluon_forward(dtypes=DTYPES, target_ms: float = 150.0) -> list[dict]:
                 fns = {
                     "ours (Triton)": lambda: triton_flash.flash_attention_forward(q, k, v, causal),
                     "ours (Gluon)": lambda: gluon_flash.gluon_attention_forward(q, k, v, causal),
-                    "ours (Gluon, no ping-pong)": lambda: gluon_flash.gluon_attention_forward(
-                        q, k, v, causal, pingpong=False
-                    ),
-                    "ours (Gluon, 2 stages)": lambda: gluon_flash.gluon_attention_forward(
-                        q, k, v, causal, stages=2
-                    ),
-                    # The variants (gluon_flash's docstring); 3 warpgroups exist at D = 64 only:
-                    # at 128 the call is refused and the column left out.
-                    "ours (Gluon, 3 warpgroups)": lambda: gluon_flash.gluon_attention_forward(
-                        q, k, v, causal, warpgroups=3
-                    ),
-                    "ours (Gluon, 3 warpgroups, S overlap)": (
-                        lambda: gluon_flash.gluon_attention_forward(
-                            q, k, v, causal, warpgroups=3, overlap=True
-                        )
-                    ),
-                    "ours (Gluon, S overlap)": lambda: gluon_flash.gluon_attention_forward(
-                        q, k, v, causal, overlap=True
-                    ),
-                    "ours (Gluon, persistent)": lambda: gluon_flash.gluon_attention_forward(
-                        q, k, v, causal, persistent=True
-                    ),
-                    "ours (Gluon, persistent, S overlap)": (
-                        lambda: gluon_flash.gluon_attention_forward(
-                            q, k, v, causal, persistent=True, overlap=True
-                        )
-                    ),
-                    "sdpa flash": lambda: flash(q, k, v, causal),
-                    "sdpa cudnn": lambda: cudnn(q, k, v, causal),
                 }
+                default, same_as_default = gluon_flash.resolve_schedule(d, causal), []
+                for name, schedule in GLUON_SCHEDULES.items():
+                    try:
+                        same = gluon_flash.resolve_schedule(d, causal, **schedule) == default
+                    except ValueError:  # 3 warpgroups at D = 128: the kernel has no such schedule
+                        continue
+                    if same:  # a default schedule is timed once, as "ours (Gluon)"
+                        same_as_default.append(f"ours (Gluon, {name})")
+                    else:
+                        fns[f"ours (Gluon, {name})"] = functools.partial(
+                            gluon_flash.gluon_attention_forward, q, k, v, causal, **schedule
+                        )
+                fns["sdpa flash"] = lambda: flash(q, k, v, causal)
+                fns["sdpa cudnn"] = lambda: cudnn(q, k, v, causal)
                 with torch.no_grad():
                     fns = {name: fn for name, fn in fns.items() if _runs(fn)}
                     timings = bench.benchmark(fns, target_ms=target_ms)
@@ -584,6 +585,8 @@ def gluon_forward(dtypes=DTYPES, target_ms: float = 150.0) -> list[dict]:
                         impls[name]["fwd_vs_cudnn"] = bench.ratio(timings["sdpa cudnn"], t)
                 rows.append({"shape": list(shape), "dtype": str(dtype).removeprefix("torch."),
                              "causal": causal, "impls": impls,
+                             "gluon_default": gluon_flash.DEFAULT_SCHEDULE[d, causal],
+                             "gluon_default_is": same_as_default,
                              "max_abs_diff_gluon_vs_cudnn": max_diff})  # fmt: skip
                 print(f"  {shape} {dtype} causal={causal}: "
                       + ", ".join(f"{k} {v['fwd_tflops']:.0f}" for k, v in impls.items()),

@@ -15,19 +15,16 @@ Gluon (`triton.experimental.gluon`, shipped with Triton) exposes exactly these p
 layouts, shared-memory allocation, TMA copies, mbarriers, wgmma and `warp_specialize`, which forks
 the CTA into partitions of given warp counts and register budgets.
 
-Budget of the default CTA (a 64 x N fp32 tile spread over a warpgroup's 128 threads costs N / 2
+Budget of a two-warpgroup CTA (a 64 x N fp32 tile spread over a warpgroup's 128 threads costs N / 2
 registers a thread): 12 warps (two consumer warpgroups, the producer's warp padded to a warpgroup)
 share the 65,536 registers of an SM; `setmaxnreg` gives each consumer thread 240 (S 64, O D/2,
 P 32 as fp16 pairs, the row statistics and indices) and the producer 24: 2 x 128 x 240 + 128 x 24
 = 64,512. Shared memory: Q 2 x 64 x D x 2 bytes plus STAGES x (K + V) of 128 x D x 2 bytes =
 224 KiB at D = 128 (of 227), 112 KiB at D = 64.
 
-Three variants, selected by keyword (`gluon_attention_forward`) or by the module constants
-WARPGROUPS, OVERLAP and PERSISTENT (per head_dim). All passed every fp64 test on an H200; none is
-faster in every case of its head_dim by more than the noise (PERFORMANCE.md: at D = 64 the first
-two together reach 0.97-0.99x cuDNN non-causal and lose causal; at D = 128 the overlap won 6 of 8
-comparisons over two runs and lost 2), so the defaults stay the schedule above, the one measured on
-an H100:
+Three variants, selected by keyword (`gluon_attention_forward`); DEFAULT_SCHEDULE names, per
+head_dim and causal, the combination that measured fastest on both an H100 and an H200
+(PERFORMANCE.md, "The schedules measured"). Every combination passed every fp64 test on both.
 
 * `warpgroups=3` (D = 64 only), FlashAttention-3's choice at D = 64: three consumer warpgroups,
   192 query rows a CTA. Each K/V tile brought into shared memory serves 192 rows instead of 128,
@@ -84,9 +81,15 @@ BLOCK_N = 128  # keys per K/V tile
 # 227 KiB a CTA may use. 3 measured faster than 2 (PERFORMANCE.md).
 STAGES = 3
 PINGPONG = True  # the consumer warpgroups take turns on the tensor cores (FlashAttention-3)
-WARPGROUPS = {64: 2, 128: 2}  # consumer warpgroups per CTA, by head_dim (3 fits only at 64)
-OVERLAP = {64: False, 128: False}  # the intra-warpgroup overlap, by head_dim
-PERSISTENT = {64: False, 128: False}  # one CTA per SM looping over tiles, by head_dim
+# By (head_dim, causal): consumer warpgroups per CTA (3 fit only at D = 64), the intra-warpgroup
+# overlap, one CTA per SM looping over tiles. Each is the fastest combination measured on both an
+# H100 and an H200 (PERFORMANCE.md); causal D = 64 is the case where none beats the Triton kernel.
+DEFAULT_SCHEDULE = {
+    (64, False): {"warpgroups": 3, "overlap": True, "persistent": False},
+    (64, True): {"warpgroups": 2, "overlap": True, "persistent": True},
+    (128, False): {"warpgroups": 2, "overlap": True, "persistent": False},
+    (128, True): {"warpgroups": 2, "overlap": True, "persistent": False},
+}
 # setmaxnreg budgets, registers per thread: the consumers hold S, P and O, the producer a few
 # scalars. 2 consumers: 2 x 128 x 240 + 128 x 24 = 64,512; 3: 3 x 128 x 160 + 128 x 24 = 64,512.
 CONSUMER_REGS = {2: 240, 3: 160}
@@ -285,11 +288,11 @@ def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free
     """The same warpgroup loop in FlashAttention-3's order: iteration j queues this warpgroup's
     two matrix products, S_j = Q K_j^T and O += P_{j-1} V_{j-1}, then runs the softmax of S_j.
 
-    PINGPONG (the default schedule): before queueing, wait for this warpgroup's turn; after, pass
+    PINGPONG (on by default): before queueing, wait for this warpgroup's turn; after, pass
     the turn to the next warpgroup (round-robin over the `turn` barriers: 0, 1, 0, ... with two
     warpgroups, 0, 1, 2, 0, ... with three). The warpgroups' products then alternate on the tensor
     cores instead of colliding, and each softmax hides behind the others' products.
-    OVERLAP (a variant, off by default): wait for S_j alone and run its softmax while
+    OVERLAP (on in every default schedule): wait for S_j alone and run its softmax while
     P_{j-1} V_{j-1} still runs; rescale O after that product retires. Without it, both products
     are waited for first."""
     NUM_WG: gl.constexpr = q_smem.shape[0]
@@ -493,21 +496,24 @@ def gluon_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, n_tiles, n_m, n_h
                                [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
 
 
-def _variant(head_dim: int, pingpong, stages, warpgroups, overlap, persistent) -> dict:
-    """The kernel's schedule constexprs for one call, the defaults filled in, checked."""
-    warpgroups = WARPGROUPS[head_dim] if warpgroups is None else int(warpgroups)
+def resolve_schedule(head_dim: int, causal: bool, pingpong=None, stages=None, warpgroups=None,
+                     overlap=None, persistent=None) -> dict:  # fmt: skip
+    """The kernel's schedule constexprs for one call, the defaults filled in (None: PINGPONG,
+    STAGES, DEFAULT_SCHEDULE), checked: ValueError for a combination the kernel does not have."""
+    default = DEFAULT_SCHEDULE[head_dim, bool(causal)]
+    warpgroups = default["warpgroups"] if warpgroups is None else int(warpgroups)
     if warpgroups not in CONSUMER_REGS:
         raise ValueError(f"gluon_attention_forward: warpgroups {warpgroups}; supported: 2, 3")
     if warpgroups == 3 and head_dim != 64:
         raise ValueError("gluon_attention_forward: warpgroups=3 needs head_dim 64 (at 128, S, P and"
                          " O need 160 registers a thread, all that 3 consumers get)")  # fmt: skip
-    persistent = PERSISTENT[head_dim] if persistent is None else bool(persistent)
+    persistent = default["persistent"] if persistent is None else bool(persistent)
     if persistent and warpgroups == 3:
         raise ValueError("gluon_attention_forward: persistent=True needs 2 warpgroups (with 3, "
                          "the tile loop's state spills past 160 registers a thread)")  # fmt: skip
     return {"STAGES": stages or STAGES,
             "PINGPONG": PINGPONG if pingpong is None else bool(pingpong), "NUM_WG": warpgroups,
-            "OVERLAP": OVERLAP[head_dim] if overlap is None else bool(overlap),
+            "OVERLAP": default["overlap"] if overlap is None else bool(overlap),
             "PERSISTENT": persistent,
             "CONSUMER_REGS": CONSUMER_REGS[warpgroups], "PRODUCER_REGS": PRODUCER_REGS}  # fmt: skip
 
@@ -523,11 +529,11 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
                             overlap: bool | None = None,
                             persistent: bool | None = None):  # fmt: skip
     """(out, lse) as `triton_flash.flash_attention_forward`, with the warp-specialized kernel.
-    The schedule (None: the module constants): `pingpong` (PINGPONG) orders the warpgroups'
-    products by turns; `stages` (STAGES) is the depth of the K/V ring; `warpgroups` (WARPGROUPS)
-    is 2 or 3 consumer warpgroups of 64 query rows (3 at head_dim 64 only); `overlap` (OVERLAP)
-    runs each softmax beside the warpgroup's own previous P V product; `persistent`
-    (PERSISTENT) launches one CTA per SM, each looping over tiles, instead of one per tile."""
+    The schedule (None: PINGPONG, STAGES, and DEFAULT_SCHEDULE for this head_dim and `causal`):
+    `pingpong` orders the warpgroups' products by turns; `stages` is the depth of the K/V ring;
+    `warpgroups` is 2 or 3 consumer warpgroups of 64 query rows (3 at head_dim 64 only);
+    `overlap` runs each softmax beside the warpgroup's own previous P V product; `persistent`
+    launches one CTA per SM, each looping over tiles, instead of one per tile."""
     check_inputs("gluon_attention_forward", q, k, v)
     head_dim = q.shape[-1]
     if head_dim not in HEAD_DIMS:
@@ -535,7 +541,7 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not t.is_contiguous():
             raise ValueError(f"gluon_attention_forward: {name} must be contiguous (B, H, N, D)")
-    variant = _variant(head_dim, pingpong, stages, warpgroups, overlap, persistent)
+    variant = resolve_schedule(head_dim, causal, pingpong, stages, warpgroups, overlap, persistent)
     scale = softmax_scale(scale, head_dim)
     out, lse = output_buffers("gluon_attention_forward", q, out, lse)
     if not out.is_contiguous():
@@ -566,7 +572,8 @@ def compile_for_hopper(head_dim: int = 128, dtype: torch.dtype = torch.float16,
                        causal: bool = False, **schedule):  # fmt: skip
     """Compile the kernel for sm_90 without a GPU (the CPU test): the front end, the layouts, the
     warp specialization and ptxas all run; returns the compiled kernel (its .asm has the PTX).
-    `schedule`: pingpong, stages, warpgroups, overlap, as `gluon_attention_forward` takes them."""
+    `schedule`: pingpong, stages, warpgroups, overlap, persistent, as `gluon_attention_forward`
+    takes them."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
@@ -574,8 +581,7 @@ def compile_for_hopper(head_dim: int = 128, dtype: torch.dtype = torch.float16,
     def mangle(desc):  # a descriptor's type string; Triton 3.6 has no __mangle__ method
         return desc.__mangle__() if hasattr(desc, "__mangle__") else mangle_type(desc)
 
-    names = ("pingpong", "stages", "warpgroups", "overlap", "persistent")
-    variant = _variant(head_dim, *(schedule.get(n) for n in names))
+    variant = resolve_schedule(head_dim, causal, **schedule)
     gdt = GL_DTYPES[dtype]
     rows = torch.empty((1, head_dim), dtype=dtype)
     q_layout = gl.NVMMASharedLayout.get_default_for([WG_M.value, head_dim], gdt)
