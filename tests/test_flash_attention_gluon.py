@@ -39,6 +39,12 @@ def test_every_default_schedule_is_one_the_kernel_has():
                                                   for c in (False, True)}  # fmt: skip
     with pytest.raises(ValueError, match="warpgroups=3 needs head_dim 64"):
         gluon_flash.resolve_schedule(128, False, warpgroups=3)
+    # At 64 causal the default grid is persistent, which 3 warpgroups do not have: asking for 3
+    # warpgroups alone gets the grid of one CTA per tile (an H200 run refused it before)
+    assert gluon_flash.DEFAULT_SCHEDULE[64, True]["persistent"]
+    assert not gluon_flash.resolve_schedule(64, True, warpgroups=3)["PERSISTENT"]
+    with pytest.raises(ValueError, match="persistent=True needs 2 warpgroups"):
+        gluon_flash.resolve_schedule(64, True, warpgroups=3, persistent=True)
 
 
 @pytest.mark.cpu

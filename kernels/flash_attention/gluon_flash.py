@@ -507,7 +507,9 @@ def resolve_schedule(head_dim: int, causal: bool, pingpong=None, stages=None, wa
     if warpgroups == 3 and head_dim != 64:
         raise ValueError("gluon_attention_forward: warpgroups=3 needs head_dim 64 (at 128, S, P and"
                          " O need 160 registers a thread, all that 3 consumers get)")  # fmt: skip
-    persistent = default["persistent"] if persistent is None else bool(persistent)
+    if persistent is None:  # the default grid gives way to an explicit 3 warpgroups
+        persistent = default["persistent"] and warpgroups == 2
+    persistent = bool(persistent)
     if persistent and warpgroups == 3:
         raise ValueError("gluon_attention_forward: persistent=True needs 2 warpgroups (with 3, "
                          "the tile loop's state spills past 160 registers a thread)")  # fmt: skip
@@ -533,7 +535,8 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     `pingpong` orders the warpgroups' products by turns; `stages` is the depth of the K/V ring;
     `warpgroups` is 2 or 3 consumer warpgroups of 64 query rows (3 at head_dim 64 only);
     `overlap` runs each softmax beside the warpgroup's own previous P V product; `persistent`
-    launches one CTA per SM, each looping over tiles, instead of one per tile."""
+    launches one CTA per SM, each looping over tiles, instead of one per tile (2 warpgroups only:
+    a default persistent grid gives way to an explicit `warpgroups=3`)."""
     check_inputs("gluon_attention_forward", q, k, v)
     head_dim = q.shape[-1]
     if head_dim not in HEAD_DIMS:
