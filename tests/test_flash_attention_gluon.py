@@ -32,6 +32,8 @@ def test_every_default_schedule_is_one_the_kernel_has():
 
     for (head_dim, causal), schedule in gluon_flash.DEFAULT_SCHEDULE.items():
         resolved = gluon_flash.resolve_schedule(head_dim, causal)
+        assert resolved["PINGPONG"] == schedule["pingpong"]
+        assert resolved["STAGES"] == schedule["stages"]
         assert resolved["NUM_WG"] == schedule["warpgroups"]
         assert resolved["OVERLAP"] == schedule["overlap"]
         assert resolved["PERSISTENT"] == schedule["persistent"]
@@ -65,7 +67,8 @@ def test_compiles_for_hopper_without_a_gpu(head_dim, dtype, causal, schedule):
     assert {consumer, producer} <= set(made["register_budgets"])
     assert 128 * (n_wg * consumer + producer) <= 65536
     assert made["spill_bytes"] == 0, made
-    stages_kv = gluon_flash.STAGES * 2 * 128 * head_dim * 2  # K and V, 128 keys, 2 bytes
+    stages = gluon_flash.resolve_schedule(head_dim, causal, **schedule)["STAGES"]
+    stages_kv = stages * 2 * 128 * head_dim * 2  # K and V, 128 keys, 2 bytes
     assert made["shared_bytes"] >= stages_kv + n_wg * 64 * head_dim * 2  # plus Q per warpgroup
     assert made["shared_bytes"] <= 227 * 1024
 
@@ -88,11 +91,13 @@ GLUON_SHAPES = [
 ]
 
 
-# (schedule, dtype): the default schedule of each case in both dtypes, the default without its turns
-# or with 2 stages (the benchmark's comparisons), and every combination of warpgroups, overlap and
-# persistent grid, spelled out in full, in fp16, most also in bf16 or without turns.
+# (schedule, dtype): the default schedule of each case in both dtypes, the default with and without
+# its turns and with 2 and 3 stages (the benchmark's comparisons), and every combination of
+# warpgroups, overlap and persistent grid, spelled out in full, in fp16, most also in bf16 or
+# without turns.
 VARIANTS = [({}, torch.float16), ({}, torch.bfloat16), ({"pingpong": False}, torch.float16),
-            ({"stages": 2}, torch.float16),
+            ({"pingpong": True}, torch.float16), ({"stages": 2}, torch.float16),
+            ({"stages": 3}, torch.float16),
             ({"warpgroups": 2, "overlap": False, "persistent": False}, torch.float16),
             ({"warpgroups": 2, "overlap": False, "persistent": False}, torch.bfloat16),
             ({"warpgroups": 3, "overlap": False}, torch.float16),

@@ -520,11 +520,14 @@ def _runs(fn) -> bool:
 
 
 # The Gluon schedules timed beside the default (gluon_flash's docstring and DEFAULT_SCHEDULE): the
-# default without one of its choices, then each combination spelled out in full, so that a column is
-# the same kernel at every shape.
+# default with one of its choices set either way (where one way is the default, "ours (Gluon)" is
+# it), then each combination spelled out in full, so that a column is the same kernel at every
+# shape.
 GLUON_SCHEDULES = {
+    "ping-pong": {"pingpong": True},
     "no ping-pong": {"pingpong": False},
     "2 stages": {"stages": 2},
+    "3 stages": {"stages": 3},
     "2 warpgroups": {"warpgroups": 2, "overlap": False, "persistent": False},
     "S overlap": {"warpgroups": 2, "overlap": True, "persistent": False},
     "3 warpgroups": {"warpgroups": 3, "overlap": False, "persistent": False},

@@ -22,9 +22,10 @@ P 32 as fp16 pairs, the row statistics and indices) and the producer 24: 2 x 128
 = 64,512. Shared memory: Q 2 x 64 x D x 2 bytes plus STAGES x (K + V) of 128 x D x 2 bytes =
 224 KiB at D = 128 (of 227), 112 KiB at D = 64.
 
-Three variants, selected by keyword (`gluon_attention_forward`); DEFAULT_SCHEDULE names, per
-head_dim and causal, the combination that measured fastest on both an H100 and an H200
-(PERFORMANCE.md, "The schedules measured"). Every combination passed every fp64 test on both.
+Three variants, selected by keyword (`gluon_attention_forward`) like the turns (`pingpong`) and
+the ring's depth (`stages`); DEFAULT_SCHEDULE names, per head_dim and causal, the combination that
+measured fastest on both an H100 and an H200 (PERFORMANCE.md, "The schedules measured"). Every
+combination passed every fp64 test on both.
 
 * `warpgroups=3` (D = 64 only), FlashAttention-3's choice at D = 64: three consumer warpgroups,
   192 query rows a CTA. Each K/V tile brought into shared memory serves 192 rows instead of 128,
@@ -77,19 +78,22 @@ from kernels.flash_attention.triton_flash import LOG2E, check_inputs, output_buf
 HEAD_DIMS = (64, 128)
 WG_M = gl.constexpr(64)  # query rows per consumer warpgroup (one wgmma M)
 BLOCK_N = 128  # keys per K/V tile
-# K/V ring depth: 3 stages of K and V tiles are 192 KiB at D = 128, plus Q (32 KiB): 224 KiB of the
-# 227 KiB a CTA may use. 3 measured faster than 2 (PERFORMANCE.md).
-STAGES = 3
-PINGPONG = True  # the consumer warpgroups take turns on the tensor cores (FlashAttention-3)
-# By (head_dim, causal): consumer warpgroups per CTA (3 fit only at D = 64), the intra-warpgroup
-# overlap, one CTA per SM looping over tiles. Each is the fastest combination measured on both an
-# H100 and an H200 (PERFORMANCE.md); causal D = 64 is the case where none beats the Triton kernel.
+# By (head_dim, causal), the schedule a call gets unless it asks for another: whether the consumer
+# warpgroups take turns on the tensor cores (ping-pong), the K/V ring's depth (3 stages of K and V
+# at D = 128 are 192 KiB, plus Q 32 KiB: 224 of the 227 KiB a CTA may use), consumer warpgroups per
+# CTA (3 fit only at D = 64), the intra-warpgroup overlap, one CTA per SM looping over tiles. Each
+# is the fastest schedule measured on both an H100 and an H200 (PERFORMANCE.md, "The schedules
+# measured"); causal D = 64 is the case where none beats the Triton kernel.
 DEFAULT_SCHEDULE = {
-    (64, False): {"warpgroups": 3, "overlap": True, "persistent": False},
-    (64, True): {"warpgroups": 2, "overlap": True, "persistent": True},
-    (128, False): {"warpgroups": 2, "overlap": True, "persistent": False},
-    (128, True): {"warpgroups": 2, "overlap": True, "persistent": False},
-}
+    (64, False): {"pingpong": True, "stages": 2, "warpgroups": 3, "overlap": True,
+                  "persistent": False},
+    (64, True): {"pingpong": True, "stages": 3, "warpgroups": 2, "overlap": True,
+                 "persistent": True},
+    (128, False): {"pingpong": False, "stages": 3, "warpgroups": 2, "overlap": True,
+                   "persistent": False},
+    (128, True): {"pingpong": False, "stages": 3, "warpgroups": 2, "overlap": True,
+                  "persistent": False},
+}  # fmt: skip
 # setmaxnreg budgets, registers per thread: the consumers hold S, P and O, the producer a few
 # scalars. 2 consumers: 2 x 128 x 240 + 128 x 24 = 64,512; 3: 3 x 128 x 160 + 128 x 24 = 64,512.
 CONSUMER_REGS = {2: 240, 3: 160}
@@ -288,7 +292,7 @@ def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free
     """The same warpgroup loop in FlashAttention-3's order: iteration j queues this warpgroup's
     two matrix products, S_j = Q K_j^T and O += P_{j-1} V_{j-1}, then runs the softmax of S_j.
 
-    PINGPONG (on by default): before queueing, wait for this warpgroup's turn; after, pass
+    PINGPONG (on by default at D = 64): before queueing, wait for this warpgroup's turn; after, pass
     the turn to the next warpgroup (round-robin over the `turn` barriers: 0, 1, 0, ... with two
     warpgroups, 0, 1, 2, 0, ... with three). The warpgroups' products then alternate on the tensor
     cores instead of colliding, and each softmax hides behind the others' products.
@@ -498,8 +502,9 @@ def gluon_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, n_tiles, n_m, n_h
 
 def resolve_schedule(head_dim: int, causal: bool, pingpong=None, stages=None, warpgroups=None,
                      overlap=None, persistent=None) -> dict:  # fmt: skip
-    """The kernel's schedule constexprs for one call, the defaults filled in (None: PINGPONG,
-    STAGES, DEFAULT_SCHEDULE), checked: ValueError for a combination the kernel does not have."""
+    """The kernel's schedule constexprs for one call, the defaults filled in (None: the
+    DEFAULT_SCHEDULE of this head_dim and `causal`), checked: ValueError for a combination the
+    kernel does not have."""
     default = DEFAULT_SCHEDULE[head_dim, bool(causal)]
     warpgroups = default["warpgroups"] if warpgroups is None else int(warpgroups)
     if warpgroups not in CONSUMER_REGS:
@@ -513,8 +518,12 @@ def resolve_schedule(head_dim: int, causal: bool, pingpong=None, stages=None, wa
     if persistent and warpgroups == 3:
         raise ValueError("gluon_attention_forward: persistent=True needs 2 warpgroups (with 3, "
                          "the tile loop's state spills past 160 registers a thread)")  # fmt: skip
-    return {"STAGES": stages or STAGES,
-            "PINGPONG": PINGPONG if pingpong is None else bool(pingpong), "NUM_WG": warpgroups,
+    stages = default["stages"] if stages is None else int(stages)
+    if stages not in (2, 3):
+        raise ValueError(f"gluon_attention_forward: stages {stages}; supported: 2, 3")
+    return {"STAGES": stages,
+            "PINGPONG": default["pingpong"] if pingpong is None else bool(pingpong),
+            "NUM_WG": warpgroups,
             "OVERLAP": default["overlap"] if overlap is None else bool(overlap),
             "PERSISTENT": persistent,
             "CONSUMER_REGS": CONSUMER_REGS[warpgroups], "PRODUCER_REGS": PRODUCER_REGS}  # fmt: skip
@@ -531,7 +540,7 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
                             overlap: bool | None = None,
                             persistent: bool | None = None):  # fmt: skip
     """(out, lse) as `triton_flash.flash_attention_forward`, with the warp-specialized kernel.
-    The schedule (None: PINGPONG, STAGES, and DEFAULT_SCHEDULE for this head_dim and `causal`):
+    The schedule (None: DEFAULT_SCHEDULE for this head_dim and `causal`):
     `pingpong` orders the warpgroups' products by turns; `stages` is the depth of the K/V ring;
     `warpgroups` is 2 or 3 consumer warpgroups of 64 query rows (3 at head_dim 64 only);
     `overlap` runs each softmax beside the warpgroup's own previous P V product; `persistent`
