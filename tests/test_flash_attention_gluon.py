@@ -93,8 +93,8 @@ GLUON_SHAPES = [
 
 # (schedule, dtype): the default schedule of each case in both dtypes, the default with and without
 # its turns and with 2 and 3 stages (the benchmark's comparisons), and every combination of
-# warpgroups, overlap and persistent grid, spelled out in full, in fp16, most also in bf16 or
-# without turns.
+# warpgroups, overlap and persistent grid (with the case's turns and ring unless named), in fp16,
+# most also in bf16 or without turns.
 VARIANTS = [({}, torch.float16), ({}, torch.bfloat16), ({"pingpong": False}, torch.float16),
             ({"pingpong": True}, torch.float16), ({"stages": 2}, torch.float16),
             ({"stages": 3}, torch.float16),

@@ -521,8 +521,8 @@ def _runs(fn) -> bool:
 
 # The Gluon schedules timed beside the default (gluon_flash's docstring and DEFAULT_SCHEDULE): the
 # default with one of its choices set either way (where one way is the default, "ours (Gluon)" is
-# it), then each combination spelled out in full, so that a column is the same kernel at every
-# shape.
+# it), then combinations of warpgroups, overlap and grid, which keep the case's turns and ring depth
+# (so "2 warpgroups" has the turns at D = 64 and none at D = 128, as the defaults there).
 GLUON_SCHEDULES = {
     "ping-pong": {"pingpong": True},
     "no ping-pong": {"pingpong": False},
