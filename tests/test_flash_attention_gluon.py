@@ -60,15 +60,15 @@ def test_compiles_for_hopper_without_a_gpu(head_dim, dtype, causal, schedule):
     from kernels.flash_attention import gluon_flash
 
     made = gluon_flash.compile_offline(head_dim, dtype, causal, **schedule)
-    n_wg = gluon_flash.resolve_schedule(head_dim, causal, **schedule)["NUM_WG"]
+    resolved = gluon_flash.resolve_schedule(head_dim, causal, **schedule)
+    n_wg = resolved["NUM_WG"]
     assert made["warps"] == 4 * (n_wg + 1)
     assert made["wgmma"] > 0 and made["tma_copies"] > 0
     consumer, producer = gluon_flash.CONSUMER_REGS[n_wg], gluon_flash.PRODUCER_REGS
     assert {consumer, producer} <= set(made["register_budgets"])
     assert 128 * (n_wg * consumer + producer) <= 65536
     assert made["spill_bytes"] == 0, made
-    stages = gluon_flash.resolve_schedule(head_dim, causal, **schedule)["STAGES"]
-    stages_kv = stages * 2 * 128 * head_dim * 2  # K and V, 128 keys, 2 bytes
+    stages_kv = resolved["STAGES"] * 2 * 128 * head_dim * 2  # K and V, 128 keys, 2 bytes
     assert made["shared_bytes"] >= stages_kv + n_wg * 64 * head_dim * 2  # plus Q per warpgroup
     assert made["shared_bytes"] <= 227 * 1024
 
