@@ -13,7 +13,7 @@ from tests.test_flash_attention import check_forward, make, run_forward
 # On a GPU the kernel itself runs (tests below); the offline path uses the CPU environment's Triton.
 # (head_dim, dtype, causal, schedule): the default schedule of each (head_dim, causal) (3
 # warpgroups with the overlap and a ring of 2 at 64 non-causal, the persistent grid with the overlap
-# at 64 causal, the overlap without turns at 128), and the other combinations the GPU tests below
+# and a ring of 2 at 64 causal, the overlap without turns at 128), and the other combinations the GPU tests below
 # run: 2 warpgroups without the overlap, 3 warpgroups with and without turns, the overlap with
 # turns, the persistent grid at 128.
 COMPILED = [(128, "float16", True, {}), (64, "bfloat16", False, {}), (64, "float16", True, {}),
