@@ -15,18 +15,14 @@ from tests.test_flash_attention import check_forward, make, run_forward
 # warpgroups with the overlap and a ring of 2 at 64 non-causal, the persistent grid with the overlap
 # and a ring of 2 at 64 causal, the overlap without turns at 128), and the other combinations the
 # GPU tests below run: 2 warpgroups without the overlap, 3 warpgroups with and without turns, the
-# overlap with turns, the persistent grid at 128, and 3 warpgroups on the persistent grid with 64
-# keys a block.
+# overlap with turns, the persistent grid at 128.
 COMPILED = [(128, "float16", True, {}), (64, "bfloat16", False, {}), (64, "float16", True, {}),
             (128, "bfloat16", False, {"overlap": False}),
             (64, "float16", True, {"warpgroups": 3, "overlap": False}),
             (64, "bfloat16", False, {"warpgroups": 3, "pingpong": False}),
             (128, "float16", False, {"overlap": True, "pingpong": True}),
             (64, "float16", False, {"warpgroups": 2, "overlap": True}),
-            (128, "float16", True, {"persistent": True, "overlap": True}),
-            (64, "float16", True, {"warpgroups": 3, "persistent": True, "block_n": 64}),
-            (64, "bfloat16", False,
-             {"warpgroups": 3, "persistent": True, "block_n": 64})]  # fmt: skip
+            (128, "float16", True, {"persistent": True, "overlap": True})]  # fmt: skip
 
 
 def test_every_default_schedule_is_one_the_kernel_has():
@@ -41,25 +37,16 @@ def test_every_default_schedule_is_one_the_kernel_has():
         assert resolved["NUM_WG"] == schedule["warpgroups"]
         assert resolved["OVERLAP"] == schedule["overlap"]
         assert resolved["PERSISTENT"] == schedule["persistent"]
-        assert resolved["BLOCK_N"] == schedule["block_n"]
     assert set(gluon_flash.DEFAULT_SCHEDULE) == {(d, c) for d in gluon_flash.HEAD_DIMS
                                                   for c in (False, True)}  # fmt: skip
     with pytest.raises(ValueError, match="warpgroups=3 needs head_dim 64"):
         gluon_flash.resolve_schedule(128, False, warpgroups=3)
-    # At 64 causal the default grid is persistent, which 3 warpgroups have only with 64 keys a
-    # block: asking for 3 warpgroups alone gets the grid of one CTA per tile (an H200 run refused
-    # it before), with 64 keys a block the persistent grid
+    # At 64 causal the default grid is persistent, which 3 warpgroups do not have: asking for 3
+    # warpgroups alone gets the grid of one CTA per tile (an H200 run refused it before)
     assert gluon_flash.DEFAULT_SCHEDULE[64, True]["persistent"]
-    assert not gluon_flash.resolve_schedule(64, True, warpgroups=3, block_n=128)["PERSISTENT"]
-    assert gluon_flash.resolve_schedule(64, True, warpgroups=3, block_n=64)["PERSISTENT"]
-    with pytest.raises(ValueError, match="persistent=True with 3 warpgroups needs block_n=64"):
-        gluon_flash.resolve_schedule(64, True, warpgroups=3, persistent=True, block_n=128)
-    with pytest.raises(ValueError, match="block_n 96"):
-        gluon_flash.resolve_schedule(64, False, block_n=96)
-    # 4 stages of 128 keys at 128: Q 32 KiB + 4 x 64 KiB of K and V, past the 227 KiB of a CTA
-    with pytest.raises(ValueError, match="need 288 KiB of shared memory"):
-        gluon_flash.resolve_schedule(128, False, stages=4)
-    assert gluon_flash.resolve_schedule(64, False, stages=4, block_n=64)["STAGES"] == 4
+    assert not gluon_flash.resolve_schedule(64, True, warpgroups=3)["PERSISTENT"]
+    with pytest.raises(ValueError, match="persistent=True needs 2 warpgroups"):
+        gluon_flash.resolve_schedule(64, True, warpgroups=3, persistent=True)
 
 
 @pytest.mark.cpu
@@ -81,7 +68,7 @@ def test_compiles_for_hopper_without_a_gpu(head_dim, dtype, causal, schedule):
     assert {consumer, producer} <= set(made["register_budgets"])
     assert 128 * (n_wg * consumer + producer) <= 65536
     assert made["spill_bytes"] == 0, made
-    stages_kv = resolved["STAGES"] * 2 * resolved["BLOCK_N"] * head_dim * 2  # K and V, 2 bytes
+    stages_kv = resolved["STAGES"] * 2 * 128 * head_dim * 2  # K and V, 128 keys, 2 bytes
     assert made["shared_bytes"] >= stages_kv + n_wg * 64 * head_dim * 2  # plus Q per warpgroup
     assert made["shared_bytes"] <= 227 * 1024
 
@@ -127,13 +114,6 @@ VARIANTS = [({}, torch.float16), ({}, torch.bfloat16), ({"pingpong": False}, tor
             ({"warpgroups": 2, "persistent": True, "overlap": False}, torch.bfloat16),
             ({"warpgroups": 2, "persistent": True, "overlap": True}, torch.float16),
             ({"warpgroups": 2, "persistent": True, "overlap": False, "pingpong": False},
-             torch.float16),
-            ({"block_n": 64}, torch.float16),
-            ({"warpgroups": 2, "overlap": True, "persistent": True, "block_n": 64}, torch.float16),
-            ({"warpgroups": 3, "overlap": True, "persistent": True, "block_n": 64}, torch.float16),
-            ({"warpgroups": 3, "overlap": True, "persistent": True, "block_n": 64},
-             torch.bfloat16),
-            ({"warpgroups": 3, "overlap": True, "persistent": True, "block_n": 64, "stages": 4},
              torch.float16)]  # fmt: skip
 
 
@@ -187,10 +167,8 @@ def test_gluon_rejects_what_it_does_not_cover():
     with pytest.raises(ValueError, match="warpgroups=3 needs head_dim 64"):
         gluon_flash.gluon_attention_forward(q, k, v, warpgroups=3)
     q, k, v = make((1, 2, 64, 64), (1, 2, 64, 64), torch.float16, seed=4)
-    with pytest.raises(ValueError, match="persistent=True with 3 warpgroups needs block_n=64"):
-        gluon_flash.gluon_attention_forward(q, k, v, warpgroups=3, persistent=True, block_n=128)
-    with pytest.raises(ValueError, match="block_n 32"):
-        gluon_flash.gluon_attention_forward(q, k, v, block_n=32)
+    with pytest.raises(ValueError, match="persistent=True needs 2 warpgroups"):
+        gluon_flash.gluon_attention_forward(q, k, v, warpgroups=3, persistent=True)
 
 
 def test_gluon_targets_state_the_ratio_and_its_threshold():

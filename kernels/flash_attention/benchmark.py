@@ -521,9 +521,8 @@ def _runs(fn) -> bool:
 
 # The Gluon schedules timed beside the default (gluon_flash's docstring and DEFAULT_SCHEDULE): the
 # default with one of its choices set either way (where one way is the default, "ours (Gluon)" is
-# it), then combinations of warpgroups, overlap, grid and keys a block, which keep the case's turns
-# and ring depth (so "2 warpgroups" has the turns at D = 64 and none at D = 128, as the defaults
-# there).
+# it), then combinations of warpgroups, overlap and grid, which keep the case's turns and ring depth
+# (so "2 warpgroups" has the turns at D = 64 and none at D = 128, as the defaults there).
 GLUON_SCHEDULES = {
     "ping-pong": {"pingpong": True},
     "no ping-pong": {"pingpong": False},
@@ -535,26 +534,6 @@ GLUON_SCHEDULES = {
     "3 warpgroups, S overlap": {"warpgroups": 3, "overlap": True, "persistent": False},
     "persistent": {"warpgroups": 2, "overlap": False, "persistent": True},
     "persistent, S overlap": {"warpgroups": 2, "overlap": True, "persistent": True},
-    "64 keys a block": {"block_n": 64},
-    "persistent, S overlap, 64 keys": {
-        "warpgroups": 2,
-        "overlap": True,
-        "persistent": True,
-        "block_n": 64,
-    },
-    "3 warpgroups, persistent, S overlap, 64 keys": {
-        "warpgroups": 3,
-        "overlap": True,
-        "persistent": True,
-        "block_n": 64,
-    },
-    "3 warpgroups, persistent, S overlap, 64 keys, 4 stages": {
-        "warpgroups": 3,
-        "overlap": True,
-        "persistent": True,
-        "block_n": 64,
-        "stages": 4,
-    },
 }
 
 

@@ -22,7 +22,7 @@ P 32 as fp16 pairs, the row statistics and indices) and the producer 24: 2 x 128
 = 64,512. Shared memory: Q 2 x 64 x D x 2 bytes plus STAGES x (K + V) of 128 x D x 2 bytes =
 224 KiB at D = 128 (of 227), 112 KiB at D = 64.
 
-Four variants, selected by keyword (`gluon_attention_forward`) like the turns (`pingpong`) and
+Three variants, selected by keyword (`gluon_attention_forward`) like the turns (`pingpong`) and
 the ring's depth (`stages`); DEFAULT_SCHEDULE names, per head_dim and causal, the combination that
 measured fastest on both an H100 and an H200 (PERFORMANCE.md, "The schedules measured"). Every
 combination passed every fp64 test on both.
@@ -50,10 +50,6 @@ combination passed every fp64 test on both.
   turns run on across tiles. Every role loops over its tiles either way; without
   it the loop has a trip count of one, which the compiler removes. +9 points of cuDNN at D = 64
   non-causal, nothing at D = 128 (PERFORMANCE.md).
-* `block_n=64`: K/V blocks of 64 keys instead of 128. S and each P take half the registers (32 and
-  16 a thread instead of 64 and 32), which is what lets 3 warpgroups loop over tiles
-  (`persistent=True`) within 160 registers; at 128 keys that loop's state spills. Twice the
-  blocks, so twice the barrier waits per key; a ring of 4 stages fits (Q 24 KiB + 4 x 16 KiB).
 
 Scope: the forward, head_dim 64 and 128, fp16 and bf16, causal (bottom-right aligned, as in
 `reference.py`) or not, grouped-query attention, any lengths; q, k and v contiguous (B, H, N, D)
@@ -82,28 +78,26 @@ from kernels.flash_attention.triton_flash import LOG2E, check_inputs, output_buf
 
 HEAD_DIMS = (64, 128)
 WG_M = gl.constexpr(64)  # query rows per consumer warpgroup (one wgmma M)
-BLOCK_NS = (64, 128)  # keys per K/V tile (a power of 2, as every tensor dimension in Gluon)
+BLOCK_N = 128  # keys per K/V tile
 # By (head_dim, causal), the schedule a call gets unless it asks for another: whether the consumer
 # warpgroups take turns on the tensor cores (ping-pong), the K/V ring's depth (3 stages of K and V
 # at D = 128 are 192 KiB, plus Q 32 KiB: 224 of the 227 KiB a CTA may use), consumer warpgroups per
-# CTA (3 fit only at D = 64), the intra-warpgroup overlap, one CTA per SM looping over tiles, keys
-# a K/V block. Each
+# CTA (3 fit only at D = 64), the intra-warpgroup overlap, one CTA per SM looping over tiles. Each
 # is the fastest schedule measured on both an H100 and an H200 (PERFORMANCE.md, "The schedules
 # measured" and the sections after it).
 DEFAULT_SCHEDULE = {
     (64, False): {"pingpong": True, "stages": 2, "warpgroups": 3, "overlap": True,
-                  "persistent": False, "block_n": 128},
+                  "persistent": False},
     (64, True): {"pingpong": True, "stages": 2, "warpgroups": 2, "overlap": True,
-                 "persistent": True, "block_n": 128},
+                 "persistent": True},
     (128, False): {"pingpong": False, "stages": 3, "warpgroups": 2, "overlap": True,
-                   "persistent": False, "block_n": 128},
+                   "persistent": False},
     (128, True): {"pingpong": False, "stages": 3, "warpgroups": 2, "overlap": True,
-                  "persistent": False, "block_n": 128},
+                  "persistent": False},
 }  # fmt: skip
 # setmaxnreg budgets, registers per thread: the consumers hold S, P and O, the producer a few
 # scalars. 2 consumers: 2 x 128 x 240 + 128 x 24 = 64,512; 3: 3 x 128 x 160 + 128 x 24 = 64,512.
 CONSUMER_REGS = {2: 240, 3: 160}
-SHARED_BYTES = 227 * 1024  # the most shared memory a CTA may use on Hopper
 PRODUCER_REGS = 24
 GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 # TMA global-to-shared copy: `async_load` in newer releases, `async_copy_global_to_shared` before.
@@ -465,13 +459,14 @@ def _consumer_2(args, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
 @gluon.jit(do_not_specialize=["n_tiles", "n_m", "n_heads", "group", "n_q", "n_k"])
 def gluon_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, n_tiles, n_m, n_heads, group, n_q,
                      n_k, qk_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                     BLOCK_N: gl.constexpr, PINGPONG: gl.constexpr, NUM_WG: gl.constexpr,
-                     OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr,
-                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):  # fmt: skip
+                     PINGPONG: gl.constexpr, NUM_WG: gl.constexpr, OVERLAP: gl.constexpr,
+                     PERSISTENT: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                     PRODUCER_REGS: gl.constexpr):  # fmt: skip
     """Tiles of NUM_WG x 64 query rows of one head; the CTA takes tile program_id, or with one
     CTA per SM (persistent) one tile of every round of num_programs tiles (`_tile_id`), and then
     the producer loads the next tile's first K and V blocks while the consumers finish a tile."""
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     tiles = (n_tiles, n_m, n_heads, group, n_q, n_k)
 
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, WG_M, HEAD_DIM], q_desc.layout)
@@ -530,7 +525,7 @@ def gluon_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, n_tiles, n_m, n_h
 
 
 def resolve_schedule(head_dim: int, causal: bool, pingpong=None, stages=None, warpgroups=None,
-                     overlap=None, persistent=None, block_n=None) -> dict:  # fmt: skip
+                     overlap=None, persistent=None) -> dict:  # fmt: skip
     """The kernel's schedule constexprs for one call, the defaults filled in (None: the
     DEFAULT_SCHEDULE of this head_dim and `causal`), checked: ValueError for a combination the
     kernel does not have."""
@@ -541,25 +536,16 @@ def resolve_schedule(head_dim: int, causal: bool, pingpong=None, stages=None, wa
     if warpgroups == 3 and head_dim != 64:
         raise ValueError("gluon_attention_forward: warpgroups=3 needs head_dim 64 (at 128, S, P and"
                          " O need 160 registers a thread, all that 3 consumers get)")  # fmt: skip
-    block_n = default["block_n"] if block_n is None else int(block_n)
-    if block_n not in BLOCK_NS:
-        raise ValueError(f"gluon_attention_forward: block_n {block_n}; supported: 64, 128")
-    if persistent is None:  # a default persistent grid gives way to 3 warpgroups at 128 keys
-        persistent = default["persistent"] and (warpgroups == 2 or block_n == 64)
+    if persistent is None:  # the default grid gives way to an explicit 3 warpgroups
+        persistent = default["persistent"] and warpgroups == 2
     persistent = bool(persistent)
-    if persistent and warpgroups == 3 and block_n == 128:
-        raise ValueError("gluon_attention_forward: persistent=True with 3 warpgroups needs "
-                         "block_n=64 (at 128 keys a block, the tile loop's state spills past 160 "
-                         "registers a thread)")  # fmt: skip
+    if persistent and warpgroups == 3:
+        raise ValueError("gluon_attention_forward: persistent=True needs 2 warpgroups (with 3, "
+                         "the tile loop's state spills past 160 registers a thread)")  # fmt: skip
     stages = default["stages"] if stages is None else int(stages)
-    if stages not in (2, 3, 4):
-        raise ValueError(f"gluon_attention_forward: stages {stages}; supported: 2, 3, 4")
-    shared = 2 * (warpgroups * WG_M.value + 2 * stages * block_n) * head_dim  # Q, K and V, 2 bytes
-    if shared > SHARED_BYTES:
-        raise ValueError(f"gluon_attention_forward: {stages} stages of {block_n} keys need "
-                         f"{shared // 1024} KiB of shared memory at head_dim {head_dim}, more "
-                         f"than the {SHARED_BYTES // 1024} KiB a CTA may use")  # fmt: skip
-    return {"STAGES": stages, "BLOCK_N": block_n,
+    if stages not in (2, 3):
+        raise ValueError(f"gluon_attention_forward: stages {stages}; supported: 2, 3")
+    return {"STAGES": stages,
             "PINGPONG": default["pingpong"] if pingpong is None else bool(pingpong),
             "NUM_WG": warpgroups,
             "OVERLAP": default["overlap"] if overlap is None else bool(overlap),
@@ -575,16 +561,15 @@ def _sm_count(device_index: int) -> int:
 def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None = None, *,
                             out=None, lse=None, pingpong: bool | None = None,
                             stages: int | None = None, warpgroups: int | None = None,
-                            overlap: bool | None = None, persistent: bool | None = None,
-                            block_n: int | None = None):  # fmt: skip
+                            overlap: bool | None = None,
+                            persistent: bool | None = None):  # fmt: skip
     """(out, lse) as `triton_flash.flash_attention_forward`, with the warp-specialized kernel.
     The schedule (None: DEFAULT_SCHEDULE for this head_dim and `causal`):
     `pingpong` orders the warpgroups' products by turns; `stages` is the depth of the K/V ring;
     `warpgroups` is 2 or 3 consumer warpgroups of 64 query rows (3 at head_dim 64 only);
     `overlap` runs each softmax beside the warpgroup's own previous P V product; `persistent`
-    launches one CTA per SM, each looping over tiles, instead of one per tile (3 warpgroups only
-    with `block_n=64`: a default persistent grid gives way to an explicit `warpgroups=3` at 128);
-    `block_n` is the keys a K/V block holds, 128 or 64."""
+    launches one CTA per SM, each looping over tiles, instead of one per tile (2 warpgroups only:
+    a default persistent grid gives way to an explicit `warpgroups=3`)."""
     check_inputs("gluon_attention_forward", q, k, v)
     head_dim = q.shape[-1]
     if head_dim not in HEAD_DIMS:
@@ -592,8 +577,7 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not t.is_contiguous():
             raise ValueError(f"gluon_attention_forward: {name} must be contiguous (B, H, N, D)")
-    variant = resolve_schedule(head_dim, causal, pingpong, stages, warpgroups, overlap, persistent,
-                               block_n)  # fmt: skip
+    variant = resolve_schedule(head_dim, causal, pingpong, stages, warpgroups, overlap, persistent)
     scale = softmax_scale(scale, head_dim)
     out, lse = output_buffers("gluon_attention_forward", q, out, lse)
     if not out.is_contiguous():
@@ -604,14 +588,13 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
         return out, lse
     dtype = GL_DTYPES[q.dtype]
     q_layout = gl.NVMMASharedLayout.get_default_for([WG_M.value, head_dim], dtype)
-    kv_block = [variant["BLOCK_N"], head_dim]
-    kv_layout = gl.NVMMASharedLayout.get_default_for(kv_block, dtype)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, head_dim], dtype)
     q2, k2, v2 = (t.view(-1, head_dim) for t in (q, k, v))
     q_desc = TensorDescriptor(
         q2, list(q2.shape), list(q2.stride()), [WG_M.value, head_dim], q_layout
     )
-    k_desc = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), kv_block, kv_layout)
-    v_desc = TensorDescriptor(v2, list(v2.shape), list(v2.stride()), kv_block, kv_layout)
+    k_desc = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [BLOCK_N, head_dim], kv_layout)
+    v_desc = TensorDescriptor(v2, list(v2.shape), list(v2.stride()), [BLOCK_N, head_dim], kv_layout)
     n_m = triton.cdiv(n_q, variant["NUM_WG"] * WG_M.value)  # query tiles a head
     n_tiles = n_m * batch * n_heads
     ctas = min(n_tiles, _sm_count(q.device.index)) if variant["PERSISTENT"] else n_tiles
@@ -625,8 +608,8 @@ def compile_for_hopper(head_dim: int = 128, dtype: torch.dtype = torch.float16,
                        causal: bool = False, **schedule):  # fmt: skip
     """Compile the kernel for sm_90 without a GPU (the CPU test): the front end, the layouts, the
     warp specialization and ptxas all run; returns the compiled kernel (its .asm has the PTX).
-    `schedule`: pingpong, stages, warpgroups, overlap, persistent, block_n, as
-    `gluon_attention_forward` takes them."""
+    `schedule`: pingpong, stages, warpgroups, overlap, persistent, as `gluon_attention_forward`
+    takes them."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
@@ -638,10 +621,9 @@ def compile_for_hopper(head_dim: int = 128, dtype: torch.dtype = torch.float16,
     gdt = GL_DTYPES[dtype]
     rows = torch.empty((1, head_dim), dtype=dtype)
     q_layout = gl.NVMMASharedLayout.get_default_for([WG_M.value, head_dim], gdt)
-    kv_block = [variant["BLOCK_N"], head_dim]
-    kv_layout = gl.NVMMASharedLayout.get_default_for(kv_block, gdt)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, head_dim], gdt)
     q_desc = TensorDescriptor(rows, [1, head_dim], [head_dim, 1], [WG_M.value, head_dim], q_layout)
-    kv_desc = TensorDescriptor(rows, [1, head_dim], [head_dim, 1], kv_block, kv_layout)
+    kv_desc = TensorDescriptor(rows, [1, head_dim], [head_dim, 1], [BLOCK_N, head_dim], kv_layout)
     element = {torch.float16: "*fp16", torch.bfloat16: "*bf16"}[dtype]
     signature = {"q_desc": mangle(q_desc), "k_desc": mangle(kv_desc), "v_desc": mangle(kv_desc),
                  "out_ptr": element, "lse_ptr": "*fp32", "n_tiles": "i32", "n_m": "i32",
