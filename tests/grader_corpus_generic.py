@@ -16,8 +16,7 @@ it must write.
 Two kinds: `IN_PROCESS` mistakes are graded with `check_function` directly (fast, no subprocess);
 `PROCESS_LEVEL` ones hang, exhaust memory or crash the process, so only the runner's watched worker
 can
-grade them (tests/test_grader_generic.py grades them all in one `python -m grading --submissions`
-run).
+grade them (tests/test_grader_generic.py grades them with `python -m grading --submissions`).
 """
 
 from __future__ import annotations
