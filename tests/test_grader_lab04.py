@@ -82,8 +82,9 @@ def test_reference_kernels_pass(name):
 
 
 def test_correct_submissions_pass():
-    """The corpus's own code without a mistake: the corpus is wrong only where it says so."""
-    for name, factory, *_ in CORPUS.values():
+    """The corpus's own code without a mistake: the corpus is wrong only where it says so. Several
+    mistakes share a submission factory, whose code without a mistake is graded once."""
+    for name, factory in dict.fromkeys((name, factory) for name, factory, *_ in CORPUS.values()):
         result = check_function(LAB, name, factory("none"), seed=7, perf=False)
         assert result.status == "pass", result.message
 
