@@ -85,8 +85,8 @@ GLUON_SHAPES = [
     (2, 4, 2, 700, 700, 64),  # 6 key blocks: the ring of 3 slots wraps twice at D = 64
     # More tiles than an H100 or H200 has SMs (132): a persistent CTA takes 2 to 4 tiles, one a
     # round, every other round in reverse order (the snake), and the ring's position, the turns
-    # and Q's barrier run on across them. 5 x 32 = 160 tiles, and
-    # with causal and Nq > Nk the first tile of each head sees no key.
+    # and Q's barrier run on across them. 5 x 32 = 160 tiles, and with causal and Nq > Nk the
+    # first tile of each head sees no key.
     (2, 16, 8, 600, 200, 64),
     (4, 16, 4, 1000, 1000, 128),  # 8 x 64 = 512 tiles: the last, partial round runs backwards
     (2, 16, 4, 1100, 1100, 64),  # 9 x 32 = 288 tiles: the last, partial round runs forwards

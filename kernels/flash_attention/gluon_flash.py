@@ -44,7 +44,7 @@ combination passed every fp64 test on both.
   retires, beside S_j and P_j: O 64 + S 64 + P 32 + P 32 = 192 of the 240 registers at D = 128;
   shared memory unchanged.
 * `persistent=True` (2 warpgroups): one CTA per SM instead of one per tile; each CTA takes one
-  tile of every round of 132, in a snake order that evens out causal work (`_tile_id`). The
+  tile of every round of 132, in a snake order that evens out causal work (`_snake_position`). The
   producer loads the next tile's Q (once both consumers' last S = Q K^T of the tile has retired:
   `q_free`) and K/V blocks while the consumers finish the last tile; the ring's position and the
   turns run on across tiles. Every role loops over its tiles either way; without it the loop has
@@ -152,34 +152,39 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_free, k
 @gluon.jit
 def _tile_count(n_tiles, PERSISTENT: gl.constexpr):
     """How many tiles this CTA takes: one per round of num_programs tiles, plus one of the last,
-    partial round if its position there (`_tile_id`) falls inside it; without PERSISTENT the one
-    tile program_id (a constant trip count of one, so the compiler drops the loop around the
-    tile)."""
+    partial round if its position there (`_snake_position`) falls inside it; without PERSISTENT
+    the one tile program_id (a constant trip count of one, so the compiler drops the loop around
+    the tile)."""
     if PERSISTENT:
         full_rounds = n_tiles // gl.num_programs(0)
-        last_position = gl.program_id(0)
-        if full_rounds % 2 == 1:
-            last_position = gl.num_programs(0) - 1 - gl.program_id(0)
-        return full_rounds + (last_position < n_tiles % gl.num_programs(0)).to(gl.int32)
+        last = _snake_position(full_rounds) < n_tiles % gl.num_programs(0)
+        return full_rounds + last.to(gl.int32)
     else:
         return 1
 
 
 @gluon.jit
 def _tile_id(i, PERSISTENT: gl.constexpr):
-    """The CTA's i-th tile. Persistent, round i hands out tiles i * num_programs onwards, and
-    every other round runs the CTAs backwards (a snake): with causal masking a tile's work grows
-    with its query block, and CTA c's tiles in consecutive rounds then pair a long one with a
-    short one. Plain round robin (tile c + i * num_programs) gives a CTA the same few query
-    blocks round after round: at (16, 16, 2048, 64) causal on 132 CTAs the busiest CTA visits 320
-    key blocks, 21% above the mean (264); in the snake, 272 (3%)."""
+    """The CTA's i-th tile: persistent, round i hands out tiles i * num_programs onwards, this CTA
+    the one at its `_snake_position`; otherwise tile program_id."""
     if PERSISTENT:
-        position = gl.program_id(0)
-        if i % 2 == 1:
-            position = gl.num_programs(0) - 1 - gl.program_id(0)
-        return i * gl.num_programs(0) + position
+        return i * gl.num_programs(0) + _snake_position(i)
     else:
         return gl.program_id(0)
+
+
+@gluon.jit
+def _snake_position(round):
+    """Where this CTA's tile lies within a round of num_programs tiles: program_id, and every
+    other round counted backwards (a snake). With causal masking a tile's work grows with its
+    query block, and a CTA's tiles in consecutive rounds then pair a long one with a short one.
+    Plain round robin (tile c + i * num_programs) gives a CTA the same few query blocks round
+    after round: at (16, 16, 2048, 64) causal on 132 CTAs the busiest CTA visits 320 key blocks,
+    21% above the mean (264); in the snake, 272 (3%)."""
+    position = gl.program_id(0)
+    if round % 2 == 1:
+        position = gl.num_programs(0) - 1 - gl.program_id(0)
+    return position
 
 
 @gluon.jit
