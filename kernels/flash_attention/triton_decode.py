@@ -392,9 +392,8 @@ def flash_decode(
     # return_lse the log-sum-exp goes to the plan's scratch row instead of a new tensor.
     if out is None and lse is None:
         out_key = None
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else (
-            plan.lse_scratch)  # fmt: skip
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        lse = torch.empty_like(plan.lse_scratch) if return_lse else plan.lse_scratch
     else:
         out, lse = output_buffers("flash_decode", q, out, lse)
         out_key = (out.stride(), out.data_ptr() % 16, lse.data_ptr() % 16)
