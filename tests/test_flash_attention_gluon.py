@@ -49,17 +49,27 @@ def test_every_default_schedule_is_one_the_kernel_has():
         gluon_flash.resolve_schedule(64, True, warpgroups=3, persistent=True)
 
 
+@pytest.fixture(scope="module")
+def compiled_offline():
+    """Every COMPILED variant, compiled in one process (torch and Triton imported once)."""
+    from kernels.flash_attention import gluon_flash
+
+    return gluon_flash.compile_offline_many(COMPILED)
+
+
 @pytest.mark.cpu
-@pytest.mark.parametrize("head_dim, dtype, causal, schedule", COMPILED,
-                         ids=lambda v: str(v).replace(" ", ""))  # fmt: skip
-def test_compiles_for_hopper_without_a_gpu(head_dim, dtype, causal, schedule):
+@pytest.mark.parametrize("variant", range(len(COMPILED)),
+                         ids=lambda i: str(COMPILED[i]).replace(" ", ""))  # fmt: skip
+def test_compiles_for_hopper_without_a_gpu(compiled_offline, variant):
     """The whole pipeline down to a cubin for sm_90: one consumer warpgroup per 64 query rows plus
     the producer's (padded to a warpgroup), wgmma for both products, TMA copies, register
     reallocation between the roles within the SM's 65,536 registers, shared memory within the
     227 KiB a CTA may have, and nothing spilled to local memory."""
     from kernels.flash_attention import gluon_flash
 
-    made = gluon_flash.compile_offline(head_dim, dtype, causal, **schedule)
+    head_dim, _, causal, schedule = COMPILED[variant]
+    assert len(compiled_offline) == len(COMPILED)
+    made = compiled_offline[variant]
     resolved = gluon_flash.resolve_schedule(head_dim, causal, **schedule)
     n_wg = resolved["NUM_WG"]
     assert made["warps"] == 4 * (n_wg + 1)

@@ -649,14 +649,15 @@ os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"  # ptxas -v: registers and spills, pri
 os.environ["TRITON_ALWAYS_COMPILE"] = "1"  # so ptxas runs (and reports) even when cached
 import torch
 from kernels.flash_attention import gluon_flash
-head_dim, dtype, causal = int(sys.argv[1]), getattr(torch, sys.argv[2]), sys.argv[3] == "1"
-kernel = gluon_flash.compile_for_hopper(head_dim, dtype, causal, **json.loads(sys.argv[4]))
-sys.stdout.flush()
-ptx = kernel.asm["ptx"]
-regs = sorted({int(n) for n in re.findall(r"setmaxnreg[.a-z0-9]*\\s+(\\d+)", ptx)})
-print(json.dumps({"warps": kernel.metadata.num_warps, "shared_bytes": kernel.metadata.shared,
-                  "wgmma": ptx.count("wgmma.mma_async"), "setmaxnreg": ptx.count("setmaxnreg"),
-                  "register_budgets": regs, "tma_copies": ptx.count("cp.async.bulk.tensor")}))
+for head_dim, dtype, causal, schedule in json.loads(sys.argv[1]):
+    kernel = gluon_flash.compile_for_hopper(head_dim, getattr(torch, dtype), causal, **schedule)
+    sys.stdout.flush()
+    ptx = kernel.asm["ptx"]
+    regs = sorted({int(n) for n in re.findall(r"setmaxnreg[.a-z0-9]*\\s+(\\d+)", ptx)})
+    print(json.dumps({"warps": kernel.metadata.num_warps, "shared_bytes": kernel.metadata.shared,
+                      "wgmma": ptx.count("wgmma.mma_async"), "setmaxnreg": ptx.count("setmaxnreg"),
+                      "register_budgets": regs, "tma_copies": ptx.count("cp.async.bulk.tensor")}),
+          flush=True)
 """
 
 
@@ -667,19 +668,30 @@ def compile_offline(head_dim: int = 128, dtype: str = "float16", causal: bool = 
     TMA instructions, `setmaxnreg` instructions and the register counts they set,
     `register_budgets`), and from ptxas's report the registers a thread at launch and the bytes
     spilled to local memory."""
+    return compile_offline_many([(head_dim, dtype, causal, schedule)])[0]
+
+
+def compile_offline_many(variants: list) -> list[dict]:
+    """`compile_offline` for each (head_dim, dtype name, causal, schedule) in `variants`, in one
+    process: torch and Triton are imported once instead of once a variant."""
     import json
     import re
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", _OFFLINE, str(head_dim), dtype, str(int(causal)),
-                           json.dumps(schedule)], capture_output=True, text=True,
-                          timeout=900)  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", _OFFLINE, json.dumps(variants)],
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
     if done.returncode != 0:  # the error, without the binding's reference-leak report after it
         error = done.stderr.split("nanobind: leaked")[0]
         raise RuntimeError("compiling for sm_90 failed:\n" + error[-3000:])
-    made = json.loads(done.stdout.strip().splitlines()[-1])
-    ptxas = done.stdout
-    made["registers"] = max(map(int, re.findall(r"Used (\d+) registers", ptxas)), default=None)
-    made["spill_bytes"] = sum(map(int, re.findall(r"(\d+) bytes spill (?:stores|loads)", ptxas)))
+    made, ptxas = [], ""
+    for line in done.stdout.splitlines():
+        if not line.startswith("{"):  # ptxas's report on the variant compiled next
+            ptxas += line + "\n"
+            continue
+        one = json.loads(line)
+        one["registers"] = max(map(int, re.findall(r"Used (\d+) registers", ptxas)), default=None)
+        one["spill_bytes"] = sum(map(int, re.findall(r"(\d+) bytes spill (?:stores|loads)", ptxas)))
+        made.append(one)
+        ptxas = ""
     return made
