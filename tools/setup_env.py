@@ -174,7 +174,11 @@ def main() -> int:
         pip += ["-c", str(path)]
     # Playwright drives Debian's chromium (`make browser`): it never downloads a browser of its own.
     env = {**os.environ, "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1"}
-    subprocess.run(pip + ["-e", f"{ROOT}[{extras}]"], check=True, env=env)
+    # pip compiles each installed file to bytecode on one core; compileall afterwards uses them
+    # all. The bytecode must exist before grading: the grader's sandbox cannot write it, and a
+    # worker would compile torch's modules again at every start.
+    subprocess.run(pip + ["--no-compile", "-e", f"{ROOT}[{extras}]"], check=True, env=env)
+    subprocess.run([str(python), "-m", "compileall", "-qq", "-j", "0", *site_packages(str(python))])
 
     differences = differences_from_verified(python) if stack != "cpu" else {}
     record = {
