@@ -55,7 +55,6 @@ def test_the_language_is_restored_after_a_launch():
     assert out.item() == pytest.approx(2.0 * x.double().sum().item(), rel=1e-5, abs=1e-5)
 
 
-
 def test_numpy_dtypes_are_the_interpreters_own():
     get_np_dtype = interpreter._get_np_dtype
     scalars = [v for v in vars(tl).values() if isinstance(v, tl.dtype)]
