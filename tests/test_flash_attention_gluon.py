@@ -197,3 +197,26 @@ def test_gluon_targets_state_the_ratio_and_its_threshold():
         ("fwd (32, 32, 4096, 128) float16: Gluon >= 0.95 x cuDNN", 0.945, 0.95, False),
         ("fwd (16, 16, 2048, 64) float16: Gluon >= 1.0 x cuDNN", 1.01, 1.0, True),
     ]
+
+
+def test_the_flash_attn_cute_comparison_says_what_to_install(monkeypatch):
+    """The benchmark section that times FlashAttention's CuTe DSL kernels beside the course's needs
+    a package the course does not install: without it the section stops before touching a GPU and
+    names the pinned install line, and the committed run it would write records those versions."""
+    import json
+    import sys
+
+    from kernels.bench import RESULTS_DIR
+    from kernels.flash_attention import benchmark
+
+    monkeypatch.setitem(sys.modules, "flash_attn", None)  # as if not installed: the import fails
+    with pytest.raises(RuntimeError, match=r"pip install flash-attn-4==4\.0\.0b36 "):
+        benchmark.flash_attn_cute_reference()
+    path = RESULTS_DIR / "h100-80gb-hbm3" / "03_flash_attention_flash_attn_cute.json"
+    saved = json.loads(path.read_text())["flash_attn_cute"]
+    pins = dict(pin.split("==") for pin in benchmark.FLASH_ATTN_CUTE_PINS.split())
+    assert saved["versions"]["flash-attn-4"] == pins["flash-attn-4"]
+    assert saved["versions"]["nvidia-cutlass-dsl"] == pins["nvidia-cutlass-dsl[cu13]"]
+    cases = {(tuple(r["shape"]), r["dtype"], r["causal"]) for r in saved["forward"]}
+    assert cases == {(shape, dtype, causal) for shape in benchmark.TARGET_SHAPES
+                     for dtype in ("float16", "bfloat16") for causal in (False, True)}  # fmt: skip
