@@ -127,7 +127,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_free, k
     done_tiles = 0
     for i in range(_tile_count(tiles[0], PERSISTENT)):
         t = _tile_id(i, PERSISTENT)
-        q_row, kv_row, _, n_blocks, _, _ = _tile(t, tiles, NUM_WG * WG_M, BLOCK_N, CAUSAL)
+        q_row, kv_row, _, n_blocks, _ = _tile(t, tiles, NUM_WG * WG_M, BLOCK_N, CAUSAL)
         # Q's buffer is free once every consumer's last S = Q K^T of the previous tile retired
         # (q_free; a fresh barrier counts as released for parity 1, so the first tile goes on).
         mbarrier.wait(q_free, (done_tiles & 1) ^ 1)
@@ -190,10 +190,9 @@ def _snake_position(round):
 @gluon.jit
 def _tile(t, tiles, CTA_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
     """Tile t (query block fastest, then batch x head): its first Q and K/V rows in the flattened
-    (B * H * N, D) views, its first query m0, the key blocks it visits (n_blocks), how many of
-    them every one of its rows sees whole, and the causal diagonal (query i sees keys
-    j <= i + diagonal). `tiles`: (tiles, query blocks a head, heads, query heads per KV head,
-    Nq, Nk)."""
+    (B * H * N, D) views, its first query m0, the key blocks it visits (n_blocks), and the causal
+    diagonal (query i sees keys j <= i + diagonal). `tiles`: (tiles, query blocks a head, heads,
+    query heads per KV head, Nq, Nk)."""
     n_m, n_heads, group, n_q, n_k = tiles[1], tiles[2], tiles[3], tiles[4], tiles[5]
     pid_m = t % n_m
     if CAUSAL:  # the last query blocks see the most keys: start them first
@@ -204,12 +203,22 @@ def _tile(t, tiles, CTA_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.const
     if CAUSAL:
         diagonal = n_k - n_q  # bottom-right aligned: query i sees keys j <= i + Nk - Nq
         hi = gl.minimum(n_k, gl.maximum(0, m0 + CTA_M + diagonal))
-        unmasked_blocks = gl.maximum(0, gl.minimum(n_k, m0 + diagonal + 1)) // BLOCK_N
     else:
         diagonal = n_k
         hi = n_k
-        unmasked_blocks = n_k // BLOCK_N
-    return bh * n_q + m0, kv_bh * n_k, m0, gl.cdiv(hi, BLOCK_N), unmasked_blocks, diagonal
+    return bh * n_q + m0, kv_bh * n_k, m0, gl.cdiv(hi, BLOCK_N), diagonal
+
+
+@gluon.jit
+def _row_bounds(first_row, diagonal, n_k, BLOCK_N: gl.constexpr, row_layout: gl.constexpr):
+    """For one warpgroup's WG_M query rows from `first_row` (query index in the head): the last key
+    each row sees, the diagonal and the end of the keys in one bound (a masked block then costs one
+    comparison a score), and how many key blocks every one of these rows sees whole (counted from
+    this warpgroup's first row, not the tile's: a lower warpgroup masks fewer blocks)."""
+    rows = first_row + gl.arange(0, WG_M, layout=row_layout)
+    last_key = gl.minimum(rows + diagonal, n_k - 1)
+    unmasked_blocks = gl.maximum(0, gl.minimum(n_k, first_row + diagonal + 1)) // BLOCK_N
+    return last_key, unmasked_blocks
 
 
 @gluon.jit
@@ -257,10 +266,9 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free, k_ready
     done_tiles = 0
     for i in range(_tile_count(tiles[0], PERSISTENT)):
         t = _tile_id(i, PERSISTENT)
-        q_row, _, m0, n_blocks, unmasked_blocks, diagonal = _tile(
-            t, tiles, NUM_WG * WG_M, BLOCK_N, CAUSAL
-        )
-        rows = m0 + WG * WG_M + gl.arange(0, WG_M, layout=row_layout)  # query index in the head
+        q_row, _, m0, n_blocks, diagonal = _tile(t, tiles, NUM_WG * WG_M, BLOCK_N, CAUSAL)
+        last_key, unmasked_blocks = _row_bounds(m0 + WG * WG_M, diagonal, n_k, BLOCK_N,
+                                                row_layout)  # fmt: skip
         m_i = gl.full([WG_M], float("-inf"), gl.float32, layout=row_layout)
         l_i = gl.zeros([WG_M], gl.float32, layout=row_layout)
         acc = gl.zeros([WG_M, HEAD_DIM], gl.float32, layout=o_layout)
@@ -273,8 +281,8 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free, k_ready
                               is_async=True)  # fmt: skip
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
             mbarrier.arrive(slot_free.index(slot), count=1)  # K consumed
-            p_op, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, rows, n_k, qk_scale,
-                                                  unmasked_blocks, diagonal, dtype, p_layout,
+            p_op, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, last_key, qk_scale,
+                                                  unmasked_blocks, dtype, p_layout,
                                                   o_layout)  # fmt: skip
             acc = acc * gl.expand_dims(alpha, 1)
             mbarrier.wait(v_ready.index(slot), phase)
@@ -288,20 +296,19 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free, k_ready
 
 
 @gluon.jit
-def _softmax_step(s, j, m_i, l_i, rows, n_k, qk_scale, unmasked_blocks, diagonal,
-                  dtype: gl.constexpr, p_layout: gl.constexpr, o_layout: gl.constexpr):  # fmt: skip
-    """The online softmax of key block j's scores s: masks (diagonal, keys past Nk), the new row
-    maximum m_new, P (as the next product's register operand), the running sum, and alpha (in O's
-    row layout), the factor that moves O from the old maximum to m_new. O itself is not touched:
-    the caller rescales it once O's previous product has retired."""
+def _softmax_step(s, j, m_i, l_i, last_key, qk_scale, unmasked_blocks, dtype: gl.constexpr,
+                  p_layout: gl.constexpr, o_layout: gl.constexpr):  # fmt: skip
+    """The online softmax of key block j's scores s: the mask (past each row's `last_key`: the
+    diagonal, the end of the keys), the new row maximum m_new, P (as the next product's register
+    operand), the running sum, and alpha (in O's row layout), the factor that moves O from the old
+    maximum to m_new. O itself is not touched: the caller rescales it once O's previous product has
+    retired."""
     BLOCK_N: gl.constexpr = s.shape[1]
-    if j >= unmasked_blocks:  # the diagonal (causal) and the keys past Nk
-        # The key indices are made here, not once before the loop: hoisted, they are 32 more
-        # registers a thread for the whole loop (they made 3 warpgroups spill at 160).
+    if j >= unmasked_blocks:  # a block some row does not see whole
+        # The key indices are made here, from j, not once before the loop: hoisted, they are 32
+        # more registers a thread for the whole loop (they made 3 warpgroups spill at 160).
         cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
-        keep = (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1) + diagonal) & (
-            gl.expand_dims(cols < n_k, 0)
-        )
+        keep = gl.expand_dims(cols, 0) <= gl.expand_dims(last_key, 1)
         s = gl.where(keep, s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
     m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw no key yet
@@ -352,10 +359,9 @@ def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free
     done_tiles = 0
     for i in range(_tile_count(tiles[0], PERSISTENT)):
         t = _tile_id(i, PERSISTENT)
-        q_row, _, m0, n_blocks, unmasked_blocks, diagonal = _tile(
-            t, tiles, NUM_WG * WG_M, BLOCK_N, CAUSAL
-        )
-        rows = m0 + WG * WG_M + gl.arange(0, WG_M, layout=row_layout)
+        q_row, _, m0, n_blocks, diagonal = _tile(t, tiles, NUM_WG * WG_M, BLOCK_N, CAUSAL)
+        last_key, unmasked_blocks = _row_bounds(m0 + WG * WG_M, diagonal, n_k, BLOCK_N,
+                                                row_layout)  # fmt: skip
         m_i = gl.full([WG_M], float("-inf"), gl.float32, layout=row_layout)
         l_i = gl.zeros([WG_M], gl.float32, layout=row_layout)
         acc = gl.zeros([WG_M, HEAD_DIM], gl.float32, layout=o_layout)
@@ -373,8 +379,8 @@ def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
             mbarrier.arrive(slot_free.index(slot), count=1)  # K_0 consumed
             # O is still zero: block 0's alpha has nothing to rescale.
-            p_op, m_i, l_i, alpha = _softmax_step(s, 0, m_i, l_i, rows, n_k, qk_scale,
-                                                  unmasked_blocks, diagonal, dtype, p_layout,
+            p_op, m_i, l_i, alpha = _softmax_step(s, 0, m_i, l_i, last_key, qk_scale,
+                                                  unmasked_blocks, dtype, p_layout,
                                                   o_layout)  # fmt: skip
         for j in range(1, n_blocks):
             slot = (it + j) % STAGES
@@ -394,8 +400,8 @@ def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free
                 # wgmma groups retire in issue order: one left outstanding is P_{j-1} V_{j-1}.
                 s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
                 mbarrier.arrive(slot_free.index(slot), count=1)  # K_j consumed
-                p_new, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, rows, n_k, qk_scale,
-                                                       unmasked_blocks, diagonal, dtype,
+                p_new, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, last_key, qk_scale,
+                                                       unmasked_blocks, dtype,
                                                        p_layout, o_layout)  # fmt: skip
                 # P_{j-1} is the running product's register operand: naming it in `deps` keeps
                 # its registers from being reused (by P_j, say) until the product has retired.
@@ -407,8 +413,8 @@ def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free
                 s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s, acc))
                 mbarrier.arrive(slot_free.index(slot), count=1)  # K_j consumed
                 mbarrier.arrive(slot_free.index(STAGES + prev), count=1)  # V_{j-1} consumed
-                p_op, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, rows, n_k, qk_scale,
-                                                      unmasked_blocks, diagonal, dtype, p_layout,
+                p_op, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, last_key, qk_scale,
+                                                      unmasked_blocks, dtype, p_layout,
                                                       o_layout)  # fmt: skip
                 acc = acc * gl.expand_dims(alpha, 1)
         # Every S of this tile has retired: the producer may load the next tile's Q.
