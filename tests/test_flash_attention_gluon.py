@@ -13,16 +13,16 @@ from tests.test_flash_attention import check_forward, make, run_forward
 # On a GPU the kernel itself runs (tests below); the offline path uses the CPU environment's Triton.
 # (head_dim, dtype, causal, schedule): the default schedule of each (head_dim, causal) (3
 # warpgroups with the overlap and a ring of 2 at 64 non-causal, the persistent grid with the overlap
-# and a ring of 2 at 64 causal, the overlap without turns at 128), and the other combinations the
-# GPU tests below run: 2 warpgroups without the overlap, 3 warpgroups with and without turns, the
-# overlap with turns, the persistent grid at 128.
+# and a ring of 2 at 64 causal, the overlap without turns at 128, on the persistent grid when
+# causal), and the other combinations the GPU tests below run: 2 warpgroups without the overlap, 3
+# warpgroups with and without turns, the overlap with turns, one CTA a tile at 128 causal.
 COMPILED = [(128, "float16", True, {}), (64, "bfloat16", False, {}), (64, "float16", True, {}),
             (128, "bfloat16", False, {"overlap": False}),
             (64, "float16", True, {"warpgroups": 3, "overlap": False}),
             (64, "bfloat16", False, {"warpgroups": 3, "pingpong": False}),
             (128, "float16", False, {"overlap": True, "pingpong": True}),
             (64, "float16", False, {"warpgroups": 2, "overlap": True}),
-            (128, "float16", True, {"persistent": True, "overlap": True})]  # fmt: skip
+            (128, "float16", True, {"persistent": False, "overlap": True})]  # fmt: skip
 
 
 def test_every_default_schedule_is_one_the_kernel_has():

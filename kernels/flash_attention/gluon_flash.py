@@ -49,7 +49,8 @@ combination passed every fp64 test on both.
   `q_free`) and K/V blocks while the consumers finish the last tile; the ring's position and the
   turns run on across tiles. Every role loops over its tiles either way; without it the loop has
   a trip count of one, which the compiler removes. Against one CTA a tile (2 warpgroups, the
-  overlap): +9 points of cuDNN at D = 64 non-causal, +13 causal with the snake (PERFORMANCE.md).
+  overlap): +9 points of cuDNN at D = 64 non-causal, +13 causal with the snake, +2 to +5 at
+  D = 128 causal (PERFORMANCE.md).
 
 Scope: the forward, head_dim 64 and 128, fp16 and bf16, causal (bottom-right aligned, as in
 `reference.py`) or not, grouped-query attention, any lengths; q, k and v contiguous (B, H, N, D)
@@ -93,7 +94,7 @@ DEFAULT_SCHEDULE = {
     (128, False): {"pingpong": False, "stages": 3, "warpgroups": 2, "overlap": True,
                    "persistent": False},
     (128, True): {"pingpong": False, "stages": 3, "warpgroups": 2, "overlap": True,
-                  "persistent": False},
+                  "persistent": True},
 }  # fmt: skip
 # setmaxnreg budgets, registers per thread: the consumers hold S, P and O, the producer a few
 # scalars. 2 consumers: 2 x 128 x 240 + 128 x 24 = 64,512; 3: 3 x 128 x 160 + 128 x 24 = 64,512.
