@@ -632,6 +632,15 @@ def flash_attn_cute_reference(dtypes=DTYPES, target_ms: float = 150.0) -> dict:
     def case(shape, dtype, causal):
         return {"shape": list(shape), "dtype": str(dtype).removeprefix("torch."), "causal": causal}
 
+    def rates(timings, flops, direction):  # direction: "fwd" or "bwd"
+        return {
+            name: {
+                f"{direction}_tflops": t.tflops(flops),
+                f"{direction}_vs_cudnn": bench.ratio(timings["sdpa cudnn"], t),
+            }
+            for name, t in timings.items()
+        }
+
     errors = []
     for shape in [(2, 3, 1000, 64), (1, 4, 777, 128), (2, 2, 333, 96)]:
         for dtype in dtypes:
@@ -664,12 +673,9 @@ def flash_attn_cute_reference(dtypes=DTYPES, target_ms: float = 150.0) -> dict:
                     fns = {name: fn for name, fn in fns.items() if _runs(fn)}
                     timings = bench.benchmark(fns, target_ms=target_ms)
                 flops = attention_flops(b, h, n, n, d, causal)
-                forward.append({**case(shape, dtype, causal), "impls": {}})
-                for name, t in timings.items():
-                    forward[-1]["impls"][name] = {
-                        "fwd_tflops": t.tflops(flops),
-                        "fwd_vs_cudnn": bench.ratio(timings["sdpa cudnn"], t),
-                    }
+                forward.append(
+                    {**case(shape, dtype, causal), "impls": rates(timings, flops, "fwd")}
+                )
                 # Backward alone: one forward graph each, differentiated again and again.
                 do = random_tensor(q.shape, dtype, "cuda", generator(1, "cuda"))
                 graphs = {
@@ -689,12 +695,9 @@ def flash_attn_cute_reference(dtypes=DTYPES, target_ms: float = 150.0) -> dict:
                 }
                 timings = bench.benchmark(fns, target_ms=target_ms)
                 flops = attention_flops(b, h, n, n, d, causal, backward=True)
-                backward.append({**case(shape, dtype, causal), "impls": {}})
-                for name, t in timings.items():
-                    backward[-1]["impls"][name] = {
-                        "bwd_tflops": t.tflops(flops),
-                        "bwd_vs_cudnn": bench.ratio(timings["sdpa cudnn"], t),
-                    }
+                backward.append(
+                    {**case(shape, dtype, causal), "impls": rates(timings, flops, "bwd")}
+                )
                 print(f"  {shape} {dtype} causal={causal}: forward {forward[-1]['impls']}; "
                       f"backward {backward[-1]['impls']}", flush=True)  # fmt: skip
     versions = {name: version(name) for name in ("flash-attn-4", "nvidia-cutlass-dsl")}
