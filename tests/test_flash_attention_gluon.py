@@ -12,17 +12,21 @@ from tests.test_flash_attention import check_forward, make, run_forward
 
 # On a GPU the kernel itself runs (tests below); the offline path uses the CPU environment's Triton.
 # (head_dim, dtype, causal, schedule): the default schedule of each (head_dim, causal) (3
-# warpgroups with the overlap and a ring of 2 at 64 non-causal, the persistent grid with the overlap
-# and a ring of 2 at 64 causal, the overlap without turns at 128, on the persistent grid when
-# causal), and the other combinations the GPU tests below run: 2 warpgroups without the overlap, 3
-# warpgroups with and without turns, the overlap with turns, one CTA a tile at 128 causal.
+# warpgroups with the overlap and a ring of 2 at 64 non-causal; the persistent grid with the
+# overlap and a ring of 2 at 64 causal; the overlap without turns at 128, on the
+# persistent grid when causal), and the other combinations the GPU tests below run: 2 warpgroups
+# without the overlap, 3 warpgroups with and without turns, the overlap with turns, one CTA a tile
+# at 128 causal, and one exponential in 4, 8 or 2 by the polynomial (at 3 warpgroups' 160
+# registers too).
 COMPILED = [(128, "float16", True, {}), (64, "bfloat16", False, {}), (64, "float16", True, {}),
             (128, "bfloat16", False, {"overlap": False}),
             (64, "float16", True, {"warpgroups": 3, "overlap": False}),
             (64, "bfloat16", False, {"warpgroups": 3, "pingpong": False}),
             (128, "float16", False, {"overlap": True, "pingpong": True}),
             (64, "float16", False, {"warpgroups": 2, "overlap": True}),
-            (128, "float16", True, {"persistent": False, "overlap": True})]  # fmt: skip
+            (128, "float16", True, {"persistent": False, "overlap": True}),
+            (64, "float16", False, {"poly_exp2": 4}), (64, "bfloat16", True, {"poly_exp2": 8}),
+            (128, "float16", False, {"poly_exp2": 2})]  # fmt: skip
 
 
 def test_every_default_schedule_is_one_the_kernel_has():
@@ -37,6 +41,7 @@ def test_every_default_schedule_is_one_the_kernel_has():
         assert resolved["NUM_WG"] == schedule["warpgroups"]
         assert resolved["OVERLAP"] == schedule["overlap"]
         assert resolved["PERSISTENT"] == schedule["persistent"]
+        assert resolved["POLY_EXP2"] == schedule["poly_exp2"]
     assert set(gluon_flash.DEFAULT_SCHEDULE) == {(d, c) for d in gluon_flash.HEAD_DIMS
                                                   for c in (False, True)}  # fmt: skip
     with pytest.raises(ValueError, match="warpgroups=3 needs head_dim 64"):
@@ -47,6 +52,38 @@ def test_every_default_schedule_is_one_the_kernel_has():
     assert not gluon_flash.resolve_schedule(64, True, warpgroups=3)["PERSISTENT"]
     with pytest.raises(ValueError, match="persistent=True needs 2 warpgroups"):
         gluon_flash.resolve_schedule(64, True, warpgroups=3, persistent=True)
+    with pytest.raises(ValueError, match="poly_exp2 3; supported: 0"):
+        gluon_flash.resolve_schedule(64, False, poly_exp2=3)
+
+
+def test_the_polynomial_exponential_is_within_its_stated_error():
+    """`poly_exp2` computes some exponentials as 2^round(x) * EXP2_POLY(f): the polynomial, run in
+    float32 as the PTX runs it (Horner, fused multiply-adds), is within 2.7e-6 of 2^f relative on
+    [-0.5, 0.5], which keeps the log-sum-exp within its float32 check; the PTX carries exactly
+    those coefficients, and one exponential in every n leaves the multi-function unit."""
+    import re
+    import struct
+
+    import numpy as np
+
+    from kernels.flash_attention import gluon_flash
+
+    f = np.linspace(-0.5, 0.5, 100001, dtype=np.float32)
+    coefficients = np.float32(gluon_flash.EXP2_POLY)
+    p = np.full_like(f, coefficients[0])
+    for c in coefficients[1:]:
+        p = (p.astype(np.float64) * f + c).astype(np.float32)  # one rounding, as fma.rn
+    relative = np.abs(p / np.exp2(f.astype(np.float64)) - 1)
+    assert relative.max() < 2.7e-6
+    assert relative.max() > 1e-7  # a degree-4 fit: exact would mean the check evaluated 2^f
+    for n, asm in gluon_flash.EXP2_ASM.items():
+        assert asm.count("ex2.approx") == n - 1
+        floats = [
+            struct.unpack(">f", bytes.fromhex(h))[0] for h in re.findall(r"0f([0-9A-F]{8})", asm)
+        ]
+        assert floats[0] == -126.0 and floats[1] == floats[2] == 1.5 * 2**23
+        assert np.array_equal(np.float32(floats[3:]), coefficients)
+        assert f"${2 * n - 1}" in asm and f"mov.b32 ${n - 1}, pb;" in asm  # last input, last output
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +143,8 @@ GLUON_SHAPES = [
 # (schedule, dtype): the default schedule of each case in both dtypes, the default with and without
 # its turns and with 2 and 3 stages (the benchmark's comparisons), and every combination of
 # warpgroups, overlap and persistent grid (with the case's turns and ring unless named), in fp16,
-# most also in bf16 or without turns.
+# most also in bf16 or without turns; and the polynomial exponentials, one in 4 in both dtypes,
+# one in 8 (the benchmark's) and one in 2, and one in 4 without the overlap (`_consumer`).
 VARIANTS = [({}, torch.float16), ({}, torch.bfloat16), ({"pingpong": False}, torch.float16),
             ({"pingpong": True}, torch.float16), ({"stages": 2}, torch.float16),
             ({"stages": 3}, torch.float16),
@@ -124,6 +162,10 @@ VARIANTS = [({}, torch.float16), ({}, torch.bfloat16), ({"pingpong": False}, tor
             ({"warpgroups": 2, "persistent": True, "overlap": False}, torch.bfloat16),
             ({"warpgroups": 2, "persistent": True, "overlap": True}, torch.float16),
             ({"warpgroups": 2, "persistent": True, "overlap": False, "pingpong": False},
+             torch.float16),
+            ({"poly_exp2": 4}, torch.float16), ({"poly_exp2": 4}, torch.bfloat16),
+            ({"poly_exp2": 8}, torch.float16), ({"poly_exp2": 2}, torch.bfloat16),
+            ({"poly_exp2": 4, "warpgroups": 2, "overlap": False, "persistent": False},
              torch.float16)]  # fmt: skip
 
 

@@ -534,6 +534,7 @@ GLUON_SCHEDULES = {
     "3 warpgroups, S overlap": {"warpgroups": 3, "overlap": True, "persistent": False},
     "persistent": {"warpgroups": 2, "overlap": False, "persistent": True},
     "persistent, S overlap": {"warpgroups": 2, "overlap": True, "persistent": True},
+    "exp2 1 in 8 by polynomial": {"poly_exp2": 8},
 }
 
 

@@ -22,7 +22,7 @@ P 32 as fp16 pairs, the row statistics and indices) and the producer 24: 2 x 128
 = 64,512. Shared memory: Q 2 x 64 x D x 2 bytes plus STAGES x (K + V) of 128 x D x 2 bytes =
 224 KiB at D = 128 (of 227), 112 KiB at D = 64.
 
-Three variants, selected by keyword (`gluon_attention_forward`) like the turns (`pingpong`) and
+Four variants, selected by keyword (`gluon_attention_forward`) like the turns (`pingpong`) and
 the ring's depth (`stages`); DEFAULT_SCHEDULE names, per head_dim and causal, the combination that
 measured fastest on both an H100 and an H200 (PERFORMANCE.md, "The schedules measured"). Every
 combination passed every fp64 test on both.
@@ -51,6 +51,14 @@ combination passed every fp64 test on both.
   a trip count of one, which the compiler removes. Against one CTA a tile (2 warpgroups, the
   overlap): +9 points of cuDNN at D = 64 non-causal, +13 causal with the snake, +2 to +5 at
   D = 128 causal (PERFORMANCE.md).
+* `poly_exp2=n` (2, 4 or 8; 0, off, in every default): one exponential in every n by a
+  polynomial on the FMA units instead of the multi-function unit, in inline PTX
+  (`_exp2_poly_ptx`). FlashAttention-4 (Zadouri et al. 2026, arXiv 2603.05451) does this on
+  Blackwell, whose tensor cores outgrew its exponential units; at D = 64 the same balance holds on
+  Hopper (a block's exponentials take about as long as its products). Measured on an H100 it
+  loses at every case and rate (PERFORMANCE.md): each exponential moved costs 9 instructions
+  instead of one, and this kernel is short of instruction issue, not of exponentials. Degree 3,
+  FlashAttention-4's choice, failed the log-sum-exp's float32 check; degree 4 passes.
 
 Scope: the forward, head_dim 64 and 128, fp16 and bf16, causal (bottom-right aligned, as in
 `reference.py`) or not, grouped-query attention, any lengths; q, k and v contiguous (B, H, N, D)
@@ -62,6 +70,7 @@ Triton whose `gl.warp_specialize` takes a list of (function, args) pairs, as 3.6
 from __future__ import annotations
 
 import functools
+import struct
 
 import torch
 import triton
@@ -88,13 +97,13 @@ BLOCK_N = 128  # keys per K/V tile
 # measured" and the sections after it).
 DEFAULT_SCHEDULE = {
     (64, False): {"pingpong": True, "stages": 2, "warpgroups": 3, "overlap": True,
-                  "persistent": False},
+                  "persistent": False, "poly_exp2": 0},
     (64, True): {"pingpong": True, "stages": 2, "warpgroups": 2, "overlap": True,
-                 "persistent": True},
+                 "persistent": True, "poly_exp2": 0},
     (128, False): {"pingpong": False, "stages": 3, "warpgroups": 2, "overlap": True,
-                   "persistent": False},
+                   "persistent": False, "poly_exp2": 0},
     (128, True): {"pingpong": False, "stages": 3, "warpgroups": 2, "overlap": True,
-                  "persistent": True},
+                  "persistent": True, "poly_exp2": 0},
 }  # fmt: skip
 # setmaxnreg budgets, registers per thread: the consumers hold S, P and O, the producer a few
 # scalars. 2 consumers: 2 x 128 x 240 + 128 x 24 = 64,512; 3: 3 x 128 x 160 + 128 x 24 = 64,512.
@@ -113,6 +122,65 @@ def accumulator_layout(width):
     M; instruction shape m16 x n(width) x k16 (16-bit inputs)."""
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                      instr_shape=[16, int(width), 16])  # fmt: skip
+
+
+# A degree-4 polynomial for 2^f on f in [-0.5, 0.5], fitted for least largest relative error
+# (2.7e-6 evaluated in float32), highest power first. Degree 3 (7.5e-5) is closer than P's own
+# rounding to 16 bits, but not than the log-sum-exp's float32 check (2^-16 + 2^-20 relative).
+EXP2_POLY = (0.009570098482072353, 0.055917855352163315, 0.240247443318367, 0.6931217908859253,
+             0.9999992847442627)  # fmt: skip
+
+
+def _ptx_float(value: float) -> str:
+    """A float32 constant as PTX writes it exactly: 0f and its bits in hex."""
+    return "0f%08X" % struct.unpack("<I", struct.pack("<f", value))[0]
+
+
+def _exp2_poly_ptx(x: str, out: str) -> str:
+    """PTX for one exponential on the FMA units, from register `x` into `out`: x = j + f with
+    j = round(x) (adding 1.5 * 2^23 leaves j in the low bits of t), 2^f by EXP2_POLY, and j
+    added into the exponent field. x is clamped at -126 first (max.NaN keeps a NaN a NaN), so a
+    masked score (-inf) gives a tiny positive number, not a wrapped exponent: `_store_rows` tells
+    a row that saw no key by its maximum, not by its sum."""
+    highest, *rest = map(_ptx_float, EXP2_POLY)
+    magic = _ptx_float(1.5 * 2**23)
+    return "\n".join([
+        "{", ".reg .f32 xc, t, j, f, p;", ".reg .b32 tb, pb;",
+        f"max.NaN.f32 xc, {x}, {_ptx_float(-126.0)};",
+        f"add.rn.f32 t, xc, {magic};", f"sub.rn.f32 j, t, {magic};", "sub.rn.f32 f, xc, j;",
+        f"mov.f32 p, {highest};", *[f"fma.rn.f32 p, p, f, {c};" for c in rest],
+        "mov.b32 tb, t;", "mov.b32 pb, p;", "shl.b32 tb, tb, 23;", "add.s32 pb, pb, tb;",
+        f"mov.b32 {out}, pb;", "}"])  # fmt: skip
+
+
+# inline_asm_elementwise's PTX for `pack` = n exponentials: n - 1 on the multi-function unit
+# (`ex2.approx`), the last by the polynomial. Outputs are $0 .. $n-1, inputs $n .. $2n-1.
+EXP2_ASM = {n: "\n".join([f"ex2.approx.ftz.f32 ${i}, ${n + i};" for i in range(n - 1)]
+                         + [_exp2_poly_ptx(x=f"${2 * n - 1}", out=f"${n - 1}")])
+            for n in (2, 4, 8)}  # fmt: skip
+
+
+@constexpr_function
+def exp2_asm(every):
+    """EXP2_ASM[every], looked up while the kernel compiles."""
+    return EXP2_ASM[int(every)]
+
+
+@constexpr_function
+def exp2_constraints(every):
+    """Every operand a 32-bit float register: `every` outputs, then `every` inputs."""
+    return ",".join(["=f"] * int(every) + ["f"] * int(every))
+
+
+@gluon.jit
+def _exp2(x, POLY_EXP2: gl.constexpr):
+    """2^x elementwise; with POLY_EXP2 = n > 0, one element in every n by a polynomial on the FMA
+    units instead of the multi-function unit (`exp2_asm`)."""
+    if POLY_EXP2 == 0:
+        return gl.exp2(x)
+    else:
+        return gl.inline_asm_elementwise(exp2_asm(POLY_EXP2), exp2_constraints(POLY_EXP2), [x],
+                                         gl.float32, is_pure=True, pack=POLY_EXP2)  # fmt: skip
 
 
 @gluon.jit
@@ -229,12 +297,13 @@ def _store_rows(WG: gl.constexpr, acc, m_i, l_i, out_ptr, lse_ptr, q_row, m0, n_
     o_layout: gl.constexpr = acc.type.layout
     row_layout: gl.constexpr = m_i.type.layout
     HEAD_DIM: gl.constexpr = acc.shape[1]
-    seen = l_i > 0.0
+    seen = m_i > float("-inf")  # not l_i > 0: a polynomial exponential of -inf is tiny, not 0
     l_safe = gl.where(seen, l_i, 1.0)
     lse = gl.where(seen, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
     wg_rows = gl.arange(0, WG_M, layout=row_layout)
     gl.store(lse_ptr + (q_row + WG * WG_M) + wg_rows, lse, mask=m0 + WG * WG_M + wg_rows < n_q)
-    out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
+    inverse = gl.where(seen, 1.0 / l_safe, 0.0)  # a row that saw no key stores exact zeros
+    out = acc * gl.expand_dims(gl.convert_layout(inverse, gl.SliceLayout(1, o_layout)), 1)
     o_rows = gl.arange(0, WG_M, layout=gl.SliceLayout(1, o_layout))
     o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
     offsets = (gl.expand_dims((q_row + WG * WG_M + o_rows).to(gl.int64), 1) * HEAD_DIM
@@ -247,7 +316,7 @@ def _store_rows(WG: gl.constexpr, acc, m_i, l_i, out_ptr, lse_ptr, q_row, m0, n_
 @gluon.jit
 def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready,
               slot_free, out_ptr, lse_ptr, qk_scale, tiles, CAUSAL: gl.constexpr,
-              PERSISTENT: gl.constexpr):  # fmt: skip
+              PERSISTENT: gl.constexpr, POLY_EXP2: gl.constexpr):  # fmt: skip
     """One warpgroup, 64 query rows of each of the CTA's tiles: the FlashAttention-2 loop with
     wgmma, fed by the producer."""
     NUM_WG: gl.constexpr = q_smem.shape[0]
@@ -284,7 +353,7 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free, k_ready
             mbarrier.arrive(slot_free.index(slot), count=1)  # K consumed
             p_op, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, last_key, qk_scale,
                                                   unmasked_blocks, dtype, p_layout,
-                                                  o_layout)  # fmt: skip
+                                                  o_layout, POLY_EXP2)  # fmt: skip
             acc = acc * gl.expand_dims(alpha, 1)
             mbarrier.wait(v_ready.index(slot), phase)
             acc = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
@@ -298,7 +367,8 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free, k_ready
 
 @gluon.jit
 def _softmax_step(s, j, m_i, l_i, last_key, qk_scale, unmasked_blocks, dtype: gl.constexpr,
-                  p_layout: gl.constexpr, o_layout: gl.constexpr):  # fmt: skip
+                  p_layout: gl.constexpr, o_layout: gl.constexpr,
+                  POLY_EXP2: gl.constexpr):  # fmt: skip
     """The online softmax of key block j's scores s: the mask (past each row's `last_key`: the
     diagonal, the end of the keys), the new row maximum m_new, P (as the next product's register
     operand), the running sum, and alpha (in O's row layout), the factor that moves O from the old
@@ -313,7 +383,7 @@ def _softmax_step(s, j, m_i, l_i, last_key, qk_scale, unmasked_blocks, dtype: gl
         s = gl.where(keep, s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
     m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw no key yet
-    p = gl.exp2(s * qk_scale - gl.expand_dims(m_shift, 1))
+    p = _exp2(s * qk_scale - gl.expand_dims(m_shift, 1), POLY_EXP2)
     alpha = gl.exp2(m_i - m_shift)
     l_i = l_i * alpha + gl.sum(p, axis=1)
     p_op = gl.convert_layout(p.to(dtype), p_layout)  # P stays in registers: wgmma's A operand
@@ -324,7 +394,7 @@ def _softmax_step(s, j, m_i, l_i, last_key, qk_scale, unmasked_blocks, dtype: gl
 def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free, k_ready,
                        v_ready, slot_free, turn, out_ptr, lse_ptr, qk_scale, tiles,
                        CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr,
-                       OVERLAP: gl.constexpr):  # fmt: skip
+                       OVERLAP: gl.constexpr, POLY_EXP2: gl.constexpr):  # fmt: skip
     """The same warpgroup loop in FlashAttention-3's order: iteration j queues this warpgroup's
     two matrix products, S_j = Q K_j^T and O += P_{j-1} V_{j-1}, then runs the softmax of S_j.
 
@@ -382,7 +452,7 @@ def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free
             # O is still zero: block 0's alpha has nothing to rescale.
             p_op, m_i, l_i, alpha = _softmax_step(s, 0, m_i, l_i, last_key, qk_scale,
                                                   unmasked_blocks, dtype, p_layout,
-                                                  o_layout)  # fmt: skip
+                                                  o_layout, POLY_EXP2)  # fmt: skip
         for j in range(1, n_blocks):
             slot = (it + j) % STAGES
             prev = (it + j - 1) % STAGES
@@ -403,7 +473,8 @@ def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free
                 mbarrier.arrive(slot_free.index(slot), count=1)  # K_j consumed
                 p_new, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, last_key, qk_scale,
                                                        unmasked_blocks, dtype,
-                                                       p_layout, o_layout)  # fmt: skip
+                                                       p_layout, o_layout,
+                                                       POLY_EXP2)  # fmt: skip
                 # P_{j-1} is the running product's register operand: naming it in `deps` keeps
                 # its registers from being reused (by P_j, say) until the product has retired.
                 acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
@@ -416,7 +487,7 @@ def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free
                 mbarrier.arrive(slot_free.index(STAGES + prev), count=1)  # V_{j-1} consumed
                 p_op, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, last_key, qk_scale,
                                                       unmasked_blocks, dtype, p_layout,
-                                                      o_layout)  # fmt: skip
+                                                      o_layout, POLY_EXP2)  # fmt: skip
                 acc = acc * gl.expand_dims(alpha, 1)
         # Every S of this tile has retired: the producer may load the next tile's Q.
         mbarrier.arrive(q_free, count=1)
@@ -434,35 +505,38 @@ def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free
 # warp_specialize runs one function per partition; these fix the warpgroup index of each.
 @gluon.jit
 def _pingpong_0(args, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr,
-                OVERLAP: gl.constexpr):  # fmt: skip
-    _consumer_pingpong(0, *args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP)
+                OVERLAP: gl.constexpr, POLY_EXP2: gl.constexpr):  # fmt: skip
+    _consumer_pingpong(0, *args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP, POLY_EXP2)
 
 
 @gluon.jit
 def _pingpong_1(args, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr,
-                OVERLAP: gl.constexpr):  # fmt: skip
-    _consumer_pingpong(1, *args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP)
+                OVERLAP: gl.constexpr, POLY_EXP2: gl.constexpr):  # fmt: skip
+    _consumer_pingpong(1, *args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP, POLY_EXP2)
 
 
 @gluon.jit
 def _pingpong_2(args, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr,
-                OVERLAP: gl.constexpr):  # fmt: skip
-    _consumer_pingpong(2, *args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP)
+                OVERLAP: gl.constexpr, POLY_EXP2: gl.constexpr):  # fmt: skip
+    _consumer_pingpong(2, *args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP, POLY_EXP2)
 
 
 @gluon.jit
-def _consumer_0(args, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
-    _consumer(0, *args, CAUSAL, PERSISTENT)
+def _consumer_0(args, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr,
+                POLY_EXP2: gl.constexpr):  # fmt: skip
+    _consumer(0, *args, CAUSAL, PERSISTENT, POLY_EXP2)
 
 
 @gluon.jit
-def _consumer_1(args, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
-    _consumer(1, *args, CAUSAL, PERSISTENT)
+def _consumer_1(args, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr,
+                POLY_EXP2: gl.constexpr):  # fmt: skip
+    _consumer(1, *args, CAUSAL, PERSISTENT, POLY_EXP2)
 
 
 @gluon.jit
-def _consumer_2(args, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
-    _consumer(2, *args, CAUSAL, PERSISTENT)
+def _consumer_2(args, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr,
+                POLY_EXP2: gl.constexpr):  # fmt: skip
+    _consumer(2, *args, CAUSAL, PERSISTENT, POLY_EXP2)
 
 
 # The sizes are not specialized on (Triton would compile again for every length divisible by 16
@@ -471,8 +545,8 @@ def _consumer_2(args, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
 def gluon_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, n_tiles, n_m, n_heads, group, n_q,
                      n_k, qk_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                      PINGPONG: gl.constexpr, NUM_WG: gl.constexpr, OVERLAP: gl.constexpr,
-                     PERSISTENT: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                     PRODUCER_REGS: gl.constexpr):  # fmt: skip
+                     PERSISTENT: gl.constexpr, POLY_EXP2: gl.constexpr,
+                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):  # fmt: skip
     """Tiles of NUM_WG x 64 query rows of one head; the CTA takes tile program_id, or with one
     CTA per SM (persistent) one tile of every round of num_programs tiles (`_tile_id`), and then
     the producer loads the next tile's first K and V blocks while the consumers finish a tile."""
@@ -509,34 +583,35 @@ def gluon_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, n_tiles, n_m, n_h
         args = (q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, slot_free, turn,
                 out_ptr, lse_ptr, qk_scale, tiles)  # fmt: skip
         if NUM_WG == 2:
-            gl.warp_specialize([(_pingpong_0, (args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP)),
-                                (_pingpong_1, (args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP)),
-                                (_producer, producer_args)], [4, 1],
-                               [CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
+            gl.warp_specialize(
+                [(_pingpong_0, (args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP, POLY_EXP2)),
+                 (_pingpong_1, (args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP, POLY_EXP2)),
+                 (_producer, producer_args)], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
         else:
-            gl.warp_specialize([(_pingpong_0, (args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP)),
-                                (_pingpong_1, (args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP)),
-                                (_pingpong_2, (args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP)),
-                                (_producer, producer_args)], [4, 4, 1],
-                               [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
+            gl.warp_specialize(
+                [(_pingpong_0, (args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP, POLY_EXP2)),
+                 (_pingpong_1, (args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP, POLY_EXP2)),
+                 (_pingpong_2, (args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP, POLY_EXP2)),
+                 (_producer, producer_args)], [4, 4, 1],
+                [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
     else:
         args = (q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, slot_free, out_ptr,
                 lse_ptr, qk_scale, tiles)  # fmt: skip
         if NUM_WG == 2:
-            gl.warp_specialize([(_consumer_0, (args, CAUSAL, PERSISTENT)),
-                                (_consumer_1, (args, CAUSAL, PERSISTENT)),
+            gl.warp_specialize([(_consumer_0, (args, CAUSAL, PERSISTENT, POLY_EXP2)),
+                                (_consumer_1, (args, CAUSAL, PERSISTENT, POLY_EXP2)),
                                 (_producer, producer_args)], [4, 1],
                                [CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
         else:
-            gl.warp_specialize([(_consumer_0, (args, CAUSAL, PERSISTENT)),
-                                (_consumer_1, (args, CAUSAL, PERSISTENT)),
-                                (_consumer_2, (args, CAUSAL, PERSISTENT)),
+            gl.warp_specialize([(_consumer_0, (args, CAUSAL, PERSISTENT, POLY_EXP2)),
+                                (_consumer_1, (args, CAUSAL, PERSISTENT, POLY_EXP2)),
+                                (_consumer_2, (args, CAUSAL, PERSISTENT, POLY_EXP2)),
                                 (_producer, producer_args)], [4, 4, 1],
                                [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
 
 
 def resolve_schedule(head_dim: int, causal: bool, pingpong=None, stages=None, warpgroups=None,
-                     overlap=None, persistent=None) -> dict:  # fmt: skip
+                     overlap=None, persistent=None, poly_exp2=None) -> dict:  # fmt: skip
     """The kernel's schedule constexprs for one call, the defaults filled in (None: the
     DEFAULT_SCHEDULE of this head_dim and `causal`), checked: ValueError for a combination the
     kernel does not have."""
@@ -556,11 +631,15 @@ def resolve_schedule(head_dim: int, causal: bool, pingpong=None, stages=None, wa
     stages = default["stages"] if stages is None else int(stages)
     if stages not in (2, 3):
         raise ValueError(f"gluon_attention_forward: stages {stages}; supported: 2, 3")
+    poly_exp2 = default["poly_exp2"] if poly_exp2 is None else int(poly_exp2)
+    if poly_exp2 not in (0, 2, 4, 8):
+        raise ValueError(f"gluon_attention_forward: poly_exp2 {poly_exp2}; supported: 0 (every "
+                         "exponential on the multi-function unit), 2, 4, 8")  # fmt: skip
     return {"STAGES": stages,
             "PINGPONG": default["pingpong"] if pingpong is None else bool(pingpong),
             "NUM_WG": warpgroups,
             "OVERLAP": default["overlap"] if overlap is None else bool(overlap),
-            "PERSISTENT": persistent,
+            "PERSISTENT": persistent, "POLY_EXP2": poly_exp2,
             "CONSUMER_REGS": CONSUMER_REGS[warpgroups], "PRODUCER_REGS": PRODUCER_REGS}  # fmt: skip
 
 
@@ -573,14 +652,17 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
                             out=None, lse=None, pingpong: bool | None = None,
                             stages: int | None = None, warpgroups: int | None = None,
                             overlap: bool | None = None,
-                            persistent: bool | None = None):  # fmt: skip
+                            persistent: bool | None = None,
+                            poly_exp2: int | None = None):  # fmt: skip
     """(out, lse) as `triton_flash.flash_attention_forward`, with the warp-specialized kernel.
     The schedule (None: DEFAULT_SCHEDULE for this head_dim and `causal`):
     `pingpong` orders the warpgroups' products by turns; `stages` is the depth of the K/V ring;
     `warpgroups` is 2 or 3 consumer warpgroups of 64 query rows (3 at head_dim 64 only);
     `overlap` runs each softmax beside the warpgroup's own previous P V product; `persistent`
     launches one CTA per SM, each looping over tiles, instead of one per tile (2 warpgroups only:
-    a default persistent grid gives way to an explicit `warpgroups=3`)."""
+    a default persistent grid gives way to an explicit `warpgroups=3`); `poly_exp2` = n computes
+    one exponential of every n on the FMA units by a polynomial instead of the multi-function
+    unit (0: none)."""
     check_inputs("gluon_attention_forward", q, k, v)
     head_dim = q.shape[-1]
     if head_dim not in HEAD_DIMS:
@@ -588,7 +670,8 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not t.is_contiguous():
             raise ValueError(f"gluon_attention_forward: {name} must be contiguous (B, H, N, D)")
-    variant = resolve_schedule(head_dim, causal, pingpong, stages, warpgroups, overlap, persistent)
+    variant = resolve_schedule(head_dim, causal, pingpong, stages, warpgroups, overlap, persistent,
+                               poly_exp2)  # fmt: skip
     scale = softmax_scale(scale, head_dim)
     out, lse = output_buffers("gluon_attention_forward", q, out, lse)
     if not out.is_contiguous():
