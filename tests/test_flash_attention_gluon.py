@@ -13,7 +13,7 @@ from tests.test_flash_attention import check_forward, make, run_forward
 # On a GPU the kernel itself runs (tests below); the offline path uses the CPU environment's Triton.
 # (head_dim, dtype, causal, schedule): the default schedule of each (head_dim, causal) (3
 # warpgroups with the overlap and a ring of 2 at 64 non-causal; the persistent grid with the
-# overlap and a ring of 2 at 64 causal; the overlap without turns at 128, on the
+# overlap, no turns and a ring of 2 at 64 causal; the overlap without turns at 128, on the
 # persistent grid when causal), and the other combinations the GPU tests below run: 2 warpgroups
 # without the overlap, 3 warpgroups with and without turns, the overlap with turns, one CTA a tile
 # at 128 causal, and one exponential in 4, 8 or 2 by the polynomial (at 3 warpgroups' 160

@@ -98,7 +98,7 @@ BLOCK_N = 128  # keys per K/V tile
 DEFAULT_SCHEDULE = {
     (64, False): {"pingpong": True, "stages": 2, "warpgroups": 3, "overlap": True,
                   "persistent": False, "poly_exp2": 0},
-    (64, True): {"pingpong": True, "stages": 2, "warpgroups": 2, "overlap": True,
+    (64, True): {"pingpong": False, "stages": 2, "warpgroups": 2, "overlap": True,
                  "persistent": True, "poly_exp2": 0},
     (128, False): {"pingpong": False, "stages": 3, "warpgroups": 2, "overlap": True,
                    "persistent": False, "poly_exp2": 0},
