@@ -98,6 +98,11 @@ def naive_fits(b, h, n_q, n_k, dtype, score_copies: float = 4.0) -> bool:
     return score_copies * b * h * n_q * n_k * torch.finfo(dtype).bits // 8 < 0.8 * free
 
 
+def case_keys(shape, dtype, causal) -> dict:
+    """The keys that name a case in every section's rows: shape, dtype without "torch.", causal."""
+    return {"shape": list(shape), "dtype": str(dtype).removeprefix("torch."), "causal": causal}
+
+
 def make_inputs(b, h, n, d, dtype, seed=0, requires_grad=False, h_kv=None, n_q=None):
     g = generator(seed, "cuda")
     q = random_tensor((b, h, n_q or n, d), dtype, "cuda", g)
@@ -187,13 +192,7 @@ def forward_backward(shape, dtype, causal, *, target_ms=200.0) -> dict:
                     rows[name][f"fwd_speedup_vs_{base}"] = bench.ratio(fwd[base], fwd[name])
                 if name in bwd:
                     rows[name][f"bwd_speedup_vs_{base}"] = bench.ratio(bwd[base], bwd[name])
-    return {
-        "shape": list(shape),
-        "dtype": str(dtype).removeprefix("torch."),
-        "causal": causal,
-        "impls": rows,
-        "skipped": skipped,
-    }
+    return {**case_keys(shape, dtype, causal), "impls": rows, "skipped": skipped}
 
 
 def target_shapes() -> list[dict]:
@@ -587,8 +586,7 @@ def gluon_forward(dtypes=DTYPES, target_ms: float = 150.0) -> list[dict]:
                     impls[name] = {"fwd_ms": t.median_us / 1e3, "fwd_tflops": t.tflops(flops)}
                     if "sdpa cudnn" in timings:
                         impls[name]["fwd_vs_cudnn"] = bench.ratio(timings["sdpa cudnn"], t)
-                rows.append({"shape": list(shape), "dtype": str(dtype).removeprefix("torch."),
-                             "causal": causal, "impls": impls,
+                rows.append({**case_keys(shape, dtype, causal), "impls": impls,
                              "gluon_default": gluon_flash.DEFAULT_SCHEDULE[d, causal],
                              "gluon_default_is": same_as_default,
                              "max_abs_diff_gluon_vs_cudnn": max_diff})  # fmt: skip
@@ -630,9 +628,6 @@ def flash_attn_cute_reference(dtypes=DTYPES, target_ms: float = 150.0) -> dict:
     def fa_forward(q, k, v, causal):  # (b, n, h, d) in and out
         return fa._flash_attn_fwd(q, k, v, causal=causal)[0]
 
-    def case(shape, dtype, causal):
-        return {"shape": list(shape), "dtype": str(dtype).removeprefix("torch."), "causal": causal}
-
     def rates(timings, flops, direction):  # direction: "fwd" or "bwd"
         return {
             name: {
@@ -654,7 +649,7 @@ def flash_attn_cute_reference(dtypes=DTYPES, target_ms: float = 150.0) -> dict:
                     ),
                     "sdpa cudnn": cudnn(q, k, v, causal),
                 }
-                errors.append(case(shape, dtype, causal))
+                errors.append(case_keys(shape, dtype, causal))
                 for name, out in got.items():
                     errors[-1][f"max_abs_err {name}"] = (out.double() - want).abs().max().item()
     forward, backward = [], []
@@ -675,7 +670,7 @@ def flash_attn_cute_reference(dtypes=DTYPES, target_ms: float = 150.0) -> dict:
                     timings = bench.benchmark(fns, target_ms=target_ms)
                 flops = attention_flops(b, h, n, n, d, causal)
                 forward.append(
-                    {**case(shape, dtype, causal), "impls": rates(timings, flops, "fwd")}
+                    {**case_keys(shape, dtype, causal), "impls": rates(timings, flops, "fwd")}
                 )
                 # Backward alone: one forward graph each, differentiated again and again.
                 do = random_tensor(q.shape, dtype, "cuda", generator(1, "cuda"))
@@ -697,7 +692,7 @@ def flash_attn_cute_reference(dtypes=DTYPES, target_ms: float = 150.0) -> dict:
                 timings = bench.benchmark(fns, target_ms=target_ms)
                 flops = attention_flops(b, h, n, n, d, causal, backward=True)
                 backward.append(
-                    {**case(shape, dtype, causal), "impls": rates(timings, flops, "bwd")}
+                    {**case_keys(shape, dtype, causal), "impls": rates(timings, flops, "bwd")}
                 )
                 print(f"  {shape} {dtype} causal={causal}: forward {forward[-1]['impls']}; "
                       f"backward {backward[-1]['impls']}", flush=True)  # fmt: skip
