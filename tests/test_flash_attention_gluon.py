@@ -16,8 +16,9 @@ from tests.test_flash_attention import check_forward, make, run_forward
 # overlap, no turns and a ring of 2 at 64 causal; the overlap without turns at 128, on the
 # persistent grid when causal), and the other combinations the GPU tests below run: 2 warpgroups
 # without the overlap, 3 warpgroups with and without turns, the overlap with turns, one CTA a tile
-# at 128 causal, and one exponential in 4, 8 or 2 by the polynomial (at 3 warpgroups' 160
-# registers too).
+# at 128 causal, one exponential in 4, 8 or 2 by the polynomial (at 3 warpgroups' 160
+# registers too), and two Q buffers on the persistent grid (at 128 with a ring of 2: with 3 the
+# shared memory is full).
 COMPILED = [(128, "float16", True, {}), (64, "bfloat16", False, {}), (64, "float16", True, {}),
             (128, "bfloat16", False, {"overlap": False}),
             (64, "float16", True, {"warpgroups": 3, "overlap": False}),
@@ -26,7 +27,10 @@ COMPILED = [(128, "float16", True, {}), (64, "bfloat16", False, {}), (64, "float
             (64, "float16", False, {"warpgroups": 2, "overlap": True}),
             (128, "float16", True, {"persistent": False, "overlap": True}),
             (64, "float16", False, {"poly_exp2": 4}), (64, "bfloat16", True, {"poly_exp2": 8}),
-            (128, "float16", False, {"poly_exp2": 2})]  # fmt: skip
+            (128, "float16", False, {"poly_exp2": 2}), (64, "float16", True, {"q_buffers": 2}),
+            (128, "bfloat16", False, {"persistent": True, "stages": 2, "q_buffers": 2}),
+            (64, "float16", False, {"warpgroups": 2, "persistent": True, "overlap": False,
+                                    "q_buffers": 2})]  # fmt: skip
 
 
 def test_every_default_schedule_is_one_the_kernel_has():
@@ -42,6 +46,7 @@ def test_every_default_schedule_is_one_the_kernel_has():
         assert resolved["OVERLAP"] == schedule["overlap"]
         assert resolved["PERSISTENT"] == schedule["persistent"]
         assert resolved["POLY_EXP2"] == schedule["poly_exp2"]
+        assert resolved["Q_BUFFERS"] == schedule["q_buffers"]
     assert set(gluon_flash.DEFAULT_SCHEDULE) == {(d, c) for d in gluon_flash.HEAD_DIMS
                                                   for c in (False, True)}  # fmt: skip
     with pytest.raises(ValueError, match="warpgroups=3 needs head_dim 64"):
@@ -54,6 +59,14 @@ def test_every_default_schedule_is_one_the_kernel_has():
         gluon_flash.resolve_schedule(64, True, warpgroups=3, persistent=True)
     with pytest.raises(ValueError, match="poly_exp2 3; supported: 0"):
         gluon_flash.resolve_schedule(64, False, poly_exp2=3)
+    with pytest.raises(ValueError, match="q_buffers 3; supported: 1, 2"):
+        gluon_flash.resolve_schedule(64, True, q_buffers=3)
+    with pytest.raises(ValueError, match="q_buffers=2 needs persistent=True"):
+        gluon_flash.resolve_schedule(64, True, q_buffers=2, persistent=False)
+    # Q 2 x 2 x 16 KiB + 3 x (K + V) 64 KiB = 256 KiB at 128: no room for a second Q buffer
+    with pytest.raises(ValueError, match="need 256 KiB of shared memory, more than the 227"):
+        gluon_flash.resolve_schedule(128, True, stages=3, q_buffers=2)
+    assert gluon_flash.resolve_schedule(128, True, stages=2, q_buffers=2)["Q_BUFFERS"] == 2
 
 
 def test_the_polynomial_exponential_is_within_its_stated_error():
@@ -116,7 +129,8 @@ def test_compiles_for_hopper_without_a_gpu(compiled_offline, variant):
     assert 128 * (n_wg * consumer + producer) <= 65536
     assert made["spill_bytes"] == 0, made
     stages_kv = resolved["STAGES"] * 2 * 128 * head_dim * 2  # K and V, 128 keys, 2 bytes
-    assert made["shared_bytes"] >= stages_kv + n_wg * 64 * head_dim * 2  # plus Q per warpgroup
+    q_bytes = resolved["Q_BUFFERS"] * n_wg * 64 * head_dim * 2  # Q per buffer and warpgroup
+    assert made["shared_bytes"] >= stages_kv + q_bytes
     assert made["shared_bytes"] <= 227 * 1024
 
 
@@ -140,11 +154,14 @@ GLUON_SHAPES = [
 ]
 
 
+# Two Q buffers need the persistent grid, and at D = 128 a ring of 2 for the shared memory.
+TWO_Q_BUFFERS = {"warpgroups": 2, "overlap": True, "persistent": True, "stages": 2, "q_buffers": 2}
 # (schedule, dtype): the default schedule of each case in both dtypes, the default with and without
 # its turns and with 2 and 3 stages (the benchmark's comparisons), and every combination of
 # warpgroups, overlap and persistent grid (with the case's turns and ring unless named), in fp16,
 # most also in bf16 or without turns; and the polynomial exponentials, one in 4 in both dtypes,
-# one in 8 (the benchmark's) and one in 2, and one in 4 without the overlap (`_consumer`).
+# one in 8 (the benchmark's) and one in 2, and one in 4 without the overlap (`_consumer`); two Q
+# buffers on the persistent grid in both dtypes, and without the overlap.
 VARIANTS = [({}, torch.float16), ({}, torch.bfloat16), ({"pingpong": False}, torch.float16),
             ({"pingpong": True}, torch.float16), ({"stages": 2}, torch.float16),
             ({"stages": 3}, torch.float16),
@@ -166,7 +183,9 @@ VARIANTS = [({}, torch.float16), ({}, torch.bfloat16), ({"pingpong": False}, tor
             ({"poly_exp2": 4}, torch.float16), ({"poly_exp2": 4}, torch.bfloat16),
             ({"poly_exp2": 8}, torch.float16), ({"poly_exp2": 2}, torch.bfloat16),
             ({"poly_exp2": 4, "warpgroups": 2, "overlap": False, "persistent": False},
-             torch.float16)]  # fmt: skip
+             torch.float16),
+            (TWO_Q_BUFFERS, torch.float16), (TWO_Q_BUFFERS, torch.bfloat16),
+            ({**TWO_Q_BUFFERS, "overlap": False}, torch.float16)]  # fmt: skip
 
 
 def _variant_id(variant):

@@ -522,6 +522,7 @@ def _runs(fn) -> bool:
 # default with one of its choices set either way (where one way is the default, "ours (Gluon)" is
 # it), then combinations of warpgroups, overlap and grid, which keep the case's turns and ring depth
 # (so "2 warpgroups" has the turns at D = 64 and none at D = 128, as the defaults there).
+PERSISTENT_OVERLAP = {"warpgroups": 2, "overlap": True, "persistent": True}
 GLUON_SCHEDULES = {
     "ping-pong": {"pingpong": True},
     "no ping-pong": {"pingpong": False},
@@ -532,8 +533,11 @@ GLUON_SCHEDULES = {
     "3 warpgroups": {"warpgroups": 3, "overlap": False, "persistent": False},
     "3 warpgroups, S overlap": {"warpgroups": 3, "overlap": True, "persistent": False},
     "persistent": {"warpgroups": 2, "overlap": False, "persistent": True},
-    "persistent, S overlap": {"warpgroups": 2, "overlap": True, "persistent": True},
+    "persistent, S overlap": PERSISTENT_OVERLAP,
     "exp2 1 in 8 by polynomial": {"poly_exp2": 8},
+    "one Q buffer": {"q_buffers": 1},
+    # the persistent grid with S overlap, Q loaded a tile ahead; 2 stages leave Q room at D = 128
+    "two Q buffers": {**PERSISTENT_OVERLAP, "stages": 2, "q_buffers": 2},
 }
 
 

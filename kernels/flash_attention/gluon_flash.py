@@ -97,18 +97,19 @@ BLOCK_N = 128  # keys per K/V tile
 # measured" and the sections after it).
 DEFAULT_SCHEDULE = {
     (64, False): {"pingpong": True, "stages": 2, "warpgroups": 3, "overlap": True,
-                  "persistent": False, "poly_exp2": 0},
+                  "persistent": False, "poly_exp2": 0, "q_buffers": 1},
     (64, True): {"pingpong": False, "stages": 2, "warpgroups": 2, "overlap": True,
-                 "persistent": True, "poly_exp2": 0},
-    (128, False): {"pingpong": False, "stages": 3, "warpgroups": 2, "overlap": True,
-                   "persistent": False, "poly_exp2": 0},
-    (128, True): {"pingpong": False, "stages": 3, "warpgroups": 2, "overlap": True,
-                  "persistent": True, "poly_exp2": 0},
+                 "persistent": True, "poly_exp2": 0, "q_buffers": 2},
+    (128, False): {"pingpong": False, "stages": 2, "warpgroups": 2, "overlap": True,
+                   "persistent": True, "poly_exp2": 0, "q_buffers": 2},
+    (128, True): {"pingpong": False, "stages": 2, "warpgroups": 2, "overlap": True,
+                  "persistent": True, "poly_exp2": 0, "q_buffers": 2},
 }  # fmt: skip
 # setmaxnreg budgets, registers per thread: the consumers hold S, P and O, the producer a few
 # scalars. 2 consumers: 2 x 128 x 240 + 128 x 24 = 64,512; 3: 3 x 128 x 160 + 128 x 24 = 64,512.
 CONSUMER_REGS = {2: 240, 3: 160}
 PRODUCER_REGS = 24
+SHARED_BYTES = 227 * 1024  # what one CTA may have on sm_90
 GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 # TMA global-to-shared copy: `async_load` in newer releases, `async_copy_global_to_shared` before.
 tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
@@ -188,8 +189,10 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_free, k
               slot_free, tiles, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):  # fmt: skip
     """One warp: for each of the CTA's tiles, Q (every consumer's rows), then K and V block by
     block into the ring. The ring's position (`it`, blocks loaded so far) runs on across tiles:
-    with PERSISTENT, the next tile's first blocks load while the consumers finish the last one."""
-    NUM_WG: gl.constexpr = q_smem.shape[0]
+    with PERSISTENT, the next tile's first blocks load while the consumers finish the last one,
+    and with two Q buffers its Q too."""
+    Q_BUFFERS: gl.constexpr = q_ready.shape[0]
+    NUM_WG: gl.constexpr = q_smem.shape[0] // Q_BUFFERS
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     it = 0
@@ -197,12 +200,15 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_free, k
     for i in range(_tile_count(tiles[0], PERSISTENT)):
         t = _tile_id(i, PERSISTENT)
         q_row, kv_row, _, n_blocks, _ = _tile(t, tiles, NUM_WG * WG_M, BLOCK_N, CAUSAL)
-        # Q's buffer is free once every consumer's last S = Q K^T of the previous tile retired
-        # (q_free; a fresh barrier counts as released for parity 1, so the first tile goes on).
-        mbarrier.wait(q_free, (done_tiles & 1) ^ 1)
-        mbarrier.expect(q_ready, NUM_WG * q_desc.block_type.nbytes)
+        # Q's buffer is free once every consumer's last S = Q K^T of the tile that used it before
+        # (the previous one, or with two buffers the one before that) retired: q_free. A fresh
+        # barrier counts as released for parity 1, so the first tile (or two) goes on.
+        buf = done_tiles % Q_BUFFERS
+        mbarrier.wait(q_free.index(buf), ((done_tiles // Q_BUFFERS) & 1) ^ 1)
+        mbarrier.expect(q_ready.index(buf), NUM_WG * q_desc.block_type.nbytes)
         for wg in gl.static_range(NUM_WG):
-            tma_load(q_desc, [q_row + wg * WG_M, 0], q_ready, q_smem.index(wg))
+            tma_load(q_desc, [q_row + wg * WG_M, 0], q_ready.index(buf),
+                     q_smem.index(buf * NUM_WG + wg))  # fmt: skip
         for j in range(n_blocks):
             slot = it % STAGES
             # Wait until every consumer released this slot's K (its previous use, STAGES blocks
@@ -319,7 +325,8 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free, k_ready
               PERSISTENT: gl.constexpr, POLY_EXP2: gl.constexpr):  # fmt: skip
     """One warpgroup, 64 query rows of each of the CTA's tiles: the FlashAttention-2 loop with
     wgmma, fed by the producer."""
-    NUM_WG: gl.constexpr = q_smem.shape[0]
+    Q_BUFFERS: gl.constexpr = q_ready.shape[0]
+    NUM_WG: gl.constexpr = q_smem.shape[0] // Q_BUFFERS
     dtype: gl.constexpr = q_smem.dtype
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
@@ -329,7 +336,6 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free, k_ready
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     zero_s = gl.zeros([WG_M, BLOCK_N], gl.float32, layout=s_layout)
-    q = q_smem.index(WG)
     n_q, n_k = tiles[4], tiles[5]
 
     it = 0  # K/V blocks consumed so far, over all tiles: the ring's position, as the producer's
@@ -342,7 +348,9 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free, k_ready
         m_i = gl.full([WG_M], float("-inf"), gl.float32, layout=row_layout)
         l_i = gl.zeros([WG_M], gl.float32, layout=row_layout)
         acc = gl.zeros([WG_M, HEAD_DIM], gl.float32, layout=o_layout)
-        mbarrier.wait(q_ready, done_tiles & 1)
+        buf = done_tiles % Q_BUFFERS
+        q = q_smem.index(buf * NUM_WG + WG)
+        mbarrier.wait(q_ready.index(buf), (done_tiles // Q_BUFFERS) & 1)
         for j in range(n_blocks):
             slot = (it + j) % STAGES
             phase = ((it + j) // STAGES) & 1
@@ -359,7 +367,7 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free, k_ready
             acc = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(slot_free.index(STAGES + slot), count=1)  # V consumed
-        mbarrier.arrive(q_free, count=1)  # every S of this tile retired: Q may be replaced
+        mbarrier.arrive(q_free.index(buf), count=1)  # every S of this tile retired
         _store_rows(WG, acc, m_i, l_i, out_ptr, lse_ptr, q_row, m0, n_q)
         it += n_blocks
         done_tiles += 1
@@ -405,7 +413,8 @@ def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free
     OVERLAP (on in every default schedule): wait for S_j alone and run its softmax while
     P_{j-1} V_{j-1} still runs; rescale O after that product retires. Without it, both products
     are waited for first."""
-    NUM_WG: gl.constexpr = q_smem.shape[0]
+    Q_BUFFERS: gl.constexpr = q_ready.shape[0]
+    NUM_WG: gl.constexpr = q_smem.shape[0] // Q_BUFFERS
     NEXT: gl.constexpr = (WG + 1) % NUM_WG  # the warpgroup whose turn follows this one's
     # Turn parity: warpgroup 0 goes first (a fresh barrier passes parity 1): its j-th wait is for
     # the j-th pass from the last warpgroup; warpgroup w > 0 waits for the (j+1)-th pass from w-1.
@@ -421,7 +430,6 @@ def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
     zero_s = gl.zeros([WG_M, BLOCK_N], gl.float32, layout=s_layout)
-    q = q_smem.index(WG)
     n_q, n_k = tiles[4], tiles[5]
 
     # Over all tiles: K/V blocks consumed (the ring's position, as the producer's) and turns taken
@@ -437,7 +445,9 @@ def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free
         l_i = gl.zeros([WG_M], gl.float32, layout=row_layout)
         acc = gl.zeros([WG_M, HEAD_DIM], gl.float32, layout=o_layout)
         p_op = gl.zeros([WG_M, BLOCK_N], dtype, layout=p_layout)  # P of the previous block
-        mbarrier.wait(q_ready, done_tiles & 1)
+        buf = done_tiles % Q_BUFFERS
+        q = q_smem.index(buf * NUM_WG + WG)
+        mbarrier.wait(q_ready.index(buf), (done_tiles // Q_BUFFERS) & 1)
         if n_blocks > 0:  # block 0 has only its S = Q K^T: there is no P V yet
             slot = it % STAGES
             if PINGPONG:
@@ -489,8 +499,8 @@ def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free
                                                       unmasked_blocks, dtype, p_layout,
                                                       o_layout, POLY_EXP2)  # fmt: skip
                 acc = acc * gl.expand_dims(alpha, 1)
-        # Every S of this tile has retired: the producer may load the next tile's Q.
-        mbarrier.arrive(q_free, count=1)
+        # Every S of this tile has retired: the producer may load a later tile's Q into its buffer.
+        mbarrier.arrive(q_free.index(buf), count=1)
         if n_blocks > 0:  # the last block's P V
             last = (it + n_blocks - 1) % STAGES
             mbarrier.wait(v_ready.index(last), ((it + n_blocks - 1) // STAGES) & 1)
@@ -545,7 +555,7 @@ def _consumer_2(args, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr,
 def gluon_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, n_tiles, n_m, n_heads, group, n_q,
                      n_k, qk_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                      PINGPONG: gl.constexpr, NUM_WG: gl.constexpr, OVERLAP: gl.constexpr,
-                     PERSISTENT: gl.constexpr, POLY_EXP2: gl.constexpr,
+                     PERSISTENT: gl.constexpr, POLY_EXP2: gl.constexpr, Q_BUFFERS: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):  # fmt: skip
     """Tiles of NUM_WG x 64 query rows of one head; the CTA takes tile program_id, or with one
     CTA per SM (persistent) one tile of every round of num_programs tiles (`_tile_id`), and then
@@ -554,17 +564,20 @@ def gluon_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, n_tiles, n_m, n_h
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     tiles = (n_tiles, n_m, n_heads, group, n_q, n_k)
 
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, WG_M, HEAD_DIM], q_desc.layout)
+    # Q buffer b of warpgroup w is q_smem[b * NUM_WG + w], guarded by q_ready[b] and q_free[b].
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [Q_BUFFERS * NUM_WG, WG_M, HEAD_DIM],
+                                       q_desc.layout)  # fmt: skip
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS, 1], mbarrier.MBarrierLayout())
+    q_free = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     # slot_free[s]: K of slot s consumed; slot_free[STAGES + s]: V of slot s consumed.
     slot_free = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_ready, count=1)
-    mbarrier.init(q_free, count=NUM_WG)  # every consumer is done with Q
+    for b in gl.static_range(Q_BUFFERS):
+        mbarrier.init(q_ready.index(b), count=1)
+        mbarrier.init(q_free.index(b), count=NUM_WG)  # every consumer is done with this Q
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
@@ -611,7 +624,8 @@ def gluon_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, n_tiles, n_m, n_h
 
 
 def resolve_schedule(head_dim: int, causal: bool, pingpong=None, stages=None, warpgroups=None,
-                     overlap=None, persistent=None, poly_exp2=None) -> dict:  # fmt: skip
+                     overlap=None, persistent=None, poly_exp2=None,
+                     q_buffers=None) -> dict:  # fmt: skip
     """The kernel's schedule constexprs for one call, the defaults filled in (None: the
     DEFAULT_SCHEDULE of this head_dim and `causal`), checked: ValueError for a combination the
     kernel does not have."""
@@ -635,11 +649,31 @@ def resolve_schedule(head_dim: int, causal: bool, pingpong=None, stages=None, wa
     if poly_exp2 not in (0, 2, 4, 8):
         raise ValueError(f"gluon_attention_forward: poly_exp2 {poly_exp2}; supported: 0 (every "
                          "exponential on the multi-function unit), 2, 4, 8")  # fmt: skip
+
+    def shared_bytes(q_buffers):  # Q per buffer and warpgroup, K and V per stage
+        return (q_buffers * warpgroups * WG_M.value + stages * 2 * BLOCK_N) * head_dim * 2
+
+    if q_buffers is None:  # a default second buffer gives way to an explicit grid or ring
+        q_buffers = default["q_buffers"]
+        if not persistent or shared_bytes(q_buffers) > SHARED_BYTES:
+            q_buffers = 1
+    q_buffers = int(q_buffers)
+    if q_buffers not in (1, 2):
+        raise ValueError(f"gluon_attention_forward: q_buffers {q_buffers}; supported: 1, 2")
+    if q_buffers == 2 and not persistent:
+        raise ValueError("gluon_attention_forward: q_buffers=2 needs persistent=True (one CTA a "
+                         "tile has no next tile's Q to load)")  # fmt: skip
+    shared = shared_bytes(q_buffers)
+    if shared > SHARED_BYTES:
+        raise ValueError(f"gluon_attention_forward: {q_buffers} Q buffers and {stages} stages at "
+                         f"head_dim {head_dim} need {shared // 1024} KiB of shared memory, more "
+                         f"than the {SHARED_BYTES // 1024} KiB a CTA has")  # fmt: skip
+    # In the kernel's order of parameters: `compile_for_hopper` numbers the constexprs by it.
     return {"STAGES": stages,
             "PINGPONG": default["pingpong"] if pingpong is None else bool(pingpong),
             "NUM_WG": warpgroups,
             "OVERLAP": default["overlap"] if overlap is None else bool(overlap),
-            "PERSISTENT": persistent, "POLY_EXP2": poly_exp2,
+            "PERSISTENT": persistent, "POLY_EXP2": poly_exp2, "Q_BUFFERS": q_buffers,
             "CONSUMER_REGS": CONSUMER_REGS[warpgroups], "PRODUCER_REGS": PRODUCER_REGS}  # fmt: skip
 
 
@@ -653,7 +687,8 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
                             stages: int | None = None, warpgroups: int | None = None,
                             overlap: bool | None = None,
                             persistent: bool | None = None,
-                            poly_exp2: int | None = None):  # fmt: skip
+                            poly_exp2: int | None = None,
+                            q_buffers: int | None = None):  # fmt: skip
     """(out, lse) as `triton_flash.flash_attention_forward`, with the warp-specialized kernel.
     The schedule (None: DEFAULT_SCHEDULE for this head_dim and `causal`):
     `pingpong` orders the warpgroups' products by turns; `stages` is the depth of the K/V ring;
@@ -662,7 +697,8 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     launches one CTA per SM, each looping over tiles, instead of one per tile (2 warpgroups only:
     a default persistent grid gives way to an explicit `warpgroups=3`); `poly_exp2` = n computes
     one exponential of every n on the FMA units by a polynomial instead of the multi-function
-    unit (0: none)."""
+    unit (0: none); `q_buffers` = 2 (persistent grid only) gives Q two shared-memory buffers, so
+    the producer loads the next tile's Q while the consumers still read this one's."""
     check_inputs("gluon_attention_forward", q, k, v)
     head_dim = q.shape[-1]
     if head_dim not in HEAD_DIMS:
@@ -671,7 +707,7 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
         if not t.is_contiguous():
             raise ValueError(f"gluon_attention_forward: {name} must be contiguous (B, H, N, D)")
     variant = resolve_schedule(head_dim, causal, pingpong, stages, warpgroups, overlap, persistent,
-                               poly_exp2)  # fmt: skip
+                               poly_exp2, q_buffers)  # fmt: skip
     scale = softmax_scale(scale, head_dim)
     out, lse = output_buffers("gluon_attention_forward", q, out, lse)
     if not out.is_contiguous():
@@ -702,8 +738,8 @@ def compile_for_hopper(head_dim: int = 128, dtype: torch.dtype = torch.float16,
                        causal: bool = False, **schedule):  # fmt: skip
     """Compile the kernel for sm_90 without a GPU (the CPU test): the front end, the layouts, the
     warp specialization and ptxas all run; returns the compiled kernel (its .asm has the PTX).
-    `schedule`: pingpong, stages, warpgroups, overlap, persistent, as `gluon_attention_forward`
-    takes them."""
+    `schedule`: pingpong, stages, warpgroups, overlap, persistent, poly_exp2, q_buffers, as
+    `gluon_attention_forward` takes them."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
