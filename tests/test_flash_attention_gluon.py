@@ -11,14 +11,14 @@ import torch
 from tests.test_flash_attention import check_forward, make, run_forward
 
 # On a GPU the kernel itself runs (tests below); the offline path uses the CPU environment's Triton.
-# (head_dim, dtype, causal, schedule): the default schedule of each (head_dim, causal) (3
-# warpgroups with the overlap and a ring of 2 at 64 non-causal; the persistent grid with the
-# overlap, no turns and a ring of 2 at 64 causal; the overlap without turns at 128, on the
-# persistent grid when causal), and the other combinations the GPU tests below run: 2 warpgroups
-# without the overlap, 3 warpgroups with and without turns, the overlap with turns, one CTA a tile
-# at 128 causal, one exponential in 4, 8 or 2 by the polynomial (at 3 warpgroups' 160
-# registers too), and two Q buffers on the persistent grid (at 128 with a ring of 2: with 3 the
-# shared memory is full).
+# (head_dim, dtype, causal, schedule): the default schedule of each (head_dim, causal) (O stored
+# by TMA in all four; 3 warpgroups with the overlap, the turns and a ring of 2 at 64 non-causal;
+# otherwise 2 warpgroups with the overlap, no turns, a ring of 2 and two Q buffers on the
+# persistent grid), O stored from registers, and the other combinations the GPU tests run: 2
+# warpgroups without the overlap, 3 warpgroups with and without turns, the overlap with turns,
+# one CTA a tile at 128 causal, one exponential in 4, 8 or 2 by the polynomial (at 3 warpgroups'
+# 160 registers too), and two Q buffers on the persistent grid (at 128 with a ring of 2: with 3
+# the shared memory is full).
 COMPILED = [(128, "float16", True, {}), (64, "bfloat16", False, {}), (64, "float16", True, {}),
             (128, "bfloat16", False, {"overlap": False}),
             (64, "float16", True, {"warpgroups": 3, "overlap": False}),
@@ -27,8 +27,9 @@ COMPILED = [(128, "float16", True, {}), (64, "bfloat16", False, {}), (64, "float
             (64, "float16", False, {"warpgroups": 2, "overlap": True}),
             (128, "float16", True, {"persistent": False, "overlap": True}),
             (64, "float16", False, {"poly_exp2": 4}), (64, "bfloat16", True, {"poly_exp2": 8}),
-            (128, "float16", False, {"poly_exp2": 2}), (64, "float16", True, {"q_buffers": 2}),
-            (128, "bfloat16", False, {"persistent": True, "stages": 2, "q_buffers": 2}),
+            (128, "float16", False, {"poly_exp2": 2}), (64, "float16", False, {"tma_store": False}),
+            (128, "float16", True, {"tma_store": False}),
+            (128, "bfloat16", False, {"persistent": False}),
             (64, "float16", False, {"warpgroups": 2, "persistent": True, "overlap": False,
                                     "q_buffers": 2})]  # fmt: skip
 
@@ -47,6 +48,7 @@ def test_every_default_schedule_is_one_the_kernel_has():
         assert resolved["PERSISTENT"] == schedule["persistent"]
         assert resolved["POLY_EXP2"] == schedule["poly_exp2"]
         assert resolved["Q_BUFFERS"] == schedule["q_buffers"]
+        assert resolved["TMA_STORE"] == schedule["tma_store"]
     assert set(gluon_flash.DEFAULT_SCHEDULE) == {(d, c) for d in gluon_flash.HEAD_DIMS
                                                   for c in (False, True)}  # fmt: skip
     with pytest.raises(ValueError, match="warpgroups=3 needs head_dim 64"):
@@ -67,6 +69,18 @@ def test_every_default_schedule_is_one_the_kernel_has():
     with pytest.raises(ValueError, match="need 256 KiB of shared memory, more than the 227"):
         gluon_flash.resolve_schedule(128, True, stages=3, q_buffers=2)
     assert gluon_flash.resolve_schedule(128, True, stages=2, q_buffers=2)["Q_BUFFERS"] == 2
+    # O's TMA copy is staged in the tile's Q buffer, released a block into the next tile: on the
+    # persistent grid one buffer would deadlock, so a default second buffer and TMA store give
+    # way to an explicit ring of 3 at 128 (no room) or to no overlap (that consumer has no copy).
+    assert gluon_flash.DEFAULT_SCHEDULE[128, True]["tma_store"]
+    three = gluon_flash.resolve_schedule(128, True, stages=3)
+    assert (three["Q_BUFFERS"], three["TMA_STORE"], three["PERSISTENT"]) == (1, False, True)
+    assert not gluon_flash.resolve_schedule(64, True, overlap=False)["TMA_STORE"]
+    with pytest.raises(ValueError, match="tma_store=True needs overlap=True"):
+        gluon_flash.resolve_schedule(64, True, q_buffers=1, tma_store=True)
+    with pytest.raises(ValueError, match="tma_store=True needs overlap=True"):
+        gluon_flash.resolve_schedule(128, False, overlap=False, tma_store=True)
+    assert gluon_flash.resolve_schedule(64, True, persistent=False, tma_store=True)["TMA_STORE"]
 
 
 def test_the_polynomial_exponential_is_within_its_stated_error():
@@ -127,7 +141,11 @@ def test_compiles_for_hopper_without_a_gpu(compiled_offline, variant):
     consumer, producer = gluon_flash.CONSUMER_REGS[n_wg], gluon_flash.PRODUCER_REGS
     assert {consumer, producer} <= set(made["register_budgets"])
     assert 128 * (n_wg * consumer + producer) <= 65536
-    assert made["spill_bytes"] == 0, made
+    # Three warpgroups (160 registers a thread) with O's TMA copy spill 416 bytes (ptxas, offline)
+    # and still ran 2.6 points of cuDNN faster than without the copy (H200, PERFORMANCE.md);
+    # every other schedule spills nothing.
+    spill_allowed = 512 if n_wg == 3 and resolved["TMA_STORE"] else 0
+    assert made["spill_bytes"] <= spill_allowed, made
     stages_kv = resolved["STAGES"] * 2 * 128 * head_dim * 2  # K and V, 128 keys, 2 bytes
     q_bytes = resolved["Q_BUFFERS"] * n_wg * 64 * head_dim * 2  # Q per buffer and warpgroup
     assert made["shared_bytes"] >= stages_kv + q_bytes
@@ -161,7 +179,8 @@ TWO_Q_BUFFERS = {"warpgroups": 2, "overlap": True, "persistent": True, "stages":
 # warpgroups, overlap and persistent grid (with the case's turns and ring unless named), in fp16,
 # most also in bf16 or without turns; and the polynomial exponentials, one in 4 in both dtypes,
 # one in 8 (the benchmark's) and one in 2, and one in 4 without the overlap (`_consumer`); two Q
-# buffers on the persistent grid in both dtypes, and without the overlap.
+# buffers on the persistent grid in both dtypes, and without the overlap; O stored from registers
+# in both dtypes, and by TMA with the turns on one CTA a tile.
 VARIANTS = [({}, torch.float16), ({}, torch.bfloat16), ({"pingpong": False}, torch.float16),
             ({"pingpong": True}, torch.float16), ({"stages": 2}, torch.float16),
             ({"stages": 3}, torch.float16),
@@ -185,7 +204,9 @@ VARIANTS = [({}, torch.float16), ({}, torch.bfloat16), ({"pingpong": False}, tor
             ({"poly_exp2": 4, "warpgroups": 2, "overlap": False, "persistent": False},
              torch.float16),
             (TWO_Q_BUFFERS, torch.float16), (TWO_Q_BUFFERS, torch.bfloat16),
-            ({**TWO_Q_BUFFERS, "overlap": False}, torch.float16)]  # fmt: skip
+            ({**TWO_Q_BUFFERS, "overlap": False}, torch.float16),
+            ({"tma_store": False}, torch.float16), ({"tma_store": False}, torch.bfloat16),
+            ({"pingpong": True, "persistent": False}, torch.float16)]  # fmt: skip
 
 
 def _variant_id(variant):

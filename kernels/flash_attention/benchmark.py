@@ -535,6 +535,8 @@ GLUON_SCHEDULES = {
     "persistent": {"warpgroups": 2, "overlap": False, "persistent": True},
     "persistent, S overlap": PERSISTENT_OVERLAP,
     "exp2 1 in 8 by polynomial": {"poly_exp2": 8},
+    "O from registers": {"tma_store": False},
+    # on the persistent grid without O's TMA copy too: the copy is staged in a second Q buffer
     "one Q buffer": {"q_buffers": 1},
     # the persistent grid with S overlap, Q loaded a tile ahead; 2 stages leave Q room at D = 128
     "two Q buffers": {**PERSISTENT_OVERLAP, "stages": 2, "q_buffers": 2},

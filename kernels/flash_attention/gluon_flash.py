@@ -77,6 +77,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
     mbarrier,
     tma,
     warpgroup_mma,
@@ -97,13 +98,13 @@ BLOCK_N = 128  # keys per K/V tile
 # measured" and the sections after it).
 DEFAULT_SCHEDULE = {
     (64, False): {"pingpong": True, "stages": 2, "warpgroups": 3, "overlap": True,
-                  "persistent": False, "poly_exp2": 0, "q_buffers": 1},
+                  "persistent": False, "poly_exp2": 0, "q_buffers": 1, "tma_store": True},
     (64, True): {"pingpong": False, "stages": 2, "warpgroups": 2, "overlap": True,
-                 "persistent": True, "poly_exp2": 0, "q_buffers": 2},
+                 "persistent": True, "poly_exp2": 0, "q_buffers": 2, "tma_store": True},
     (128, False): {"pingpong": False, "stages": 2, "warpgroups": 2, "overlap": True,
-                   "persistent": True, "poly_exp2": 0, "q_buffers": 2},
+                   "persistent": True, "poly_exp2": 0, "q_buffers": 2, "tma_store": True},
     (128, True): {"pingpong": False, "stages": 2, "warpgroups": 2, "overlap": True,
-                  "persistent": True, "poly_exp2": 0, "q_buffers": 2},
+                  "persistent": True, "poly_exp2": 0, "q_buffers": 2, "tma_store": True},
 }  # fmt: skip
 # setmaxnreg budgets, registers per thread: the consumers hold S, P and O, the producer a few
 # scalars. 2 consumers: 2 x 128 x 240 + 128 x 24 = 64,512; 3: 3 x 128 x 160 + 128 x 24 = 64,512.
@@ -113,6 +114,7 @@ SHARED_BYTES = 227 * 1024  # what one CTA may have on sm_90
 GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 # TMA global-to-shared copy: `async_load` in newer releases, `async_copy_global_to_shared` before.
 tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
 # Where the decorator for functions evaluated at compile time lives differs between releases.
 constexpr_function = getattr(gl, "constexpr_function", None) or gluon.constexpr_function
 
@@ -297,12 +299,16 @@ def _row_bounds(first_row, diagonal, n_k, BLOCK_N: gl.constexpr, row_layout: gl.
 
 
 @gluon.jit
-def _store_rows(WG: gl.constexpr, acc, m_i, l_i, out_ptr, lse_ptr, q_row, m0, n_q):
+def _store_rows(WG: gl.constexpr, acc, m_i, l_i, out_ptr, lse_ptr, q_row, m0, n_q, o_desc, staging,
+                TMA_STORE: gl.constexpr):  # fmt: skip
     """The epilogue of one warpgroup: normalize O, store the rows that exist and their log-sum-exp
-    (natural log); a row that saw no key gets 0 and lse -inf."""
+    (natural log); a row that saw no key gets 0 and lse -inf. With TMA_STORE, a warpgroup whose
+    64 rows all exist writes O into `staging` (its Q buffer: every S of the tile has retired) and
+    one TMA copy stores it, so the warpgroup goes on while the copy runs; `_release_staged_q` waits
+    for the copy before the buffer takes a later tile's Q. A copy of rows past the end of a head
+    would write into the next head's rows: those warpgroups store with a mask."""
     o_layout: gl.constexpr = acc.type.layout
     row_layout: gl.constexpr = m_i.type.layout
-    HEAD_DIM: gl.constexpr = acc.shape[1]
     seen = m_i > float("-inf")  # not l_i > 0: a polynomial exponential of -inf is tiny, not 0
     l_safe = gl.where(seen, l_i, 1.0)
     lse = gl.where(seen, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
@@ -310,13 +316,38 @@ def _store_rows(WG: gl.constexpr, acc, m_i, l_i, out_ptr, lse_ptr, q_row, m0, n_
     gl.store(lse_ptr + (q_row + WG * WG_M) + wg_rows, lse, mask=m0 + WG * WG_M + wg_rows < n_q)
     inverse = gl.where(seen, 1.0 / l_safe, 0.0)  # a row that saw no key stores exact zeros
     out = acc * gl.expand_dims(gl.convert_layout(inverse, gl.SliceLayout(1, o_layout)), 1)
+    out = out.to(out_ptr.dtype.element_ty)
+    if TMA_STORE:
+        if m0 + WG * WG_M + WG_M <= n_q:
+            staging.store(out)
+            fence_async_shared()  # the threads' shared-memory writes, before the copy reads them
+            tma_store(o_desc, [q_row + WG * WG_M, 0], staging)
+        else:
+            _store_rows_masked(WG, out, out_ptr, q_row, m0, n_q)
+    else:
+        _store_rows_masked(WG, out, out_ptr, q_row, m0, n_q)
+
+
+@gluon.jit
+def _store_rows_masked(WG: gl.constexpr, out, out_ptr, q_row, m0, n_q):
+    """O's rows of one warpgroup that exist, stored from registers."""
+    o_layout: gl.constexpr = out.type.layout
+    HEAD_DIM: gl.constexpr = out.shape[1]
     o_rows = gl.arange(0, WG_M, layout=gl.SliceLayout(1, o_layout))
     o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
     offsets = (gl.expand_dims((q_row + WG * WG_M + o_rows).to(gl.int64), 1) * HEAD_DIM
                + gl.expand_dims(o_cols, 0))  # fmt: skip
     row_ok = gl.expand_dims(m0 + WG * WG_M + o_rows < n_q, 1)
-    gl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty),
-             mask=row_ok & gl.expand_dims(o_cols < HEAD_DIM, 0))  # fmt: skip
+    gl.store(out_ptr + offsets, out, mask=row_ok & gl.expand_dims(o_cols < HEAD_DIM, 0))
+
+
+@gluon.jit
+def _release_staged_q(q_free, done_tiles, Q_BUFFERS: gl.constexpr):
+    """With TMA_STORE, the previous tile's Q buffer holds its O until the TMA copy has read it:
+    wait for that (by now long done), then let the producer load a later tile's Q there."""
+    if done_tiles > 0:
+        tma.store_wait(0)
+        mbarrier.arrive(q_free.index((done_tiles - 1) % Q_BUFFERS), count=1)
 
 
 @gluon.jit
@@ -368,7 +399,7 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free, k_ready
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(slot_free.index(STAGES + slot), count=1)  # V consumed
         mbarrier.arrive(q_free.index(buf), count=1)  # every S of this tile retired
-        _store_rows(WG, acc, m_i, l_i, out_ptr, lse_ptr, q_row, m0, n_q)
+        _store_rows(WG, acc, m_i, l_i, out_ptr, lse_ptr, q_row, m0, n_q, None, None, False)
         it += n_blocks
         done_tiles += 1
 
@@ -400,9 +431,10 @@ def _softmax_step(s, j, m_i, l_i, last_key, qk_scale, unmasked_blocks, dtype: gl
 
 @gluon.jit
 def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free, k_ready,
-                       v_ready, slot_free, turn, out_ptr, lse_ptr, qk_scale, tiles,
+                       v_ready, slot_free, turn, out_ptr, o_desc, lse_ptr, qk_scale, tiles,
                        CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr,
-                       OVERLAP: gl.constexpr, POLY_EXP2: gl.constexpr):  # fmt: skip
+                       OVERLAP: gl.constexpr, POLY_EXP2: gl.constexpr,
+                       TMA_STORE: gl.constexpr):  # fmt: skip
     """The same warpgroup loop in FlashAttention-3's order: iteration j queues this warpgroup's
     two matrix products, S_j = Q K_j^T and O += P_{j-1} V_{j-1}, then runs the softmax of S_j.
 
@@ -412,7 +444,9 @@ def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free
     cores instead of colliding, and each softmax hides behind the others' products.
     OVERLAP (on in every default schedule): wait for S_j alone and run its softmax while
     P_{j-1} V_{j-1} still runs; rescale O after that product retires. Without it, both products
-    are waited for first."""
+    are waited for first.
+    TMA_STORE: the epilogue stores O by a TMA copy from the tile's Q buffer (`_store_rows`); the
+    buffer is released once the copy has read it, after the next tile's first block."""
     Q_BUFFERS: gl.constexpr = q_ready.shape[0]
     NUM_WG: gl.constexpr = q_smem.shape[0] // Q_BUFFERS
     NEXT: gl.constexpr = (WG + 1) % NUM_WG  # the warpgroup whose turn follows this one's
@@ -463,6 +497,8 @@ def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free
             p_op, m_i, l_i, alpha = _softmax_step(s, 0, m_i, l_i, last_key, qk_scale,
                                                   unmasked_blocks, dtype, p_layout,
                                                   o_layout, POLY_EXP2)  # fmt: skip
+        if TMA_STORE:  # block 0 took long enough for the last tile's copy to have read its O
+            _release_staged_q(q_free, done_tiles, Q_BUFFERS)
         for j in range(1, n_blocks):
             slot = (it + j) % STAGES
             prev = (it + j - 1) % STAGES
@@ -499,36 +535,42 @@ def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free
                                                       unmasked_blocks, dtype, p_layout,
                                                       o_layout, POLY_EXP2)  # fmt: skip
                 acc = acc * gl.expand_dims(alpha, 1)
-        # Every S of this tile has retired: the producer may load a later tile's Q into its buffer.
-        mbarrier.arrive(q_free.index(buf), count=1)
+        if not TMA_STORE:  # every S retired: the producer may load a later tile's Q into the buffer
+            mbarrier.arrive(q_free.index(buf), count=1)
         if n_blocks > 0:  # the last block's P V
             last = (it + n_blocks - 1) % STAGES
             mbarrier.wait(v_ready.index(last), ((it + n_blocks - 1) // STAGES) & 1)
             acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(slot_free.index(STAGES + last), count=1)  # V consumed
-        _store_rows(WG, acc, m_i, l_i, out_ptr, lse_ptr, q_row, m0, n_q)
+        _store_rows(WG, acc, m_i, l_i, out_ptr, lse_ptr, q_row, m0, n_q, o_desc,
+                    q_smem.index(buf * NUM_WG + WG), TMA_STORE)  # fmt: skip
         it += n_blocks
         done_tiles += 1
+    if TMA_STORE:  # the last copy must have read shared memory before the CTA exits
+        tma.store_wait(0)
 
 
 # warp_specialize runs one function per partition; these fix the warpgroup index of each.
 @gluon.jit
 def _pingpong_0(args, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr,
-                OVERLAP: gl.constexpr, POLY_EXP2: gl.constexpr):  # fmt: skip
-    _consumer_pingpong(0, *args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP, POLY_EXP2)
+                OVERLAP: gl.constexpr, POLY_EXP2: gl.constexpr,
+                TMA_STORE: gl.constexpr):  # fmt: skip
+    _consumer_pingpong(0, *args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP, POLY_EXP2, TMA_STORE)
 
 
 @gluon.jit
 def _pingpong_1(args, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr,
-                OVERLAP: gl.constexpr, POLY_EXP2: gl.constexpr):  # fmt: skip
-    _consumer_pingpong(1, *args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP, POLY_EXP2)
+                OVERLAP: gl.constexpr, POLY_EXP2: gl.constexpr,
+                TMA_STORE: gl.constexpr):  # fmt: skip
+    _consumer_pingpong(1, *args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP, POLY_EXP2, TMA_STORE)
 
 
 @gluon.jit
 def _pingpong_2(args, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr,
-                OVERLAP: gl.constexpr, POLY_EXP2: gl.constexpr):  # fmt: skip
-    _consumer_pingpong(2, *args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP, POLY_EXP2)
+                OVERLAP: gl.constexpr, POLY_EXP2: gl.constexpr,
+                TMA_STORE: gl.constexpr):  # fmt: skip
+    _consumer_pingpong(2, *args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP, POLY_EXP2, TMA_STORE)
 
 
 @gluon.jit
@@ -552,11 +594,12 @@ def _consumer_2(args, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr,
 # The sizes are not specialized on (Triton would compile again for every length divisible by 16
 # or equal to 1): they only enter address arithmetic, TMA coordinates and masks.
 @gluon.jit(do_not_specialize=["n_tiles", "n_m", "n_heads", "group", "n_q", "n_k"])
-def gluon_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, n_tiles, n_m, n_heads, group, n_q,
-                     n_k, qk_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+def gluon_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, o_desc, lse_ptr, n_tiles, n_m, n_heads,
+                     group, n_q, n_k, qk_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                      PINGPONG: gl.constexpr, NUM_WG: gl.constexpr, OVERLAP: gl.constexpr,
                      PERSISTENT: gl.constexpr, POLY_EXP2: gl.constexpr, Q_BUFFERS: gl.constexpr,
-                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):  # fmt: skip
+                     TMA_STORE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                     PRODUCER_REGS: gl.constexpr):  # fmt: skip
     """Tiles of NUM_WG x 64 query rows of one head; the CTA takes tile program_id, or with one
     CTA per SM (persistent) one tile of every round of num_programs tiles (`_tile_id`), and then
     the producer loads the next tile's first K and V blocks while the consumers finish a tile."""
@@ -594,17 +637,22 @@ def gluon_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, n_tiles, n_m, n_h
         for i in gl.static_range(NUM_WG):
             mbarrier.init(turn.index(i), count=1)
         args = (q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, slot_free, turn,
-                out_ptr, lse_ptr, qk_scale, tiles)  # fmt: skip
+                out_ptr, o_desc, lse_ptr, qk_scale, tiles)  # fmt: skip
         if NUM_WG == 2:
             gl.warp_specialize(
-                [(_pingpong_0, (args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP, POLY_EXP2)),
-                 (_pingpong_1, (args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP, POLY_EXP2)),
+                [(_pingpong_0, (args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP, POLY_EXP2,
+                               TMA_STORE)),
+                 (_pingpong_1, (args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP, POLY_EXP2,
+                               TMA_STORE)),
                  (_producer, producer_args)], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
         else:
             gl.warp_specialize(
-                [(_pingpong_0, (args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP, POLY_EXP2)),
-                 (_pingpong_1, (args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP, POLY_EXP2)),
-                 (_pingpong_2, (args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP, POLY_EXP2)),
+                [(_pingpong_0, (args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP, POLY_EXP2,
+                               TMA_STORE)),
+                 (_pingpong_1, (args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP, POLY_EXP2,
+                               TMA_STORE)),
+                 (_pingpong_2, (args, CAUSAL, PERSISTENT, PINGPONG, OVERLAP, POLY_EXP2,
+                               TMA_STORE)),
                  (_producer, producer_args)], [4, 4, 1],
                 [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
     else:
@@ -624,8 +672,8 @@ def gluon_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, n_tiles, n_m, n_h
 
 
 def resolve_schedule(head_dim: int, causal: bool, pingpong=None, stages=None, warpgroups=None,
-                     overlap=None, persistent=None, poly_exp2=None,
-                     q_buffers=None) -> dict:  # fmt: skip
+                     overlap=None, persistent=None, poly_exp2=None, q_buffers=None,
+                     tma_store=None) -> dict:  # fmt: skip
     """The kernel's schedule constexprs for one call, the defaults filled in (None: the
     DEFAULT_SCHEDULE of this head_dim and `causal`), checked: ValueError for a combination the
     kernel does not have."""
@@ -668,12 +716,24 @@ def resolve_schedule(head_dim: int, causal: bool, pingpong=None, stages=None, wa
         raise ValueError(f"gluon_attention_forward: {q_buffers} Q buffers and {stages} stages at "
                          f"head_dim {head_dim} need {shared // 1024} KiB of shared memory, more "
                          f"than the {SHARED_BYTES // 1024} KiB a CTA has")  # fmt: skip
+    overlap = default["overlap"] if overlap is None else bool(overlap)
+    # O's TMA copy is staged in the tile's Q buffer, released after the next tile's first block:
+    # on the persistent grid that takes a second buffer (with one, the next tile's Q could never
+    # load), and only the consumer with the overlap (`_consumer_pingpong`) has it.
+    has_tma_store = overlap and (q_buffers == 2 or not persistent)
+    if tma_store is None:  # a default TMA store gives way to an explicit schedule without it
+        tma_store = default["tma_store"] and has_tma_store
+    tma_store = bool(tma_store)
+    if tma_store and not has_tma_store:
+        raise ValueError("gluon_attention_forward: tma_store=True needs overlap=True, and on "
+                         "the persistent grid q_buffers=2 (O is staged in the tile's Q "
+                         "buffer)")  # fmt: skip
     # In the kernel's order of parameters: `compile_for_hopper` numbers the constexprs by it.
     return {"STAGES": stages,
             "PINGPONG": default["pingpong"] if pingpong is None else bool(pingpong),
             "NUM_WG": warpgroups,
-            "OVERLAP": default["overlap"] if overlap is None else bool(overlap),
-            "PERSISTENT": persistent, "POLY_EXP2": poly_exp2, "Q_BUFFERS": q_buffers,
+            "OVERLAP": overlap, "PERSISTENT": persistent, "POLY_EXP2": poly_exp2,
+            "Q_BUFFERS": q_buffers, "TMA_STORE": tma_store,
             "CONSUMER_REGS": CONSUMER_REGS[warpgroups], "PRODUCER_REGS": PRODUCER_REGS}  # fmt: skip
 
 
@@ -688,7 +748,8 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
                             overlap: bool | None = None,
                             persistent: bool | None = None,
                             poly_exp2: int | None = None,
-                            q_buffers: int | None = None):  # fmt: skip
+                            q_buffers: int | None = None,
+                            tma_store: bool | None = None):  # fmt: skip
     """(out, lse) as `triton_flash.flash_attention_forward`, with the warp-specialized kernel.
     The schedule (None: DEFAULT_SCHEDULE for this head_dim and `causal`):
     `pingpong` orders the warpgroups' products by turns; `stages` is the depth of the K/V ring;
@@ -698,7 +759,9 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     a default persistent grid gives way to an explicit `warpgroups=3`); `poly_exp2` = n computes
     one exponential of every n on the FMA units by a polynomial instead of the multi-function
     unit (0: none); `q_buffers` = 2 (persistent grid only) gives Q two shared-memory buffers, so
-    the producer loads the next tile's Q while the consumers still read this one's."""
+    the producer loads the next tile's Q while the consumers still read this one's; `tma_store`
+    stores O by a TMA copy from shared memory instead of from registers (needs the overlap, and
+    on the persistent grid two Q buffers)."""
     check_inputs("gluon_attention_forward", q, k, v)
     head_dim = q.shape[-1]
     if head_dim not in HEAD_DIMS:
@@ -707,7 +770,7 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
         if not t.is_contiguous():
             raise ValueError(f"gluon_attention_forward: {name} must be contiguous (B, H, N, D)")
     variant = resolve_schedule(head_dim, causal, pingpong, stages, warpgroups, overlap, persistent,
-                               poly_exp2, q_buffers)  # fmt: skip
+                               poly_exp2, q_buffers, tma_store)  # fmt: skip
     scale = softmax_scale(scale, head_dim)
     out, lse = output_buffers("gluon_attention_forward", q, out, lse)
     if not out.is_contiguous():
@@ -725,10 +788,13 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     )
     k_desc = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [BLOCK_N, head_dim], kv_layout)
     v_desc = TensorDescriptor(v2, list(v2.shape), list(v2.stride()), [BLOCK_N, head_dim], kv_layout)
+    out2 = out.view(-1, head_dim)  # O's rows leave as Q's came in: 64 rows a copy
+    o_desc = TensorDescriptor(out2, list(out2.shape), list(out2.stride()), [WG_M.value, head_dim],
+                              q_layout)  # fmt: skip
     n_m = triton.cdiv(n_q, variant["NUM_WG"] * WG_M.value)  # query tiles a head
     n_tiles = n_m * batch * n_heads
     ctas = min(n_tiles, _sm_count(q.device.index)) if variant["PERSISTENT"] else n_tiles
-    gluon_fwd_kernel[(ctas,)](q_desc, k_desc, v_desc, out, lse, n_tiles, n_m, n_heads,
+    gluon_fwd_kernel[(ctas,)](q_desc, k_desc, v_desc, out, o_desc, lse, n_tiles, n_m, n_heads,
                               n_heads // n_kv_heads, n_q, n_k, scale * LOG2E,
                               CAUSAL=bool(causal), **variant, num_warps=4)  # fmt: skip
     return out, lse
@@ -738,8 +804,8 @@ def compile_for_hopper(head_dim: int = 128, dtype: torch.dtype = torch.float16,
                        causal: bool = False, **schedule):  # fmt: skip
     """Compile the kernel for sm_90 without a GPU (the CPU test): the front end, the layouts, the
     warp specialization and ptxas all run; returns the compiled kernel (its .asm has the PTX).
-    `schedule`: pingpong, stages, warpgroups, overlap, persistent, poly_exp2, q_buffers, as
-    `gluon_attention_forward` takes them."""
+    `schedule`: pingpong, stages, warpgroups, overlap, persistent, poly_exp2, q_buffers and
+    tma_store, as `gluon_attention_forward` takes them."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
@@ -756,8 +822,8 @@ def compile_for_hopper(head_dim: int = 128, dtype: torch.dtype = torch.float16,
     kv_desc = TensorDescriptor(rows, [1, head_dim], [head_dim, 1], [BLOCK_N, head_dim], kv_layout)
     element = {torch.float16: "*fp16", torch.bfloat16: "*bf16"}[dtype]
     signature = {"q_desc": mangle(q_desc), "k_desc": mangle(kv_desc), "v_desc": mangle(kv_desc),
-                 "out_ptr": element, "lse_ptr": "*fp32", "n_tiles": "i32", "n_m": "i32",
-                 "n_heads": "i32", "group": "i32",
+                 "out_ptr": element, "o_desc": mangle(q_desc), "lse_ptr": "*fp32",
+                 "n_tiles": "i32", "n_m": "i32", "n_heads": "i32", "group": "i32",
                  "n_q": "i32", "n_k": "i32", "qk_scale": "fp32", "CAUSAL": "constexpr",
                  **dict.fromkeys(variant, "constexpr")}  # fmt: skip
     names = list(signature)
