@@ -12,13 +12,13 @@ from tests.test_flash_attention import check_forward, make, run_forward
 
 # On a GPU the kernel itself runs (tests below); the offline path uses the CPU environment's Triton.
 # (head_dim, dtype, causal, schedule): the default schedule of each (head_dim, causal) (O stored
-# by TMA in all four; 3 warpgroups with the overlap, the turns and a ring of 2 at 64 non-causal;
-# otherwise 2 warpgroups with the overlap, no turns, a ring of 2 and two Q buffers on the
-# persistent grid), O stored from registers, and the other combinations the GPU tests run: 2
-# warpgroups without the overlap, 3 warpgroups with and without turns, the overlap with turns,
-# one CTA a tile at 128 causal, one exponential in 4, 8 or 2 by the polynomial (at 3 warpgroups'
-# 160 registers too), and two Q buffers on the persistent grid (at 128 with a ring of 2: with 3
-# the shared memory is full).
+# by TMA in all four, causal tiles handed out by the host's plan; 3 warpgroups with the overlap,
+# the turns and a ring of 2 at 64 non-causal; otherwise 2 warpgroups with the overlap, no turns, a
+# ring of 2 and two Q buffers on the persistent grid), O stored from registers, the snake, and the
+# other combinations the GPU tests run: 2 warpgroups without the overlap, 3 warpgroups with and
+# without turns, the overlap with turns, one CTA a tile at 128 causal, one exponential in 4, 8 or
+# 2 by the polynomial (at 3 warpgroups' 160 registers too), and two Q buffers on the persistent
+# grid (at 128 with a ring of 2: with 3 the shared memory is full).
 COMPILED = [(128, "float16", True, {}), (64, "bfloat16", False, {}), (64, "float16", True, {}),
             (128, "bfloat16", False, {"overlap": False}),
             (64, "float16", True, {"warpgroups": 3, "overlap": False}),
@@ -29,6 +29,7 @@ COMPILED = [(128, "float16", True, {}), (64, "bfloat16", False, {}), (64, "float
             (64, "float16", False, {"poly_exp2": 4}), (64, "bfloat16", True, {"poly_exp2": 8}),
             (128, "float16", False, {"poly_exp2": 2}), (64, "float16", False, {"tma_store": False}),
             (128, "float16", True, {"tma_store": False}),
+            (64, "bfloat16", True, {"tile_plan": False}),
             (128, "bfloat16", False, {"persistent": False}),
             (64, "float16", False, {"warpgroups": 2, "persistent": True, "overlap": False,
                                     "q_buffers": 2})]  # fmt: skip
@@ -45,7 +46,8 @@ def test_every_default_schedule_is_one_the_kernel_has():
         assert resolved["STAGES"] == schedule["stages"]
         assert resolved["NUM_WG"] == schedule["warpgroups"]
         assert resolved["OVERLAP"] == schedule["overlap"]
-        assert resolved["PERSISTENT"] == schedule["persistent"]
+        assert bool(resolved["PERSISTENT"]) == schedule["persistent"]
+        assert (resolved["PERSISTENT"] == 2) == schedule["tile_plan"]  # 2: the host's plan
         assert resolved["POLY_EXP2"] == schedule["poly_exp2"]
         assert resolved["Q_BUFFERS"] == schedule["q_buffers"]
         assert resolved["TMA_STORE"] == schedule["tma_store"]
@@ -74,13 +76,47 @@ def test_every_default_schedule_is_one_the_kernel_has():
     # way to an explicit ring of 3 at 128 (no room) or to no overlap (that consumer has no copy).
     assert gluon_flash.DEFAULT_SCHEDULE[128, True]["tma_store"]
     three = gluon_flash.resolve_schedule(128, True, stages=3)
-    assert (three["Q_BUFFERS"], three["TMA_STORE"], three["PERSISTENT"]) == (1, False, True)
+    assert (three["Q_BUFFERS"], three["TMA_STORE"], three["PERSISTENT"]) == (1, False, 2)
     assert not gluon_flash.resolve_schedule(64, True, overlap=False)["TMA_STORE"]
     with pytest.raises(ValueError, match="tma_store=True needs overlap=True"):
         gluon_flash.resolve_schedule(64, True, q_buffers=1, tma_store=True)
     with pytest.raises(ValueError, match="tma_store=True needs overlap=True"):
         gluon_flash.resolve_schedule(128, False, overlap=False, tma_store=True)
     assert gluon_flash.resolve_schedule(64, True, persistent=False, tma_store=True)["TMA_STORE"]
+    with pytest.raises(ValueError, match="tile_plan=True needs persistent=True"):
+        gluon_flash.resolve_schedule(64, False, tile_plan=True)
+    assert gluon_flash.resolve_schedule(64, True, tile_plan=True)["PERSISTENT"] == 2
+
+
+@pytest.mark.cpu
+def test_the_tile_plan_runs_every_tile_once_and_balances_causal_work():
+    """The persistent grid's plan (`plan_tiles`): every tile exactly once, and at the D 64 causal
+    target (16 query tiles of 128 rows a head, 256 heads, 132 CTAs) the busiest CTA within 1% of
+    the mean where the snake leaves it 3% above; where no window does better (few heads), the
+    snake itself."""
+    from kernels.flash_attention import gluon_flash
+
+    def loads(plan, cost):
+        return [sum(cost[t] for t in tiles) for tiles in plan]
+
+    shape = (16, 256, 2048, 2048, 128)  # query tiles a head, heads, Nq, Nk, rows a tile
+    cost = [blocks + 1 for blocks in gluon_flash.tile_blocks(*shape, causal=True)]
+    assert cost[:3] == [17, 16, 15] and len(cost) == 16 * 256  # the last query tile first
+    plan, how = gluon_flash.plan_tiles(*shape, causal=True, ctas=132, max_window=32)
+    assert sorted(t for tiles in plan for t in tiles) == list(range(len(cost)))
+    snake, _ = gluon_flash.plan_tiles(*shape, causal=True, ctas=132, max_window=0)
+    mean = sum(cost) / 132
+    assert max(loads(snake, cost)) > 1.03 * mean
+    assert max(loads(plan, cost)) < 1.01 * mean, how
+    assert how.startswith("longest first in windows of")
+    # A window may not hold more heads than max_window (their K and V would leave the L2)
+    assert int(how.split()[-2]) <= 32
+    few, how = gluon_flash.plan_tiles(16, 8, 2048, 2048, 128, causal=True, ctas=132, max_window=32)
+    assert how == "snake" and sorted(t for tiles in few for t in tiles) == list(range(16 * 8))
+    # Without a mask every tile costs the same: the plan is the snake's round robin
+    _, how = gluon_flash.plan_tiles(16, 256, 2048, 2048, 128, causal=False, ctas=132,
+                                    max_window=32)  # fmt: skip
+    assert how == "snake"
 
 
 def test_the_polynomial_exponential_is_within_its_stated_error():
@@ -180,7 +216,8 @@ TWO_Q_BUFFERS = {"warpgroups": 2, "overlap": True, "persistent": True, "stages":
 # most also in bf16 or without turns; and the polynomial exponentials, one in 4 in both dtypes,
 # one in 8 (the benchmark's) and one in 2, and one in 4 without the overlap (`_consumer`); two Q
 # buffers on the persistent grid in both dtypes, and without the overlap; O stored from registers
-# in both dtypes, and by TMA with the turns on one CTA a tile.
+# in both dtypes, and by TMA with the turns on one CTA a tile; the host's tile plan without a mask,
+# and the snake with one.
 VARIANTS = [({}, torch.float16), ({}, torch.bfloat16), ({"pingpong": False}, torch.float16),
             ({"pingpong": True}, torch.float16), ({"stages": 2}, torch.float16),
             ({"stages": 3}, torch.float16),
@@ -206,7 +243,9 @@ VARIANTS = [({}, torch.float16), ({}, torch.bfloat16), ({"pingpong": False}, tor
             (TWO_Q_BUFFERS, torch.float16), (TWO_Q_BUFFERS, torch.bfloat16),
             ({**TWO_Q_BUFFERS, "overlap": False}, torch.float16),
             ({"tma_store": False}, torch.float16), ({"tma_store": False}, torch.bfloat16),
-            ({"pingpong": True, "persistent": False}, torch.float16)]  # fmt: skip
+            ({"pingpong": True, "persistent": False}, torch.float16),
+            ({**TWO_Q_BUFFERS, "tile_plan": True}, torch.float16),
+            ({"tile_plan": False}, torch.bfloat16)]  # fmt: skip
 
 
 def _variant_id(variant):

@@ -540,6 +540,7 @@ GLUON_SCHEDULES = {
     "one Q buffer": {"q_buffers": 1},
     # the persistent grid with S overlap, Q loaded a tile ahead; 2 stages leave Q room at D = 128
     "two Q buffers": {**PERSISTENT_OVERLAP, "stages": 2, "q_buffers": 2},
+    "snake": {"tile_plan": False},  # the persistent grid's tiles in the snake, not by the plan
 }
 
 

@@ -98,13 +98,17 @@ BLOCK_N = 128  # keys per K/V tile
 # measured" and the sections after it).
 DEFAULT_SCHEDULE = {
     (64, False): {"pingpong": True, "stages": 2, "warpgroups": 3, "overlap": True,
-                  "persistent": False, "poly_exp2": 0, "q_buffers": 1, "tma_store": True},
-    (64, True): {"pingpong": False, "stages": 2, "warpgroups": 2, "overlap": True,
-                 "persistent": True, "poly_exp2": 0, "q_buffers": 2, "tma_store": True},
+                  "persistent": False, "poly_exp2": 0, "q_buffers": 1, "tma_store": True,
+                  "tile_plan": False},
+    (64, True): {"pingpong": True, "stages": 2, "warpgroups": 2, "overlap": True,
+                 "persistent": True, "poly_exp2": 0, "q_buffers": 2, "tma_store": True,
+                 "tile_plan": True},
     (128, False): {"pingpong": False, "stages": 2, "warpgroups": 2, "overlap": True,
-                   "persistent": True, "poly_exp2": 0, "q_buffers": 2, "tma_store": True},
+                   "persistent": True, "poly_exp2": 0, "q_buffers": 2, "tma_store": True,
+                   "tile_plan": False},
     (128, True): {"pingpong": False, "stages": 2, "warpgroups": 2, "overlap": True,
-                  "persistent": True, "poly_exp2": 0, "q_buffers": 2, "tma_store": True},
+                  "persistent": True, "poly_exp2": 0, "q_buffers": 2, "tma_store": True,
+                  "tile_plan": True},
 }  # fmt: skip
 # setmaxnreg budgets, registers per thread: the consumers hold S, P and O, the producer a few
 # scalars. 2 consumers: 2 x 128 x 240 + 128 x 24 = 64,512; 3: 3 x 128 x 160 + 128 x 24 = 64,512.
@@ -199,8 +203,8 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_free, k
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     it = 0
     done_tiles = 0
-    for i in range(_tile_count(tiles[0], PERSISTENT)):
-        t = _tile_id(i, PERSISTENT)
+    for i in range(_tile_count(tiles, PERSISTENT)):
+        t = _tile_id(i, tiles, PERSISTENT)
         q_row, kv_row, _, n_blocks, _ = _tile(t, tiles, NUM_WG * WG_M, BLOCK_N, CAUSAL)
         # Q's buffer is free once every consumer's last S = Q K^T of the tile that used it before
         # (the previous one, or with two buffers the one before that) retired: q_free. A fresh
@@ -227,25 +231,36 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_free, k
 
 
 @gluon.jit
-def _tile_count(n_tiles, PERSISTENT: gl.constexpr):
-    """How many tiles this CTA takes: one per round of num_programs tiles, plus one of the last,
-    partial round if its position there (`_snake_position`) falls inside it; without PERSISTENT
-    the one tile program_id (a constant trip count of one, so the compiler drops the loop around
-    the tile)."""
+def _tile_count(tiles, PERSISTENT: gl.constexpr):
+    """How many tiles this CTA takes. PERSISTENT = 2: as many as the host's plan gives it
+    (`plan_tiles`; the plan's first num_programs + 1 entries are where each CTA's tiles start).
+    PERSISTENT = 1: one per round of num_programs tiles, plus one of the last, partial round if its
+    position there (`_snake_position`) falls inside it. 0 (one CTA a tile): the one tile
+    program_id (a constant trip count of one, so the compiler drops the loop around the tile)."""
     if PERSISTENT:
-        full_rounds = n_tiles // gl.num_programs(0)
-        last = _snake_position(full_rounds) < n_tiles % gl.num_programs(0)
-        return full_rounds + last.to(gl.int32)
+        if PERSISTENT == 2:
+            plan = tiles[6]
+            return gl.load(plan + gl.program_id(0) + 1) - gl.load(plan + gl.program_id(0))
+        else:
+            n_tiles = tiles[0]
+            full_rounds = n_tiles // gl.num_programs(0)
+            last = _snake_position(full_rounds) < n_tiles % gl.num_programs(0)
+            return full_rounds + last.to(gl.int32)
     else:
         return 1
 
 
 @gluon.jit
-def _tile_id(i, PERSISTENT: gl.constexpr):
-    """The CTA's i-th tile: persistent, round i hands out tiles i * num_programs onwards, this CTA
-    the one at its `_snake_position`; otherwise tile program_id."""
+def _tile_id(i, tiles, PERSISTENT: gl.constexpr):
+    """The CTA's i-th tile: the plan's (PERSISTENT = 2); round i hands out tiles i * num_programs
+    onwards, this CTA the one at its `_snake_position` (1); tile program_id (0)."""
     if PERSISTENT:
-        return i * gl.num_programs(0) + _snake_position(i)
+        if PERSISTENT == 2:
+            plan = tiles[6]
+            first = gl.load(plan + gl.program_id(0))
+            return gl.load(plan + gl.num_programs(0) + 1 + first + i)
+        else:
+            return i * gl.num_programs(0) + _snake_position(i)
     else:
         return gl.program_id(0)
 
@@ -371,8 +386,8 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free, k_ready
 
     it = 0  # K/V blocks consumed so far, over all tiles: the ring's position, as the producer's
     done_tiles = 0
-    for i in range(_tile_count(tiles[0], PERSISTENT)):
-        t = _tile_id(i, PERSISTENT)
+    for i in range(_tile_count(tiles, PERSISTENT)):
+        t = _tile_id(i, tiles, PERSISTENT)
         q_row, _, m0, n_blocks, diagonal = _tile(t, tiles, NUM_WG * WG_M, BLOCK_N, CAUSAL)
         last_key, unmasked_blocks = _row_bounds(m0 + WG * WG_M, diagonal, n_k, BLOCK_N,
                                                 row_layout)  # fmt: skip
@@ -470,8 +485,8 @@ def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free
     # (one per block, as every warpgroup's).
     it = 0
     done_tiles = 0
-    for i in range(_tile_count(tiles[0], PERSISTENT)):
-        t = _tile_id(i, PERSISTENT)
+    for i in range(_tile_count(tiles, PERSISTENT)):
+        t = _tile_id(i, tiles, PERSISTENT)
         q_row, _, m0, n_blocks, diagonal = _tile(t, tiles, NUM_WG * WG_M, BLOCK_N, CAUSAL)
         last_key, unmasked_blocks = _row_bounds(m0 + WG * WG_M, diagonal, n_k, BLOCK_N,
                                                 row_layout)  # fmt: skip
@@ -594,8 +609,8 @@ def _consumer_2(args, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr,
 # The sizes are not specialized on (Triton would compile again for every length divisible by 16
 # or equal to 1): they only enter address arithmetic, TMA coordinates and masks.
 @gluon.jit(do_not_specialize=["n_tiles", "n_m", "n_heads", "group", "n_q", "n_k"])
-def gluon_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, o_desc, lse_ptr, n_tiles, n_m, n_heads,
-                     group, n_q, n_k, qk_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+def gluon_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, o_desc, lse_ptr, plan_ptr, n_tiles, n_m,
+                     n_heads, group, n_q, n_k, qk_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                      PINGPONG: gl.constexpr, NUM_WG: gl.constexpr, OVERLAP: gl.constexpr,
                      PERSISTENT: gl.constexpr, POLY_EXP2: gl.constexpr, Q_BUFFERS: gl.constexpr,
                      TMA_STORE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
@@ -605,7 +620,7 @@ def gluon_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, o_desc, lse_ptr, n_tiles, 
     the producer loads the next tile's first K and V blocks while the consumers finish a tile."""
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-    tiles = (n_tiles, n_m, n_heads, group, n_q, n_k)
+    tiles = (n_tiles, n_m, n_heads, group, n_q, n_k, plan_ptr)
 
     # Q buffer b of warpgroup w is q_smem[b * NUM_WG + w], guarded by q_ready[b] and q_free[b].
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [Q_BUFFERS * NUM_WG, WG_M, HEAD_DIM],
@@ -671,9 +686,83 @@ def gluon_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, o_desc, lse_ptr, n_tiles, 
                                [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
 
 
+def tile_blocks(n_m: int, n_bh: int, n_q: int, n_k: int, cta_m: int, causal: bool) -> list[int]:
+    """Key blocks each tile visits, in the kernel's numbering of tiles (`_tile`)."""
+    blocks = []
+    for t in range(n_m * n_bh):
+        pid_m = n_m - 1 - t % n_m if causal else t % n_m
+        hi = min(n_k, max(0, (pid_m + 1) * cta_m + n_k - n_q)) if causal else n_k
+        blocks.append(-(-hi // BLOCK_N))
+    return blocks
+
+
+# Candidate windows of a plan, in heads: tiles go longest first within a window of this many
+# heads, windows in order.
+PLAN_WINDOWS = (1, 2, 4, 8, 16, 32)
+
+
+def plan_tiles(n_m: int, n_bh: int, n_q: int, n_k: int, cta_m: int, causal: bool, ctas: int,
+               max_window: int) -> tuple[list[list[int]], str]:  # fmt: skip
+    """Which tiles each of `ctas` persistent CTAs runs, in order, and how the plan was made. A
+    tile costs its key blocks plus one (its Q load, first block and epilogue, which do not scale
+    with keys). Candidates: the snake (`_snake_position`'s order), and for each window in
+    PLAN_WINDOWS up to `max_window` heads (as many as the L2 holds the K and V of: longest first
+    over all heads lost more in L2 reuse than it won in balance, PERFORMANCE.md) the tiles
+    longest first within windows of that many heads, each handed to the CTA with the least work
+    so far (as a queue would, if every CTA ran at the same speed). The plan whose busiest CTA
+    has the least work wins (the snake on a tie)."""
+    import heapq
+
+    cost = [b + 1 for b in tile_blocks(n_m, n_bh, n_q, n_k, cta_m, causal)]
+    n_tiles = len(cost)
+    snake = [[] for _ in range(ctas)]
+    for t in range(n_tiles):
+        round_, position = divmod(t, ctas)
+        snake[ctas - 1 - position if round_ % 2 else position].append(t)
+    best, best_load, how = snake, max(sum(cost[t] for t in tiles) for tiles in snake), "snake"
+    for window in PLAN_WINDOWS:
+        if window > min(n_bh, max_window) or (window > 1 and not causal):  # equal tiles: no gain
+            break
+        order = []
+        for first in range(0, n_bh, window):
+            heads = range(first, min(n_bh, first + window))
+            order += sorted((t for h in heads for t in range(h * n_m, (h + 1) * n_m)),
+                            key=lambda t: -cost[t])  # fmt: skip
+        load = [(0, c) for c in range(ctas)]
+        plan = [[] for _ in range(ctas)]
+        for t in order:
+            work, c = heapq.heappop(load)
+            plan[c].append(t)
+            heapq.heappush(load, (work + cost[t], c))
+        busiest = max(work for work, _ in load)
+        if busiest < best_load:
+            best, best_load, how = plan, busiest, f"longest first in windows of {window} heads"
+    return best, how
+
+
+@functools.lru_cache(maxsize=32)
+def _plan_on_device(n_m, n_bh, n_q, n_k, cta_m, causal, ctas, kv_head_bytes,
+                    device) -> torch.Tensor:  # fmt: skip
+    """`plan_tiles` as the kernel reads it: where each CTA's tiles start (ctas + 1 offsets), then
+    the tiles, CTA by CTA; made once per shape. Windows hold at most half the L2 in K and V."""
+    l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
+    max_window = max(1, l2_bytes // 2 // kv_head_bytes)
+    plan, _ = plan_tiles(n_m, n_bh, n_q, n_k, cta_m, causal, ctas, max_window)
+    starts = [0]
+    for tiles in plan:
+        starts.append(starts[-1] + len(tiles))
+    flat = starts + [t for tiles in plan for t in tiles]
+    return torch.tensor(flat, dtype=torch.int32, device=device)
+
+
+@functools.cache
+def _no_plan(device) -> torch.Tensor:
+    return torch.zeros(1, dtype=torch.int32, device=device)
+
+
 def resolve_schedule(head_dim: int, causal: bool, pingpong=None, stages=None, warpgroups=None,
                      overlap=None, persistent=None, poly_exp2=None, q_buffers=None,
-                     tma_store=None) -> dict:  # fmt: skip
+                     tma_store=None, tile_plan=None) -> dict:  # fmt: skip
     """The kernel's schedule constexprs for one call, the defaults filled in (None: the
     DEFAULT_SCHEDULE of this head_dim and `causal`), checked: ValueError for a combination the
     kernel does not have."""
@@ -728,11 +817,16 @@ def resolve_schedule(head_dim: int, causal: bool, pingpong=None, stages=None, wa
         raise ValueError("gluon_attention_forward: tma_store=True needs overlap=True, and on "
                          "the persistent grid q_buffers=2 (O is staged in the tile's Q "
                          "buffer)")  # fmt: skip
+    if tile_plan is None:  # a default plan gives way to an explicit grid of one CTA a tile
+        tile_plan = default["tile_plan"] and persistent
+    if tile_plan and not persistent:
+        raise ValueError("gluon_attention_forward: tile_plan=True needs persistent=True")
     # In the kernel's order of parameters: `compile_for_hopper` numbers the constexprs by it.
     return {"STAGES": stages,
             "PINGPONG": default["pingpong"] if pingpong is None else bool(pingpong),
             "NUM_WG": warpgroups,
-            "OVERLAP": overlap, "PERSISTENT": persistent, "POLY_EXP2": poly_exp2,
+            "OVERLAP": overlap, "PERSISTENT": 2 if tile_plan else int(persistent),
+            "POLY_EXP2": poly_exp2,
             "Q_BUFFERS": q_buffers, "TMA_STORE": tma_store,
             "CONSUMER_REGS": CONSUMER_REGS[warpgroups], "PRODUCER_REGS": PRODUCER_REGS}  # fmt: skip
 
@@ -749,7 +843,8 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
                             persistent: bool | None = None,
                             poly_exp2: int | None = None,
                             q_buffers: int | None = None,
-                            tma_store: bool | None = None):  # fmt: skip
+                            tma_store: bool | None = None,
+                            tile_plan: bool | None = None):  # fmt: skip
     """(out, lse) as `triton_flash.flash_attention_forward`, with the warp-specialized kernel.
     The schedule (None: DEFAULT_SCHEDULE for this head_dim and `causal`):
     `pingpong` orders the warpgroups' products by turns; `stages` is the depth of the K/V ring;
@@ -761,7 +856,8 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     unit (0: none); `q_buffers` = 2 (persistent grid only) gives Q two shared-memory buffers, so
     the producer loads the next tile's Q while the consumers still read this one's; `tma_store`
     stores O by a TMA copy from shared memory instead of from registers (needs the overlap, and
-    on the persistent grid two Q buffers)."""
+    on the persistent grid two Q buffers); `tile_plan` hands the persistent grid's tiles to CTAs
+    by a plan made on the host (`plan_tiles`) instead of the snake."""
     check_inputs("gluon_attention_forward", q, k, v)
     head_dim = q.shape[-1]
     if head_dim not in HEAD_DIMS:
@@ -770,7 +866,7 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
         if not t.is_contiguous():
             raise ValueError(f"gluon_attention_forward: {name} must be contiguous (B, H, N, D)")
     variant = resolve_schedule(head_dim, causal, pingpong, stages, warpgroups, overlap, persistent,
-                               poly_exp2, q_buffers, tma_store)  # fmt: skip
+                               poly_exp2, q_buffers, tma_store, tile_plan)  # fmt: skip
     scale = softmax_scale(scale, head_dim)
     out, lse = output_buffers("gluon_attention_forward", q, out, lse)
     if not out.is_contiguous():
@@ -794,7 +890,13 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     n_m = triton.cdiv(n_q, variant["NUM_WG"] * WG_M.value)  # query tiles a head
     n_tiles = n_m * batch * n_heads
     ctas = min(n_tiles, _sm_count(q.device.index)) if variant["PERSISTENT"] else n_tiles
-    gluon_fwd_kernel[(ctas,)](q_desc, k_desc, v_desc, out, o_desc, lse, n_tiles, n_m, n_heads,
+    if variant["PERSISTENT"] == 2:
+        kv_head_bytes = 2 * n_k * head_dim * q.element_size()  # one head's K and V
+        plan = _plan_on_device(n_m, batch * n_heads, n_q, n_k, variant["NUM_WG"] * WG_M.value,
+                               bool(causal), ctas, kv_head_bytes, q.device)  # fmt: skip
+    else:  # the kernel does not read it, but its type must be the plan's
+        plan = _no_plan(q.device)
+    gluon_fwd_kernel[(ctas,)](q_desc, k_desc, v_desc, out, o_desc, lse, plan, n_tiles, n_m, n_heads,
                               n_heads // n_kv_heads, n_q, n_k, scale * LOG2E,
                               CAUSAL=bool(causal), **variant, num_warps=4)  # fmt: skip
     return out, lse
@@ -804,8 +906,8 @@ def compile_for_hopper(head_dim: int = 128, dtype: torch.dtype = torch.float16,
                        causal: bool = False, **schedule):  # fmt: skip
     """Compile the kernel for sm_90 without a GPU (the CPU test): the front end, the layouts, the
     warp specialization and ptxas all run; returns the compiled kernel (its .asm has the PTX).
-    `schedule`: pingpong, stages, warpgroups, overlap, persistent, poly_exp2, q_buffers and
-    tma_store, as `gluon_attention_forward` takes them."""
+    `schedule`: pingpong, stages, warpgroups, overlap, persistent, poly_exp2, q_buffers,
+    tma_store and tile_plan, as `gluon_attention_forward` takes them."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
@@ -823,6 +925,7 @@ def compile_for_hopper(head_dim: int = 128, dtype: torch.dtype = torch.float16,
     element = {torch.float16: "*fp16", torch.bfloat16: "*bf16"}[dtype]
     signature = {"q_desc": mangle(q_desc), "k_desc": mangle(kv_desc), "v_desc": mangle(kv_desc),
                  "out_ptr": element, "o_desc": mangle(q_desc), "lse_ptr": "*fp32",
+                 "plan_ptr": "*i32",
                  "n_tiles": "i32", "n_m": "i32", "n_heads": "i32", "group": "i32",
                  "n_q": "i32", "n_k": "i32", "qk_scale": "fp32", "CAUSAL": "constexpr",
                  **dict.fromkeys(variant, "constexpr")}  # fmt: skip
