@@ -22,10 +22,10 @@ P 32 as fp16 pairs, the row statistics and indices) and the producer 24: 2 x 128
 = 64,512. Shared memory: Q 2 x 64 x D x 2 bytes plus STAGES x (K + V) of 128 x D x 2 bytes =
 224 KiB at D = 128 (of 227), 112 KiB at D = 64.
 
-Four variants, selected by keyword (`gluon_attention_forward`) like the turns (`pingpong`) and
+Seven variants, selected by keyword (`gluon_attention_forward`) like the turns (`pingpong`) and
 the ring's depth (`stages`); DEFAULT_SCHEDULE names, per head_dim and causal, the combination that
-measured fastest on both an H100 and an H200 (PERFORMANCE.md, "The schedules measured"). Every
-combination passed every fp64 test on both.
+measured fastest (PERFORMANCE.md, "The schedules measured" and the sections after it). Every
+combination passed every fp64 test on an H100 and an H200.
 
 * `warpgroups=3` (D = 64 only), FlashAttention-3's choice at D = 64: three consumer warpgroups,
   192 query rows a CTA. Each K/V tile brought into shared memory serves 192 rows instead of 128,
@@ -45,12 +45,27 @@ combination passed every fp64 test on both.
   shared memory unchanged.
 * `persistent=True` (2 warpgroups): one CTA per SM instead of one per tile; each CTA takes one
   tile of every round of 132, in a snake order that evens out causal work (`_snake_position`). The
-  producer loads the next tile's Q (once both consumers' last S = Q K^T of the tile has retired:
-  `q_free`) and K/V blocks while the consumers finish the last tile; the ring's position and the
-  turns run on across tiles. Every role loops over its tiles either way; without it the loop has
-  a trip count of one, which the compiler removes. Against one CTA a tile (2 warpgroups, the
-  overlap): +9 points of cuDNN at D = 64 non-causal, +13 causal with the snake, +2 to +5 at
-  D = 128 causal (PERFORMANCE.md).
+  producer loads the next tile's Q (once both consumers' last S = Q K^T of the tile that used the
+  buffer before has retired: `q_free`) and K/V blocks while the consumers finish the last tile;
+  the ring's position and the turns run on across tiles. Every role loops over its tiles either
+  way; without it the loop has a trip count of one, which the compiler removes. Against one CTA a
+  tile (2 warpgroups, the overlap): +9 points of cuDNN at D = 64 non-causal, +13 causal with the
+  snake, +2 to +5 at D = 128 causal (PERFORMANCE.md).
+* `q_buffers=2` (persistent grid; not at D = 128 with 3 stages: no room): Q in two shared-memory
+  buffers, so the producer loads the next tile's Q, and so its K and V, while the consumers still
+  read this tile's, instead of after the tile's last S = Q K^T. +1.6 points of cuDNN at D = 64
+  causal, +5 to +7 at D = 128 (H200).
+* `tma_store=True` (with the overlap; on the persistent grid with two Q buffers): the epilogue
+  writes O into the tile's own Q buffer and one TMA copy stores it (`_store_rows`), instead of
+  every thread storing its pieces of the accumulator from registers; the buffer goes back to the
+  producer a block into the next tile (`_release_staged_q`). +1 to +5 points of cuDNN (H200).
+  At 3 warpgroups ptxas spills 416 bytes with it, and it still wins.
+* `tile_plan=True` (persistent grid): each CTA's tiles come from a plan made once per shape on
+  the host (`plan_tiles`: longest first within windows of heads whose K and V fit in half the L2,
+  each tile to the CTA with the least work so far) instead of the snake. At (16, 16, 2048, 64)
+  causal the busiest CTA visits 266 key blocks against the snake's 272 (mean 264). Measured on an
+  H100: +5 points of cuDNN there (with the turns; without, under 1) and +3 to +6 at D = 128
+  causal.
 * `poly_exp2=n` (2, 4 or 8; 0, off, in every default): one exponential in every n by a
   polynomial on the FMA units instead of the multi-function unit, in inline PTX
   (`_exp2_poly_ptx`). FlashAttention-4 (Zadouri et al. 2026, arXiv 2603.05451) does this on
@@ -93,9 +108,10 @@ BLOCK_N = 128  # keys per K/V tile
 # By (head_dim, causal), the schedule a call gets unless it asks for another: whether the consumer
 # warpgroups take turns on the tensor cores (ping-pong), the K/V ring's depth (3 stages of K and V
 # at D = 128 are 192 KiB, plus Q 32 KiB: 224 of the 227 KiB a CTA may use), consumer warpgroups per
-# CTA (3 fit only at D = 64), the intra-warpgroup overlap, one CTA per SM looping over tiles. Each
-# is the fastest schedule measured on both an H100 and an H200 (PERFORMANCE.md, "The schedules
-# measured" and the sections after it).
+# CTA (3 fit only at D = 64), the intra-warpgroup overlap, one CTA per SM looping over tiles, the
+# exponentials, Q's buffers, O's TMA copy, the host's tile plan. Each is the fastest schedule
+# measured (PERFORMANCE.md, "The schedules measured" and the sections after it): on an H100 and an
+# H200 up to the TMA copy, on an H100 alone for the plan and the turns at D = 64 causal.
 DEFAULT_SCHEDULE = {
     (64, False): {"pingpong": True, "stages": 2, "warpgroups": 3, "overlap": True,
                   "persistent": False, "poly_exp2": 0, "q_buffers": 1, "tma_store": True,
