@@ -89,6 +89,18 @@ def test_every_default_schedule_is_one_the_kernel_has():
 
 
 @pytest.mark.cpu
+def test_a_tensor_off_a_16_byte_boundary_is_refused_by_name():
+    """TMA copies (Q, K, V in, O out) need 16-byte aligned tensors: a view that starts one element
+    in gets a ValueError naming it, not an assertion from inside the descriptor."""
+    from kernels.flash_attention import gluon_flash
+
+    whole = torch.randn(2 * 64 + 1, dtype=torch.float16)
+    gluon_flash.check_tma_aligned("out", whole[:128])
+    with pytest.raises(ValueError, match="out must start on a 16-byte boundary"):
+        gluon_flash.check_tma_aligned("out", whole[1:])
+
+
+@pytest.mark.cpu
 def test_the_tile_plan_runs_every_tile_once_and_balances_causal_work():
     """The persistent grid's plan (`plan_tiles`): every tile exactly once, and at the D 64 causal
     target (16 query tiles of 128 rows a head, 256 heads, 132 CTAs) the busiest CTA within 1% of

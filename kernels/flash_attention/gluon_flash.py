@@ -574,8 +574,7 @@ def _consumer_pingpong(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free
             acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(slot_free.index(STAGES + last), count=1)  # V consumed
-        _store_rows(WG, acc, m_i, l_i, out_ptr, lse_ptr, q_row, m0, n_q, o_desc,
-                    q_smem.index(buf * NUM_WG + WG), TMA_STORE)  # fmt: skip
+        _store_rows(WG, acc, m_i, l_i, out_ptr, lse_ptr, q_row, m0, n_q, o_desc, q, TMA_STORE)
         it += n_blocks
         done_tiles += 1
     if TMA_STORE:  # the last copy must have read shared memory before the CTA exits
@@ -847,6 +846,15 @@ def resolve_schedule(head_dim: int, causal: bool, pingpong=None, stages=None, wa
             "CONSUMER_REGS": CONSUMER_REGS[warpgroups], "PRODUCER_REGS": PRODUCER_REGS}  # fmt: skip
 
 
+def check_tma_aligned(name: str, t: torch.Tensor) -> None:
+    """A TMA copy needs its tensor's first byte on a 16-byte boundary: say so, naming the tensor,
+    instead of failing inside the descriptor (a view that starts a few elements in, say)."""
+    if t.data_ptr() % 16:
+        raise ValueError(f"gluon_attention_forward: {name} must start on a 16-byte boundary "
+                         f"for TMA (address {t.data_ptr():#x}); pass a fresh or .clone()d "
+                         "tensor")  # fmt: skip
+
+
 @functools.cache
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -881,12 +889,14 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not t.is_contiguous():
             raise ValueError(f"gluon_attention_forward: {name} must be contiguous (B, H, N, D)")
+        check_tma_aligned(name, t)
     variant = resolve_schedule(head_dim, causal, pingpong, stages, warpgroups, overlap, persistent,
                                poly_exp2, q_buffers, tma_store, tile_plan)  # fmt: skip
     scale = softmax_scale(scale, head_dim)
     out, lse = output_buffers("gluon_attention_forward", q, out, lse)
     if not out.is_contiguous():
         raise ValueError("gluon_attention_forward: out must be contiguous")
+    check_tma_aligned("out", out)
     batch, n_heads, n_q, _ = q.shape
     n_kv_heads, n_k = k.shape[1], k.shape[2]
     if out.numel() == 0:
