@@ -13,12 +13,13 @@ from tests.test_flash_attention import check_forward, make, run_forward
 # On a GPU the kernel itself runs (tests below); the offline path uses the CPU environment's Triton.
 # (head_dim, dtype, causal, schedule): the default schedule of each (head_dim, causal) (O stored
 # by TMA in all four, causal tiles handed out by the host's plan; 3 warpgroups with the overlap,
-# the turns and a ring of 2 at 64 non-causal; otherwise 2 warpgroups with the overlap, no turns, a
-# ring of 2 and two Q buffers on the persistent grid), O stored from registers, the snake, and the
-# other combinations the GPU tests run: 2 warpgroups without the overlap, 3 warpgroups with and
-# without turns, the overlap with turns, one CTA a tile at 128 causal, one exponential in 4, 8 or
-# 2 by the polynomial (at 3 warpgroups' 160 registers too), and two Q buffers on the persistent
-# grid (at 128 with a ring of 2: with 3 the shared memory is full).
+# the turns and a ring of 2 at 64 non-causal; otherwise 2 warpgroups with the overlap (and the
+# turns at 64 causal), a ring of 2 and two Q buffers on the persistent grid), O stored from
+# registers, the snake, and the other combinations the GPU tests run: 2 warpgroups without the
+# overlap, 3 warpgroups with and without turns, the overlap with turns, one CTA a tile at 128
+# causal, one exponential in 4, 8 or 2 by the polynomial (at 3 warpgroups' 160 registers too),
+# and two Q buffers on the persistent grid (at 128 with a ring of 2: with 3 the shared memory is
+# full).
 COMPILED = [(128, "float16", True, {}), (64, "bfloat16", False, {}), (64, "float16", True, {}),
             (128, "bfloat16", False, {"overlap": False}),
             (64, "float16", True, {"warpgroups": 3, "overlap": False}),
