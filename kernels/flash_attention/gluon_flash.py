@@ -110,8 +110,8 @@ BLOCK_N = 128  # keys per K/V tile
 # at D = 128 are 192 KiB, plus Q 32 KiB: 224 of the 227 KiB a CTA may use), consumer warpgroups per
 # CTA (3 fit only at D = 64), the intra-warpgroup overlap, one CTA per SM looping over tiles, the
 # exponentials, Q's buffers, O's TMA copy, the host's tile plan. Each is the fastest schedule
-# measured (PERFORMANCE.md, "The schedules measured" and the sections after it): on an H100 and an
-# H200 up to the TMA copy, on an H100 alone for the plan and the turns at D = 64 causal.
+# measured (PERFORMANCE.md, "The schedules measured" and the sections after it), and the whole
+# table was run again on an H100 and an H200.
 DEFAULT_SCHEDULE = {
     (64, False): {"pingpong": True, "stages": 2, "warpgroups": 3, "overlap": True,
                   "persistent": False, "poly_exp2": 0, "q_buffers": 1, "tma_store": True,
@@ -968,10 +968,11 @@ os.environ["KERNELS_COMPILE_ONLY"] = "1"  # compile for real: nothing here launc
 os.environ.pop("TRITON_INTERPRET", None)
 os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"  # ptxas -v: registers and spills, printed to stdout
 os.environ["TRITON_ALWAYS_COMPILE"] = "1"  # so ptxas runs (and reports) even when cached
+import importlib
 import torch
-from kernels.flash_attention import gluon_flash
+module = importlib.import_module(sys.argv[2])
 for head_dim, dtype, causal, schedule in json.loads(sys.argv[1]):
-    kernel = gluon_flash.compile_for_hopper(head_dim, getattr(torch, dtype), causal, **schedule)
+    kernel = module.compile_for_hopper(head_dim, getattr(torch, dtype), causal, **schedule)
     sys.stdout.flush()
     ptx = kernel.asm["ptx"]
     regs = sorted({int(n) for n in re.findall(r"setmaxnreg[.a-z0-9]*\\s+(\\d+)", ptx)})
@@ -992,15 +993,16 @@ def compile_offline(head_dim: int = 128, dtype: str = "float16", causal: bool = 
     return compile_offline_many([(head_dim, dtype, causal, schedule)])[0]
 
 
-def compile_offline_many(variants: list) -> list[dict]:
+def compile_offline_many(variants: list, module: str = __name__) -> list[dict]:
     """`compile_offline` for each (head_dim, dtype name, causal, schedule) in `variants`, in one
-    process: torch and Triton are imported once instead of once a variant."""
+    process: torch and Triton are imported once instead of once a variant. `module` names the
+    module whose `compile_for_hopper` compiles them (the backward's has one too)."""
     import json
     import re
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", _OFFLINE, json.dumps(variants)],
+    done = subprocess.run([sys.executable, "-c", _OFFLINE, json.dumps(variants), module],
                           capture_output=True, text=True, timeout=900)  # fmt: skip
     if done.returncode != 0:  # the error, without the binding's reference-leak report after it
         error = done.stderr.split("nanobind: leaked")[0]

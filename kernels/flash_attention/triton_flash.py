@@ -1212,6 +1212,30 @@ def flash_bwd_dq_kernel(
     )
 
 
+def backward_row_terms(do, out, lse) -> tuple[torch.Tensor, torch.Tensor]:
+    """What every backward needs per query row: delta = rowsum(dO * O) and the log-sum-exp in
+    log2 units, both float32 (B, H, Nq). `do` and `out` need a contiguous last dimension."""
+    batch, n_heads, n_q, head_dim = out.shape
+    delta = torch.empty_like(lse)
+    lse2 = torch.empty_like(lse)
+    pre_block = runtime.pick(gpu=64, cpu=128)
+    flash_bwd_preprocess_kernel[(triton.cdiv(n_q, pre_block), batch * n_heads)](
+        out,
+        do,
+        lse,
+        delta,
+        lse2,
+        *out.stride()[:3],
+        *do.stride()[:3],
+        n_heads,
+        n_q,
+        HEAD_DIM=head_dim,
+        HEAD_PAD=head_tile(head_dim),
+        BLOCK_M=pre_block,
+    )
+    return delta, lse2
+
+
 def flash_attention_backward(
     do, q, k, v, out, lse, causal: bool, scale: float, atomic_dq: bool | None = None
 ):
@@ -1232,23 +1256,7 @@ def flash_attention_backward(
     )
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    delta = torch.empty_like(lse)
-    lse2 = torch.empty_like(lse)
-    pre_block = runtime.pick(gpu=64, cpu=128)
-    flash_bwd_preprocess_kernel[(triton.cdiv(n_q, pre_block), batch * n_heads)](
-        out,
-        do,
-        lse,
-        delta,
-        lse2,
-        *out.stride()[:3],
-        *do.stride()[:3],
-        n_heads,
-        n_q,
-        HEAD_DIM=head_dim,
-        HEAD_PAD=head_tile(head_dim),
-        BLOCK_M=pre_block,
-    )
+    delta, lse2 = backward_row_terms(do, out, lse)
     common = {
         "HEAD_DIM": head_dim,
         "HEAD_PAD": head_tile(head_dim),
