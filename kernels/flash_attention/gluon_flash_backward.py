@@ -65,6 +65,8 @@ from kernels.flash_attention.triton_flash import (
     softmax_scale,
 )
 
+# A barrier over the calling partition's threads: `thread_barrier` in Triton 3.6, `barrier` later.
+thread_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 WG_N = gl.constexpr(64)  # keys per consumer warpgroup (one wgmma M)
 NUM_WG = gl.constexpr(2)  # consumer warpgroups: a CTA owns NUM_WG * 64 keys
 BLOCK_M = gl.constexpr(64)  # query rows a step (the N of S^T = K Q^T)
@@ -77,7 +79,7 @@ def shared_bytes(head_dim: int, stages: int) -> int:
     """Shared memory of a CTA: K and V of its keys, the ring of Q and dO, each warpgroup's dS^T."""
     kv = 2 * NUM_WG.value * WG_N.value * head_dim * 2
     ring = stages * 2 * BLOCK_M.value * head_dim * 2
-    ds = NUM_WG.value * WG_N.value * BLOCK_M.value * 2
+    ds = 2 * NUM_WG.value * WG_N.value * BLOCK_M.value * 2
     return kv + ring + ds
 
 
@@ -127,22 +129,21 @@ def _bwd_producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_sm
 
 @gluon.jit
 def _bwd_consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, kv_ready, ready,
-                  free, lse2_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, kv_row, q_head0, sizes,
-                  CAUSAL: gl.constexpr):  # fmt: skip
-    """One warpgroup, 64 keys: dK and dV over every step, and each step's share of dQ."""
+                  free, ds_ready, ds_free, lse2_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, kv_row,
+                  q_head0, sizes, CAUSAL: gl.constexpr):  # fmt: skip
+    """One warpgroup, 64 keys: dK and dV over every step; on every other step, the CTA's share
+    of dQ."""
     STAGES: gl.constexpr = q_smem.shape[0]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = accumulator_layout(BLOCK_M)  # S^T, dP^T: 64 keys x 64 queries
-    d_layout: gl.constexpr = accumulator_layout(HEAD_DIM)  # dK, dV, dQ's share: 64 x D
+    d_layout: gl.constexpr = accumulator_layout(HEAD_DIM)  # dK, dV (64 keys), dQ (64 queries) x D
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=d_layout, k_width=2)
     key_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     query_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     n_q, n_k, group, qk_scale, scale = sizes[0], sizes[1], sizes[2], sizes[3], sizes[4]
     zero_s = gl.zeros([WG_N, BLOCK_M], gl.float32, layout=s_layout)
-    DQ_N: gl.constexpr = HEAD_DIM
-    q_layout: gl.constexpr = accumulator_layout(DQ_N)  # dQ's share, DQ_N columns: 64 x DQ_N
-    zero_dq = gl.zeros([BLOCK_M, DQ_N], gl.float32, layout=q_layout)
+    zero_dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=d_layout)
     dk = gl.zeros([WG_N, HEAD_DIM], gl.float32, layout=d_layout)
     dv = gl.zeros([WG_N, HEAD_DIM], gl.float32, layout=d_layout)
 
@@ -151,9 +152,8 @@ def _bwd_consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, kv
     diagonal = n_k - n_q  # query i sees key j iff j <= i + diagonal (with CAUSAL)
     k_tile = k_smem.index(WG)
     v_tile = v_smem.index(WG)
-    ds_tile = ds_smem.index(WG)
-    dq_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, q_layout))
-    dq_cols = gl.arange(0, DQ_N, layout=gl.SliceLayout(0, q_layout))
+    dq_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, d_layout))
+    dq_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, d_layout))
     mbarrier.wait(kv_ready, 0)
     first, per_head, n_steps = _steps(gl.program_id(0) * NUM_WG * WG_N, n_q, n_k, group, CAUSAL)
     for i in range(n_steps):
@@ -190,28 +190,37 @@ def _bwd_consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, kv
         ds_op = gl.convert_layout(ds_16, a_layout)
         dv = warpgroup_mma(p_op, do_tile, dv, is_async=True)
         dk = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
-        # dQ's share: dS K, with dS^T through shared memory (the A operand, read transposed).
-        # The last step's dQ products read this buffer: their waits retired them.
-        ds_tile.store(ds_16)
+        # dQ's share, dS K over the CTA's 128 keys: both warpgroups put dS^T in shared memory
+        # (buffer i % 2), and the warpgroup whose turn it is (step i: warpgroup i % 2) adds the
+        # two 64-key products and issues the atomics: half the atomics of a share per warpgroup.
+        # Before overwriting its half of buffer b, a warpgroup waits until the product that
+        # read it two steps ago retired (ds_free[b]; a fresh barrier passes parity 1).
+        buf = i % 2
+        if buf != WG:
+            mbarrier.wait(ds_free.index(buf), ((i // 2) & 1) ^ 1)
+        ds_smem.index(buf * NUM_WG + WG).store(ds_16)
         fence_async_shared()  # the threads' writes, before the tensor cores read them
+        thread_barrier()  # every thread of this warpgroup has written, before the arrive
+        mbarrier.arrive(ds_ready.index(buf), count=1)
         dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
         mbarrier.arrive(free.index(slot), count=1)  # Q and dO of this slot read
-        # In column halves of DQ_N: a 64 x D float32 share and its 64-bit addresses at once
-        # would not fit beside dK and dV (ptxas spilled 3.9 KB a thread at D = 128).
-        for half in gl.static_range(HEAD_DIM // DQ_N):
-            dq = warpgroup_mma(ds_tile.permute((1, 0)), k_tile.slice(half * DQ_N, DQ_N, dim=1),
+        if buf == WG:
+            mbarrier.wait(ds_ready.index(buf), (i // 2) & 1)  # both halves of dS^T written
+            dq = warpgroup_mma(ds_smem.index(buf * NUM_WG).permute((1, 0)), k_smem.index(0),
                                zero_dq, use_acc=False, is_async=True)  # fmt: skip
+            dq = warpgroup_mma(ds_smem.index(buf * NUM_WG + 1).permute((1, 0)), k_smem.index(1),
+                               dq, is_async=True)  # fmt: skip
             dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+            mbarrier.arrive(ds_free.index(buf), count=1)
             offsets = (gl.expand_dims((row + dq_rows).to(gl.int64), 1) * HEAD_DIM
-                       + gl.expand_dims(half * DQ_N + dq_cols, 0))  # fmt: skip
+                       + gl.expand_dims(dq_cols, 0))  # fmt: skip
             gl.atomic_add(dq_ptr + offsets, dq, mask=gl.expand_dims(m0 + dq_rows < n_q, 1),
                           sem="relaxed")  # fmt: skip
 
     # dK and dV of the keys that exist; dK takes the softmax scale here (S was scaled, Q was not)
     rows = gl.arange(0, WG_N, layout=gl.SliceLayout(1, d_layout))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, d_layout))
     offsets = (gl.expand_dims((kv_row + WG * WG_N + rows).to(gl.int64), 1) * HEAD_DIM
-               + gl.expand_dims(cols, 0))  # fmt: skip
+               + gl.expand_dims(dq_cols, 0))  # fmt: skip
     exists = gl.expand_dims(k0 + rows < n_k, 1)
     gl.store(dv_ptr + offsets, dv.to(dtype), mask=exists)
     gl.store(dk_ptr + offsets, (dk * scale).to(dtype), mask=exists)
@@ -248,17 +257,23 @@ def gluon_bwd_kernel(q_desc, do_desc, k_desc, v_desc, lse2_ptr, delta_ptr, dq_pt
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WG_N, BLOCK_M], dtype)
-    ds_smem = gl.allocate_shared_memory(dtype, [NUM_WG, WG_N, BLOCK_M], ds_layout)
+    # dS^T of warpgroup w for steps of parity b: ds_smem[b * NUM_WG + w]
+    ds_smem = gl.allocate_shared_memory(dtype, [2 * NUM_WG, WG_N, BLOCK_M], ds_layout)
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_ready, count=1)
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(free.index(s), count=NUM_WG)  # both warpgroups release each slot
+    for b in gl.static_range(2):
+        mbarrier.init(ds_ready.index(b), count=NUM_WG)  # both halves of dS^T written
+        mbarrier.init(ds_free.index(b), count=1)  # the dQ product that read them retired
 
-    args = (q_smem, do_smem, k_smem, v_smem, ds_smem, kv_ready, ready, free, lse2_ptr, delta_ptr,
-            dq_ptr, dk_ptr, dv_ptr, kv_row, q_head0, sizes)  # fmt: skip
+    args = (q_smem, do_smem, k_smem, v_smem, ds_smem, kv_ready, ready, free, ds_ready, ds_free,
+            lse2_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, kv_row, q_head0, sizes)  # fmt: skip
     producer_args = (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready,
                      ready, free, kv_row, q_head0, sizes, CAUSAL)  # fmt: skip
     gl.warp_specialize([(_bwd_consumer_0, (args, CAUSAL)), (_bwd_consumer_1, (args, CAUSAL)),
