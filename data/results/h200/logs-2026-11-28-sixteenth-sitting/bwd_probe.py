@@ -1,7 +1,8 @@
 """Scratch probe (not part of the course): the Gluon backward beside the Triton backward and SDPA's
 cuDNN and FlashAttention-2 backwards, interleaved, at the forward's target shapes.
-Usage: python bwd_probe.py [target_ms]. Where kernels/flash_attention/_bwd_v1.py holds the first
-version (80a9a50), it is timed beside the current one as "gluon v1"."""
+Usage: python bwd_probe.py [target_ms]. Where kernels/flash_attention/_bwd_previous.py holds an
+earlier version, it is timed beside the current one as "gluon (previous)" (row 9 of the README
+ran with the first version under the name "gluon v1")."""
 
 import json
 import math
@@ -17,10 +18,10 @@ from kernels.flash_attention.benchmark import attention_flops, make_inputs
 from kernels.testing import generator, random_tensor
 
 target_ms = float(sys.argv[1]) if len(sys.argv) > 1 else 150.0
-try:  # the first version (80a9a50), where a run puts a copy of it beside the kernel
-    from kernels.flash_attention import _bwd_v1 as first_version
+try:  # an earlier version, where a run puts a copy of it beside the kernel
+    from kernels.flash_attention import _bwd_previous as previous
 except ImportError:
-    first_version = None
+    previous = None
 rows = []
 for shape in ((16, 16, 2048, 64), (32, 32, 4096, 128)):
     for dtype in (torch.float16, torch.bfloat16):
@@ -34,8 +35,8 @@ for shape in ((16, 16, 2048, 64), (32, 32, 4096, 128)):
             fns = {
                 "gluon": lambda: gluon_flash_backward.gluon_attention_backward(
                     do, q, k, v, out, lse, causal),
-                **({"gluon v1": lambda: first_version.gluon_attention_backward(
-                    do, q, k, v, out, lse, causal)} if first_version else {}),
+                **({"gluon (previous)": lambda: previous.gluon_attention_backward(
+                    do, q, k, v, out, lse, causal)} if previous else {}),
                 "triton": lambda: triton_flash.flash_attention_backward(
                     do, q, k, v, out, lse, causal, scale),
             }
