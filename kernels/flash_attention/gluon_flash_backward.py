@@ -16,19 +16,29 @@ The CTA's roles, as in the forward (`gluon_flash.py`):
 * each consumer warpgroup, per query block, computes S^T = K Q^T and dP^T = V dO^T with wgmma
   (keys on the M side, so P^T and dS^T come out in the layout the next products take from
   registers), the exponentials against the forward's log-sum-exp, dV += P^T dO and dK += dS^T Q
-  with P^T and dS^T as register operands; then dS^T goes to shared memory, dQ_part = dS K is a
-  wgmma reading it transposed, and the warpgroup adds dQ_part to a float32 dQ in global memory
-  with atomics (`red.global.add`), which nobody waits for.
+  with P^T and dS^T as register operands, and writes dS^T to shared memory;
+* one warpgroup a step, in turn, then computes the CTA's share of dQ, dS K over all 128 keys (two
+  wgmma reading both warpgroups' dS^T transposed), and adds it to a float32 dQ in global memory
+  with atomics (`red.global.add`), which nobody waits for. Two mbarriers hand dS^T over: both
+  halves written (`ds_ready`), and the product that read them retired (`ds_free`), with the
+  buffer doubled by step parity so the next step's writes need not wait.
 
 Why atomics: a key block's share of dQ is known only inside its CTA, and every key block of the
 head adds to the same rows. FlashAttention-3 hands the share to a TMA bulk reduce-add
 (`cp.reduce.async.bulk`); Gluon in Triton 3.6 has no such copy (3.9 has `tma.async_atomic_add`),
 so each thread adds its own elements, as FlashAttention-2 does. A small torch step then scales
-dQ and casts it to the input's dtype.
+dQ and casts it to the input's dtype. Summing the two warpgroups' shares before the atomics
+(half the atomics) made the kernel 1.31-1.39x faster on an H200; the atomics paired two columns
+an instruction (`red.global.add.v2.f32` in inline PTX) made it slower (PERFORMANCE.md).
 
 Budget at D = 128 (registers a thread of a consumer warpgroup): dK and dV 64 each for the whole
-loop, S^T and dP^T 32 each, P^T and dS^T as 16-bit pairs 16 each, the dQ share 64. Shared memory:
-K and V 64 KiB, each ring slot (Q and dO) 32 KiB, dS^T 16 KiB.
+loop, S^T and dP^T 32 each, P^T and dS^T as 16-bit pairs 16 each, the dQ share 64: more than the
+240 a thread gets, and ptxas spills about 4 KB a thread (32 bytes at D = 64 causal). Shared memory: K and V
+64 KiB, each ring slot (Q and dO) 32 KiB, dS^T 2 x 16 KiB.
+
+Measured (PERFORMANCE.md, "A Gluon backward"): correct on an H100 and an H200; at 0.55-0.79x
+cuDNN, about the Triton backward's rate (faster at D = 64, slower at D = 128 causal), short of
+the 0.8x of cuDNN aimed for at D = 128.
 
 Scope: head_dim 64 and 128, fp16 and bf16, causal (bottom-right aligned, as `reference.py`) or
 not, grouped-query attention, any lengths; q, k, v, out and dout contiguous (B, H, N, D). Rows of
