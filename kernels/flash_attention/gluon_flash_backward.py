@@ -33,8 +33,8 @@ an instruction (`red.global.add.v2.f32` in inline PTX) made it slower (PERFORMAN
 
 Budget at D = 128 (registers a thread of a consumer warpgroup): dK and dV 64 each for the whole
 loop, S^T and dP^T 32 each, P^T and dS^T as 16-bit pairs 16 each, the dQ share 64: more than the
-240 a thread gets, and ptxas spills about 4 KB a thread (32 bytes at D = 64 causal). Shared memory: K and V
-64 KiB, each ring slot (Q and dO) 32 KiB, dS^T 2 x 16 KiB.
+240 a thread gets, and ptxas spills about 4 KB a thread (32 bytes at D = 64 causal). Shared
+memory: K and V 64 KiB, each ring slot (Q and dO) 32 KiB, dS^T 2 x 16 KiB.
 
 Measured (PERFORMANCE.md, "A Gluon backward"): correct on an H100 and an H200; at 0.55-0.79x
 cuDNN, about the Triton backward's rate (faster at D = 64, slower at D = 128 causal), short of
