@@ -28,8 +28,9 @@ head adds to the same rows. FlashAttention-3 hands the share to a TMA bulk reduc
 (`cp.reduce.async.bulk`); Gluon in Triton 3.6 has no such copy (3.9 has `tma.async_atomic_add`),
 so each thread adds its own elements, as FlashAttention-2 does. A small torch step then scales
 dQ and casts it to the input's dtype. Summing the two warpgroups' shares before the atomics
-(half the atomics) made the kernel 1.31-1.39x faster on an H200; the atomics paired two columns
-an instruction (`red.global.add.v2.f32` in inline PTX) made it slower (PERFORMANCE.md).
+(half the atomics) made the kernel 1.31-1.39x faster on an H200; pairing two columns an atomic
+(`red.global.add.v2.f32` in inline PTX), or both warpgroups computing half of dQ's columns every
+step (fewer registers, but each waits for the other), made it slower (PERFORMANCE.md).
 
 Budget at D = 128 (registers a thread of a consumer warpgroup): dK and dV 64 each for the whole
 loop, S^T and dP^T 32 each, P^T and dS^T as 16-bit pairs 16 each, the dQ share 64: more than the
