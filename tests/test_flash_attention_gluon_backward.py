@@ -148,3 +148,23 @@ def test_gluon_backward_compiles_for_hopper_without_a_gpu(compiled_offline, vari
     # and dV (128 registers) beside S^T, dP^T and the dQ share do not, and ptxas spills about
     # 4 KB (the performance log has the counts)
     assert made["spill_bytes"] <= (64 if head_dim == 64 else 5120), made
+
+
+@pytest.mark.cpu
+def test_backward_target_is_checked_at_the_large_shape_only():
+    """The benchmark's checks: Gluon >= 0.8 x cuDNN for the backward at (32, 32, 4096, 128), the
+    ratio stated as measured; the (16, 16, 2048, 64) rows are informational."""
+    from kernels.flash_attention import benchmark
+
+    def row(shape, ratio, causal):
+        impls = {"ours (Gluon)": {"bwd_vs_cudnn": ratio}}
+        return {"shape": shape, "dtype": "float16", "causal": causal, "impls": impls}
+
+    rows = [row([32, 32, 4096, 128], 0.64, False), row([32, 32, 4096, 128], 0.81, True),
+            row([16, 16, 2048, 64], 0.7, False)]  # fmt: skip
+    checks = benchmark.performance_targets({"gluon_backward": rows}, copy_gbps=0.0)
+    got = [(c["target"], c["value"], c["threshold"], c["pass"]) for c in checks]
+    assert got == [
+        ("bwd (32, 32, 4096, 128) float16: Gluon >= 0.8 x cuDNN", 0.64, 0.8, False),
+        ("bwd (32, 32, 4096, 128) float16 causal: Gluon >= 0.8 x cuDNN", 0.81, 0.8, True),
+    ]

@@ -5,10 +5,11 @@ data/results/<gpu>/03_flash_attention.json with the environment fingerprint and 
 performance targets. A first run compiles about 110 Triton kernels while autotuning (a second or two
 each, cached on disk afterwards): budget 4-6 minutes, or split it: `python -m
 kernels.flash_attention.benchmark targets`, then `... sweep memory decode decode_splits` (a run of
-some sections updates them in the existing JSON). Two sections have files of their own,
-03_flash_attention_host.json and 03_flash_attention_gluon.json: `... host` (the host time of an
-eager call beside SDPA's, and where it goes) and `... gluon` (the warp-specialized Gluon forward
-beside the Triton kernel and cuDNN).
+some sections updates them in the existing JSON). Four sections have files of their own,
+03_flash_attention_<section>.json: `... host` (the host time of an eager call beside SDPA's, and
+where it goes), `... gluon` (the warp-specialized Gluon forward beside the Triton kernel and
+cuDNN), `... gluon_backward` (the Gluon backward beside the Triton backward and cuDNN's) and
+`... flash_attn_cute` (FlashAttention's own CuTe DSL kernels, where installed).
 
 Counting (as FlashAttention's papers do): forward 4 * B * H * Nq * Nk * D flops (two matrix
 products), backward 2.5 times that (five products: the recomputed S, dV, dP, dQ, dK), both halved
@@ -603,6 +604,61 @@ def gluon_forward(dtypes=DTYPES, target_ms: float = 150.0) -> list[dict]:
     return rows
 
 
+def gluon_backward(dtypes=DTYPES, target_ms: float = 100.0) -> list[dict]:
+    """Backward only, at the target shapes: the Gluon backward (also with a ring of 3 for Q and
+    dO) beside the Triton backward (both from the same forward's out and lse), FlashAttention-2
+    and cuDNN (SDPA, differentiating one forward graph again and again), interleaved; and the
+    largest difference between the Gluon and cuDNN gradients."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from kernels.flash_attention import gluon_flash_backward
+
+    rows = []
+    for shape in TARGET_SHAPES:
+        for dtype in dtypes:
+            for causal in (False, True):
+                b, h, n, d = shape
+                q, k, v = make_inputs(b, h, n, d, dtype, requires_grad=True)
+                do = random_tensor(q.shape, dtype, "cuda", generator(1, "cuda"))
+                with torch.no_grad():
+                    out, lse = triton_flash.flash_attention_forward(q, k, v, causal)
+                fns = {
+                    "ours (Gluon)": functools.partial(gluon_flash_backward.gluon_attention_backward,
+                                                      do, q, k, v, out, lse, causal),
+                    "ours (Gluon, 3 stages)": functools.partial(
+                        gluon_flash_backward.gluon_attention_backward, do, q, k, v, out, lse,
+                        causal, stages=3),
+                    "ours (Triton)": functools.partial(triton_flash.flash_attention_backward, do,
+                                                       q, k, v, out, lse, causal, 1 / math.sqrt(d)),
+                }  # fmt: skip
+                for name, backend in (("sdpa flash", SDPBackend.FLASH_ATTENTION),
+                                      ("sdpa cudnn", SDPBackend.CUDNN_ATTENTION)):  # fmt: skip
+                    with sdpa_kernel(backend):
+                        o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                    fns[name] = functools.partial(torch.autograd.grad, o, (q, k, v), do,
+                                                  retain_graph=True)  # fmt: skip
+                fns = {name: fn for name, fn in fns.items() if _runs(fn)}
+                if "ours (Gluon)" in fns and "sdpa cudnn" in fns:
+                    pairs = zip(fns["ours (Gluon)"](), fns["sdpa cudnn"]())
+                    max_diff = [(a.float() - b_.float()).abs().max().item() for a, b_ in pairs]
+                else:
+                    max_diff = None
+                timings = bench.benchmark(fns, target_ms=target_ms)
+                flops = attention_flops(b, h, n, n, d, causal, backward=True)
+                impls = {}
+                for name, t in timings.items():
+                    impls[name] = {"bwd_ms": t.median_us / 1e3, "bwd_tflops": t.tflops(flops)}
+                    if "sdpa cudnn" in timings:
+                        impls[name]["bwd_vs_cudnn"] = bench.ratio(timings["sdpa cudnn"], t)
+                rows.append({**case_keys(shape, dtype, causal), "impls": impls,
+                             "max_abs_diff_gluon_vs_cudnn_dq_dk_dv": max_diff})  # fmt: skip
+                print(f"  {shape} {dtype} causal={causal}: "
+                      + ", ".join(f"{k} {v['bwd_tflops']:.0f}" for k, v in impls.items()),
+                      flush=True)  # fmt: skip
+                del fns, q, k, v, do, out, lse
+    return rows
+
+
 # FlashAttention's own Hopper kernels, written in NVIDIA's CuTe DSL (the FlashAttention-3 schedule:
 # a TMA producer warp, consumer warpgroups in turns, each softmax beside its own P V), from the PyPI
 # package `flash-attn-4` (import name flash_attn.cute). Not part of the course's environment: the
@@ -795,6 +851,12 @@ def performance_targets(results: dict, copy_gbps: float) -> list[dict]:
             checks.append(
                 {"target": target, "value": gluon["fwd_vs_cudnn"], "threshold": threshold}
             )
+    for row in results.get("gluon_backward", []):
+        gluon = row["impls"].get("ours (Gluon)", {})
+        if "bwd_vs_cudnn" in gluon and row["shape"] == [32, 32, 4096, 128]:
+            label = f"{tuple(row['shape'])} {row['dtype']}{' causal' if row['causal'] else ''}"
+            checks.append({"target": f"bwd {label}: Gluon >= 0.8 x cuDNN",
+                           "value": gluon["bwd_vs_cudnn"], "threshold": 0.8})  # fmt: skip
     host = results.get("host", {}).get("rows", [])
     for case in sorted({r["case"] for r in host}):
         impls = {r["impl"]: r for r in host if r["case"] == case}
@@ -813,6 +875,7 @@ SECTIONS = ("targets", "sweep", "memory", "decode", "decode_splits")
 OWN_FILE_SECTIONS = {
     "host": host_time,
     "gluon": gluon_forward,
+    "gluon_backward": gluon_backward,
     "flash_attn_cute": flash_attn_cute_reference,
 }
 
@@ -931,6 +994,12 @@ def report(results: dict) -> None:
         print(
             f"\n{tuple(row['shape'])} {row['dtype']} causal={row['causal']} (forward; max |Gluon "
             f"- cuDNN| = {row['max_abs_diff_gluon_vs_cudnn']})"
+        )
+        print(bench.table([{"impl": k, **v} for k, v in row["impls"].items()], floatfmt=".3f"))
+    for row in results.get("gluon_backward", []):
+        print(
+            f"\n{tuple(row['shape'])} {row['dtype']} causal={row['causal']} (backward; max |Gluon "
+            f"- cuDNN| of dq, dk, dv = {row['max_abs_diff_gluon_vs_cudnn_dq_dk_dv']})"
         )
         print(bench.table([{"impl": k, **v} for k, v in row["impls"].items()], floatfmt=".3f"))
     cute = results.get("flash_attn_cute")
