@@ -168,3 +168,18 @@ def test_backward_target_is_checked_at_the_large_shape_only():
         ("bwd (32, 32, 4096, 128) float16: Gluon >= 0.8 x cuDNN", 0.64, 0.8, False),
         ("bwd (32, 32, 4096, 128) float16 causal: Gluon >= 0.8 x cuDNN", 0.81, 0.8, True),
     ]
+
+
+def test_rates_name_the_direction_and_divide_by_cudnn():
+    """`benchmark.rates`, shared by the forward and backward sections: milliseconds, TFLOP/s and
+    the ratio to cuDNN (the median of per-repetition ratios: 0.75, 1.5 and 0.5 here)."""
+    from kernels import bench
+    from kernels.flash_attention import benchmark
+
+    timings = {"ours": bench.Timing("ours", [2000.0, 1000.0, 3000.0], "cuda-events"),
+               "sdpa cudnn": bench.Timing("sdpa cudnn", [1500.0] * 3, "cuda-events")}  # fmt: skip
+    got = benchmark.rates(timings, 4e12, "bwd")
+    assert got["ours"] == {"bwd_ms": 2.0, "bwd_tflops": 2000.0, "bwd_vs_cudnn": 0.75}
+    assert got["sdpa cudnn"]["bwd_vs_cudnn"] == 1.0
+    assert set(benchmark.rates({"ours": timings["ours"]}, 4e12, "fwd")["ours"]) == {
+        "fwd_ms", "fwd_tflops"}  # fmt: skip

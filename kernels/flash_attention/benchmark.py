@@ -519,6 +519,18 @@ def _runs(fn) -> bool:
         return False
 
 
+def rates(timings: dict, flops: float, direction: str) -> dict:
+    """{name: ms, TFLOP/s and the ratio to cuDNN (where it ran)} from one interleaved run;
+    `direction` ("fwd" or "bwd") prefixes the keys."""
+    impls = {}
+    for name, t in timings.items():
+        impls[name] = {f"{direction}_ms": t.median_us / 1e3,
+                       f"{direction}_tflops": t.tflops(flops)}  # fmt: skip
+        if "sdpa cudnn" in timings:
+            impls[name][f"{direction}_vs_cudnn"] = bench.ratio(timings["sdpa cudnn"], t)
+    return impls
+
+
 # The Gluon schedules timed beside the default (gluon_flash's docstring and DEFAULT_SCHEDULE): the
 # default with one of its choices set either way (where one way is the default, "ours (Gluon)" is
 # it), then combinations of warpgroups, overlap and grid, which keep the case's turns and ring depth
@@ -588,12 +600,7 @@ def gluon_forward(dtypes=DTYPES, target_ms: float = 150.0) -> list[dict]:
                         max_diff = diff.max().item()
                     else:
                         max_diff = None
-                flops = attention_flops(b, h, n, n, d, causal)
-                impls = {}
-                for name, t in timings.items():
-                    impls[name] = {"fwd_ms": t.median_us / 1e3, "fwd_tflops": t.tflops(flops)}
-                    if "sdpa cudnn" in timings:
-                        impls[name]["fwd_vs_cudnn"] = bench.ratio(timings["sdpa cudnn"], t)
+                impls = rates(timings, attention_flops(b, h, n, n, d, causal), "fwd")
                 rows.append({**case_keys(shape, dtype, causal), "impls": impls,
                              "gluon_default": gluon_flash.DEFAULT_SCHEDULE[d, causal],
                              "gluon_default_is": same_as_default,
@@ -644,12 +651,8 @@ def gluon_backward(dtypes=DTYPES, target_ms: float = 100.0) -> list[dict]:
                 else:
                     max_diff = None
                 timings = bench.benchmark(fns, target_ms=target_ms)
-                flops = attention_flops(b, h, n, n, d, causal, backward=True)
-                impls = {}
-                for name, t in timings.items():
-                    impls[name] = {"bwd_ms": t.median_us / 1e3, "bwd_tflops": t.tflops(flops)}
-                    if "sdpa cudnn" in timings:
-                        impls[name]["bwd_vs_cudnn"] = bench.ratio(timings["sdpa cudnn"], t)
+                impls = rates(timings, attention_flops(b, h, n, n, d, causal, backward=True),
+                              "bwd")  # fmt: skip
                 rows.append({**case_keys(shape, dtype, causal), "impls": impls,
                              "max_abs_diff_gluon_vs_cudnn_dq_dk_dv": max_diff})  # fmt: skip
                 print(f"  {shape} {dtype} causal={causal}: "
@@ -690,15 +693,6 @@ def flash_attn_cute_reference(dtypes=DTYPES, target_ms: float = 150.0) -> dict:
 
     def fa_forward(q, k, v, causal):  # (b, n, h, d) in and out
         return fa._flash_attn_fwd(q, k, v, causal=causal)[0]
-
-    def rates(timings, flops, direction):  # direction: "fwd" or "bwd"
-        return {
-            name: {
-                f"{direction}_tflops": t.tflops(flops),
-                f"{direction}_vs_cudnn": bench.ratio(timings["sdpa cudnn"], t),
-            }
-            for name, t in timings.items()
-        }
 
     errors = []
     for shape in [(2, 3, 1000, 64), (1, 4, 777, 128), (2, 2, 333, 96)]:
