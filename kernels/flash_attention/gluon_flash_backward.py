@@ -88,7 +88,7 @@ PRODUCER_REGS = 24
 
 
 def shared_bytes(head_dim: int, stages: int) -> int:
-    """Shared memory of a CTA: K and V of its keys, the ring of Q and dO, each warpgroup's dS^T."""
+    """Shared memory of a CTA: K and V of its keys, the ring of Q and dO, dS^T (two buffers)."""
     kv = 2 * NUM_WG.value * WG_N.value * head_dim * 2
     ring = stages * 2 * BLOCK_M.value * head_dim * 2
     ds = 2 * NUM_WG.value * WG_N.value * BLOCK_M.value * 2
