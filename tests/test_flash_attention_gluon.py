@@ -96,9 +96,9 @@ def test_a_tensor_off_a_16_byte_boundary_is_refused_by_name():
     from kernels.flash_attention import gluon_flash
 
     whole = torch.randn(2 * 64 + 1, dtype=torch.float16)
-    gluon_flash.check_tma_aligned("out", whole[:128])
+    gluon_flash.check_tma_tensors("gluon_attention_forward", out=whole[:128])
     with pytest.raises(ValueError, match="out must start on a 16-byte boundary"):
-        gluon_flash.check_tma_aligned("out", whole[1:])
+        gluon_flash.check_tma_tensors("gluon_attention_forward", out=whole[1:])
 
 
 @pytest.mark.cpu

@@ -100,6 +100,10 @@ def test_gluon_backward_refuses_what_it_does_not_cover():
     _, k_strided, _ = make((1, 2, 64, 64), (1, 2, 64, 64), torch.float16, seed=3, layout="bnhd")
     with pytest.raises(ValueError, match="k must be contiguous"):
         gluon_attention_backward(do, q, k_strided, v, out, lse)
+    # contiguous, but one element past a 16-byte boundary: the error names this function
+    shifted = torch.empty(q.numel() + 1, dtype=q.dtype, device=q.device)[1:].view(q.shape)
+    with pytest.raises(ValueError, match="gluon_attention_backward: dout must start on a 16-byte"):
+        gluon_attention_backward(shifted.copy_(do), q, k, v, out, lse)
     with pytest.raises(ValueError, match="must have q's shape"):
         gluon_attention_backward(do[:, :, :32].contiguous(), q, k, v, out, lse)
     with pytest.raises(ValueError, match="lse must be the forward's contiguous float32"):

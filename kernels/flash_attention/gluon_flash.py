@@ -846,13 +846,17 @@ def resolve_schedule(head_dim: int, causal: bool, pingpong=None, stages=None, wa
             "CONSUMER_REGS": CONSUMER_REGS[warpgroups], "PRODUCER_REGS": PRODUCER_REGS}  # fmt: skip
 
 
-def check_tma_aligned(name: str, t: torch.Tensor) -> None:
-    """A TMA copy needs its tensor's first byte on a 16-byte boundary: say so, naming the tensor,
-    instead of failing inside the descriptor (a view that starts a few elements in, say)."""
-    if t.data_ptr() % 16:
-        raise ValueError(f"gluon_attention_forward: {name} must start on a 16-byte boundary "
-                         f"for TMA (address {t.data_ptr():#x}); pass a fresh or .clone()d "
-                         "tensor")  # fmt: skip
+def check_tma_tensors(function: str, **tensors: torch.Tensor) -> None:
+    """What the kernels' 2-D TMA descriptors over all rows need of each named tensor: contiguous
+    (B, H, N, D), and its first byte on a 16-byte boundary. ValueError naming the function and the
+    tensor, instead of failing inside the descriptor (a view that starts a few elements in, say)."""
+    for name, t in tensors.items():
+        if not t.is_contiguous():
+            raise ValueError(f"{function}: {name} must be contiguous (B, H, N, D)")
+        if t.data_ptr() % 16:
+            raise ValueError(f"{function}: {name} must start on a 16-byte boundary for TMA "
+                             f"(address {t.data_ptr():#x}); pass a fresh or .clone()d "
+                             "tensor")  # fmt: skip
 
 
 @functools.cache
@@ -886,17 +890,12 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     head_dim = q.shape[-1]
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"gluon_attention_forward: head_dim {head_dim}; supported: 64, 128")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not t.is_contiguous():
-            raise ValueError(f"gluon_attention_forward: {name} must be contiguous (B, H, N, D)")
-        check_tma_aligned(name, t)
+    check_tma_tensors("gluon_attention_forward", q=q, k=k, v=v)
     variant = resolve_schedule(head_dim, causal, pingpong, stages, warpgroups, overlap, persistent,
                                poly_exp2, q_buffers, tma_store, tile_plan)  # fmt: skip
     scale = softmax_scale(scale, head_dim)
     out, lse = output_buffers("gluon_attention_forward", q, out, lse)
-    if not out.is_contiguous():
-        raise ValueError("gluon_attention_forward: out must be contiguous")
-    check_tma_aligned("out", out)
+    check_tma_tensors("gluon_attention_forward", out=out)
     batch, n_heads, n_q, _ = q.shape
     n_kv_heads, n_k = k.shape[1], k.shape[2]
     if out.numel() == 0:

@@ -67,7 +67,7 @@ from kernels.flash_attention.gluon_flash import (
     HEAD_DIMS,
     SHARED_BYTES,
     accumulator_layout,
-    check_tma_aligned,
+    check_tma_tensors,
     tma_load,
 )
 from kernels.flash_attention.triton_flash import (
@@ -315,10 +315,7 @@ def gluon_attention_backward(do, q, k, v, out, lse, causal: bool = False,
     for label, t in (("out", out), ("dout", do)):
         if not isinstance(t, torch.Tensor) or t.dtype != q.dtype or t.device != q.device:
             raise ValueError(f"{name}: {label} must be a {q.dtype} tensor on {q.device}")
-    for label, t in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", do)):
-        if not t.is_contiguous():
-            raise ValueError(f"{name}: {label} must be contiguous (B, H, N, D)")
-        check_tma_aligned(label, t)
+    check_tma_tensors(name, q=q, k=k, v=v, out=out, dout=do)
     if do.shape != q.shape or out.shape != q.shape:
         raise ValueError(f"{name}: dout {tuple(do.shape)} and out {tuple(out.shape)} must have "
                          f"q's shape {tuple(q.shape)}")  # fmt: skip
