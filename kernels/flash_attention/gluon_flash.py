@@ -846,6 +846,16 @@ def resolve_schedule(head_dim: int, causal: bool, pingpong=None, stages=None, wa
             "CONSUMER_REGS": CONSUMER_REGS[warpgroups], "PRODUCER_REGS": PRODUCER_REGS}  # fmt: skip
 
 
+def row_descriptors(tensors, block_rows: int, head_dim: int, dtype) -> list:
+    """TMA descriptors over all rows of each (B, H, N, D) tensor, viewed as (B * H * N, D): tiles
+    of `block_rows` rows, in the default swizzled shared-memory layout for `dtype` (a Gluon
+    dtype)."""
+    layout = gl.NVMMASharedLayout.get_default_for([block_rows, head_dim], dtype)
+    flat = (t.view(-1, head_dim) for t in tensors)
+    return [TensorDescriptor(t, list(t.shape), list(t.stride()), [block_rows, head_dim], layout)
+            for t in flat]  # fmt: skip
+
+
 def check_tma_tensors(function: str, **tensors: torch.Tensor) -> None:
     """What the kernels' 2-D TMA descriptors over all rows need of each named tensor: contiguous
     (B, H, N, D), and its first byte on a 16-byte boundary. ValueError naming the function and the
@@ -901,17 +911,9 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     if out.numel() == 0:
         return out, lse
     dtype = GL_DTYPES[q.dtype]
-    q_layout = gl.NVMMASharedLayout.get_default_for([WG_M.value, head_dim], dtype)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, head_dim], dtype)
-    q2, k2, v2 = (t.view(-1, head_dim) for t in (q, k, v))
-    q_desc = TensorDescriptor(
-        q2, list(q2.shape), list(q2.stride()), [WG_M.value, head_dim], q_layout
-    )
-    k_desc = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [BLOCK_N, head_dim], kv_layout)
-    v_desc = TensorDescriptor(v2, list(v2.shape), list(v2.stride()), [BLOCK_N, head_dim], kv_layout)
-    out2 = out.view(-1, head_dim)  # O's rows leave as Q's came in: 64 rows a copy
-    o_desc = TensorDescriptor(out2, list(out2.shape), list(out2.stride()), [WG_M.value, head_dim],
-                              q_layout)  # fmt: skip
+    # O's rows leave as Q's came in: 64 rows a copy
+    q_desc, o_desc = row_descriptors((q, out), WG_M.value, head_dim, dtype)
+    k_desc, v_desc = row_descriptors((k, v), BLOCK_N, head_dim, dtype)
     n_m = triton.cdiv(n_q, variant["NUM_WG"] * WG_M.value)  # query tiles a head
     n_tiles = n_m * batch * n_heads
     ctas = min(n_tiles, _sm_count(q.device.index)) if variant["PERSISTENT"] else n_tiles
@@ -927,38 +929,45 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     return out, lse
 
 
-def compile_for_hopper(head_dim: int = 128, dtype: torch.dtype = torch.float16,
-                       causal: bool = False, **schedule):  # fmt: skip
-    """Compile the kernel for sm_90 without a GPU (the CPU test): the front end, the layouts, the
-    warp specialization and ptxas all run; returns the compiled kernel (its .asm has the PTX).
-    `schedule`: pingpong, stages, warpgroups, overlap, persistent, poly_exp2, q_buffers,
-    tma_store and tile_plan, as `gluon_attention_forward` takes them."""
+def compile_sm90(kernel, signature: dict, constants: dict):
+    """Compile a Gluon kernel for sm_90 without a GPU: `signature` maps every parameter, in order,
+    to its type string (a descriptor's from `descriptor_type`), `constants` the constexpr ones to
+    their values. The front end, the layouts, the warp specialization and ptxas all run; returns
+    the compiled kernel (its .asm has the PTX)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
+
+    names = list(signature)
+    constexprs = {(names.index(n),): value for n, value in constants.items()}
+    source = GluonASTSource(kernel, signature, constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+
+
+def descriptor_type(desc) -> str:
+    """A descriptor's type string in a kernel signature; Triton 3.6 has no __mangle__ method."""
     from triton.runtime.jit import mangle_type
 
-    def mangle(desc):  # a descriptor's type string; Triton 3.6 has no __mangle__ method
-        return desc.__mangle__() if hasattr(desc, "__mangle__") else mangle_type(desc)
+    return desc.__mangle__() if hasattr(desc, "__mangle__") else mangle_type(desc)
 
+
+def compile_for_hopper(head_dim: int = 128, dtype: torch.dtype = torch.float16,
+                       causal: bool = False, **schedule):  # fmt: skip
+    """The forward compiled for sm_90 without a GPU (the CPU test; `compile_sm90`).
+    `schedule`: pingpong, stages, warpgroups, overlap, persistent, poly_exp2, q_buffers,
+    tma_store and tile_plan, as `gluon_attention_forward` takes them."""
     variant = resolve_schedule(head_dim, causal, **schedule)
-    gdt = GL_DTYPES[dtype]
     rows = torch.empty((1, head_dim), dtype=dtype)
-    q_layout = gl.NVMMASharedLayout.get_default_for([WG_M.value, head_dim], gdt)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, head_dim], gdt)
-    q_desc = TensorDescriptor(rows, [1, head_dim], [head_dim, 1], [WG_M.value, head_dim], q_layout)
-    kv_desc = TensorDescriptor(rows, [1, head_dim], [head_dim, 1], [BLOCK_N, head_dim], kv_layout)
+    q_desc, kv_desc = (row_descriptors((rows,), block, head_dim, GL_DTYPES[dtype])[0]
+                       for block in (WG_M.value, BLOCK_N))  # fmt: skip
     element = {torch.float16: "*fp16", torch.bfloat16: "*bf16"}[dtype]
-    signature = {"q_desc": mangle(q_desc), "k_desc": mangle(kv_desc), "v_desc": mangle(kv_desc),
-                 "out_ptr": element, "o_desc": mangle(q_desc), "lse_ptr": "*fp32",
+    q_type, kv_type = descriptor_type(q_desc), descriptor_type(kv_desc)
+    signature = {"q_desc": q_type, "k_desc": kv_type, "v_desc": kv_type,
+                 "out_ptr": element, "o_desc": q_type, "lse_ptr": "*fp32",
                  "plan_ptr": "*i32",
                  "n_tiles": "i32", "n_m": "i32", "n_heads": "i32", "group": "i32",
                  "n_q": "i32", "n_k": "i32", "qk_scale": "fp32", "CAUSAL": "constexpr",
                  **dict.fromkeys(variant, "constexpr")}  # fmt: skip
-    names = list(signature)
-    constants = {"CAUSAL": causal, **variant}
-    constexprs = {(names.index(n),): value for n, value in constants.items()}
-    source = GluonASTSource(gluon_fwd_kernel, signature, constexprs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    return compile_sm90(gluon_fwd_kernel, signature, {"CAUSAL": causal, **variant})
 
 
 _OFFLINE = """

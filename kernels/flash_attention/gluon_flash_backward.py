@@ -60,7 +60,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from kernels.flash_attention.gluon_flash import (
     GL_DTYPES,
@@ -68,6 +67,9 @@ from kernels.flash_attention.gluon_flash import (
     SHARED_BYTES,
     accumulator_layout,
     check_tma_tensors,
+    compile_sm90,
+    descriptor_type,
+    row_descriptors,
     tma_load,
 )
 from kernels.flash_attention.triton_flash import (
@@ -293,13 +295,6 @@ def gluon_bwd_kernel(q_desc, do_desc, k_desc, v_desc, lse2_ptr, delta_ptr, dq_pt
                        [CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
 
 
-def _descriptors(tensors, block_rows: int, head_dim: int, dtype):
-    layout = gl.NVMMASharedLayout.get_default_for([block_rows, head_dim], dtype)
-    flat = (t.view(-1, head_dim) for t in tensors)
-    return [TensorDescriptor(t, list(t.shape), list(t.stride()), [block_rows, head_dim], layout)
-            for t in flat]  # fmt: skip
-
-
 def gluon_attention_backward(do, q, k, v, out, lse, causal: bool = False,
                              scale: float | None = None, *, dk=None, dv=None,
                              stages: int = DEFAULT_STAGES):  # fmt: skip
@@ -339,8 +334,8 @@ def gluon_attention_backward(do, q, k, v, out, lse, causal: bool = False,
         return dq_acc.to(q.dtype), dk.zero_(), dv.zero_()
     delta, lse2 = backward_row_terms(do, out, lse)
     dtype = GL_DTYPES[q.dtype]
-    q_desc, do_desc = _descriptors((q, do), BLOCK_M.value, head_dim, dtype)
-    k_desc, v_desc = _descriptors((k, v), WG_N.value, head_dim, dtype)
+    q_desc, do_desc = row_descriptors((q, do), BLOCK_M.value, head_dim, dtype)
+    k_desc, v_desc = row_descriptors((k, v), WG_N.value, head_dim, dtype)
     grid = (triton.cdiv(n_k, NUM_WG.value * WG_N.value), batch * n_kv_heads)
     gluon_bwd_kernel[grid](q_desc, do_desc, k_desc, v_desc, lse2, delta, dq_acc, dk, dv, n_heads,
                            n_heads // n_kv_heads, n_q, n_k, scale * LOG2E, scale,
@@ -352,28 +347,20 @@ def gluon_attention_backward(do, q, k, v, out, lse, causal: bool = False,
 
 def compile_for_hopper(head_dim: int = 128, dtype: torch.dtype = torch.float16,
                        causal: bool = False, stages: int = DEFAULT_STAGES):  # fmt: skip
-    """Compile the kernel for sm_90 without a GPU (the CPU test; `gluon_flash.compile_offline_many`
-    with this module's name runs it in a fresh process and reads ptxas's report)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import mangle_type
-
-    def mangle(desc):  # a descriptor's type string; Triton 3.6 has no __mangle__ method
-        return desc.__mangle__() if hasattr(desc, "__mangle__") else mangle_type(desc)
-
+    """The backward compiled for sm_90 without a GPU (the CPU test; `gluon_flash.compile_sm90`;
+    `gluon_flash.compile_offline_many` with this module's name runs it in a fresh process and
+    reads ptxas's report)."""
     rows = torch.empty((1, head_dim), dtype=dtype)
-    q_desc, k_desc = (_descriptors((rows,), block, head_dim, GL_DTYPES[dtype])[0]
+    q_type, k_type = (descriptor_type(row_descriptors((rows,), block, head_dim,
+                                                      GL_DTYPES[dtype])[0])
                       for block in (BLOCK_M.value, WG_N.value))  # fmt: skip
     element = {torch.float16: "*fp16", torch.bfloat16: "*bf16"}[dtype]
-    signature = {"q_desc": mangle(q_desc), "do_desc": mangle(q_desc), "k_desc": mangle(k_desc),
-                 "v_desc": mangle(k_desc), "lse2_ptr": "*fp32", "delta_ptr": "*fp32",
+    signature = {"q_desc": q_type, "do_desc": q_type, "k_desc": k_type,
+                 "v_desc": k_type, "lse2_ptr": "*fp32", "delta_ptr": "*fp32",
                  "dq_ptr": "*fp32", "dk_ptr": element, "dv_ptr": element, "n_heads": "i32",
                  "group": "i32", "n_q": "i32", "n_k": "i32", "qk_scale": "fp32", "scale": "fp32",
                  "CAUSAL": "constexpr", "STAGES": "constexpr", "CONSUMER_REGS": "constexpr",
                  "PRODUCER_REGS": "constexpr"}  # fmt: skip
-    names = list(signature)
     constants = {"CAUSAL": causal, "STAGES": stages, "CONSUMER_REGS": CONSUMER_REGS,
                  "PRODUCER_REGS": PRODUCER_REGS}  # fmt: skip
-    constexprs = {(names.index(n),): value for n, value in constants.items()}
-    source = GluonASTSource(gluon_bwd_kernel, signature, constexprs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    return compile_sm90(gluon_bwd_kernel, signature, constants)
