@@ -616,7 +616,7 @@ def gluon_backward(dtypes=DTYPES, target_ms: float = 100.0) -> list[dict]:
     dO) beside the Triton backward (both from the same forward's out and lse), FlashAttention-2
     and cuDNN (SDPA, differentiating one forward graph again and again), interleaved; and the
     largest difference between the Gluon and cuDNN gradients."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import SDPBackend
 
     from kernels.flash_attention import gluon_flash_backward
 
@@ -640,8 +640,7 @@ def gluon_backward(dtypes=DTYPES, target_ms: float = 100.0) -> list[dict]:
                 }  # fmt: skip
                 for name, backend in (("sdpa flash", SDPBackend.FLASH_ATTENTION),
                                       ("sdpa cudnn", SDPBackend.CUDNN_ATTENTION)):  # fmt: skip
-                    with sdpa_kernel(backend):
-                        o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                    o = _sdpa(backend)(q, k, v, causal)
                     fns[name] = functools.partial(torch.autograd.grad, o, (q, k, v), do,
                                                   retain_graph=True)  # fmt: skip
                 fns = {name: fn for name, fn in fns.items() if _runs(fn)}
