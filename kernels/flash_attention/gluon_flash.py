@@ -348,13 +348,10 @@ def _store_rows(WG: gl.constexpr, acc, m_i, l_i, out_ptr, lse_ptr, q_row, m0, n_
     inverse = gl.where(seen, 1.0 / l_safe, 0.0)  # a row that saw no key stores exact zeros
     out = acc * gl.expand_dims(gl.convert_layout(inverse, gl.SliceLayout(1, o_layout)), 1)
     out = out.to(out_ptr.dtype.element_ty)
-    if TMA_STORE:
-        if m0 + WG * WG_M + WG_M <= n_q:
-            staging.store(out)
-            fence_async_shared()  # the threads' shared-memory writes, before the copy reads them
-            tma_store(o_desc, [q_row + WG * WG_M, 0], staging)
-        else:
-            _store_rows_masked(WG, out, out_ptr, q_row, m0, n_q)
+    if TMA_STORE and m0 + WG * WG_M + WG_M <= n_q:
+        staging.store(out)
+        fence_async_shared()  # the threads' shared-memory writes, before the copy reads them
+        tma_store(o_desc, [q_row + WG * WG_M, 0], staging)
     else:
         _store_rows_masked(WG, out, out_ptr, q_row, m0, n_q)
 
