@@ -157,6 +157,183 @@ def gpu_info() -> GpuInfo | None:
     )
 
 
+# --------------------------------------------------------------------------------------------------
+# What the GPU can do. Every kernel that uses a feature some GPUs lack asks `features()` (or
+# `require`), never the GPU's name: one table, one sentence when a feature is missing.
+
+# feature -> the GPUs that have it, for the sentence a refusal prints.
+FEATURE_GPUS: dict[str, str] = {
+    "bf16": "Ampere and newer (sm_80+: A100, A10, L4, RTX 30xx/40xx/50xx, H100, H200, B200)",
+    "fp8": "Ada, Hopper and Blackwell (sm_89+: L4, RTX 40xx, H100, H200, B200, RTX 50xx)",
+    "tma": "Hopper and Blackwell (sm_90+: H100, H200, B200, RTX 50xx)",
+    "wgmma": "Hopper only (sm_90: H100, H200)",
+    "warp_specialization": "Hopper only, as the course's Gluon kernels use it (sm_90: H100, H200)",
+    "pdl": "Hopper and Blackwell (sm_90+: H100, H200, B200, RTX 50xx)",
+}
+
+
+@dataclass(frozen=True)
+class Features:
+    """What the kernels may use on this device (or on the device a compile targets or a profile
+    emulates). `shared_memory_per_block` is the opt-in maximum a kernel may ask for."""
+
+    name: str
+    capability: tuple[int, int]
+    shared_memory_per_block: int
+    sm_count: int
+    # Set when the course takes another GPU's choices on this one (KERNELS_GPU_PROFILE): the code
+    # paths and shared-memory budget are that GPU's, but kernels still compile for this device.
+    emulated_on: str | None = None
+
+    @property
+    def arch(self) -> str:
+        return f"sm_{self.capability[0]}{self.capability[1]}"
+
+    @property
+    def bf16(self) -> bool:
+        return self.capability >= (8, 0)
+
+    @property
+    def fp8(self) -> bool:
+        """fp8 e4m3 / e5m2 conversions and tensor-core products (Triton's fp8e4nv)."""
+        return self.capability >= (8, 9)
+
+    @property
+    def tma(self) -> bool:
+        return self.capability >= (9, 0)
+
+    @property
+    def wgmma(self) -> bool:
+        return self.capability[0] == 9
+
+    @property
+    def warp_specialization(self) -> bool:
+        """The course's Gluon kernels: warp-specialized with `setmaxnreg` and wgmma (sm_90)."""
+        return self.capability[0] == 9
+
+    @property
+    def pdl(self) -> bool:
+        """Programmatic dependent launch (`griddepcontrol`)."""
+        return self.capability >= (9, 0)
+
+    @property
+    def tensor_cores(self) -> str:
+        major = self.capability[0]
+        if major >= 12:
+            return "mma.sync (Blackwell consumer)"
+        if major == 10:
+            return "tcgen05 (Blackwell)"
+        if major == 9:
+            return "wgmma (Hopper)"
+        if major == 8:
+            return "mma.sync (Ampere/Ada)"
+        return "mma.sync fp16 only (Turing)"
+
+    def has(self, feature: str) -> bool:
+        if feature not in FEATURE_GPUS:
+            raise ValueError(f"unknown feature {feature!r}; known: {sorted(FEATURE_GPUS)}")
+        return bool(getattr(self, feature))
+
+
+# The GPUs students bring: capability, opt-in shared memory per block, SMs (NVIDIA's specs).
+GPU_PROFILES: dict[str, Features] = {
+    "t4": Features("Tesla T4", (7, 5), 64 * 1024, 40),
+    "a100": Features("A100 80GB", (8, 0), 163 * 1024, 108),
+    "a10": Features("A10", (8, 6), 99 * 1024, 72),
+    "rtx3090": Features("GeForce RTX 3090", (8, 6), 99 * 1024, 82),
+    "l4": Features("L4", (8, 9), 99 * 1024, 58),
+    "rtx4090": Features("GeForce RTX 4090", (8, 9), 99 * 1024, 128),
+    "h100": Features("H100 80GB HBM3", (9, 0), 227 * 1024, 132),
+    "h200": Features("H200", (9, 0), 227 * 1024, 132),
+    "b200": Features("B200", (10, 0), 227 * 1024, 148),
+    "rtx5090": Features("GeForce RTX 5090", (12, 0), 99 * 1024, 170),
+}
+# The architectures CI compiles every kernel for (tests/test_compile_all_archs.py).
+COMPILE_ARCHS: tuple[str, ...] = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120")
+
+
+class FeatureMissing(RuntimeError):
+    """A kernel needs a feature this GPU lacks and has no portable path."""
+
+
+def _profile_for_arch(arch: str) -> Features:
+    major, minor = int(arch[3:-1]), int(arch[-1])
+    for profile in GPU_PROFILES.values():
+        if profile.capability == (major, minor):
+            return profile
+    return Features(arch, (major, minor), 99 * 1024, 80)
+
+
+@functools.cache
+def features() -> Features | None:
+    """The device's features; None in CPU mode (the interpreter runs every portable path).
+
+    `KERNELS_GPU_PROFILE=a100` (any key of GPU_PROFILES) on a GPU takes that GPU's capability,
+    shared-memory budget and missing features, so its code paths run on the GPU in hand.
+    `KERNELS_COMPILE_ONLY=1` with `KERNELS_TARGET_ARCH=sm_80` answers for the compile target."""
+    if COMPILE_ONLY:
+        return _profile_for_arch(os.environ.get("KERNELS_TARGET_ARCH", "sm_90"))
+    if not ON_GPU:
+        return None
+    import torch
+
+    device = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(device)
+    real = Features(
+        props.name,
+        torch.cuda.get_device_capability(device),
+        int(getattr(props, "shared_memory_per_block_optin", 48 * 1024)),
+        props.multi_processor_count,
+    )
+    profile = os.environ.get("KERNELS_GPU_PROFILE", "").strip().lower()
+    if not profile:
+        return real
+    if profile not in GPU_PROFILES:
+        raise ValueError(
+            f"KERNELS_GPU_PROFILE must be one of {sorted(GPU_PROFILES)}, not {profile!r}"
+        )
+    chosen = GPU_PROFILES[profile]
+    if chosen.capability > real.capability:
+        raise ValueError(
+            f"KERNELS_GPU_PROFILE={profile}: a {real.name} cannot take the paths of a newer GPU"
+        )
+    return Features(
+        chosen.name,
+        chosen.capability,
+        min(chosen.shared_memory_per_block, real.shared_memory_per_block),
+        real.sm_count,
+        emulated_on=real.name,
+    )
+
+
+def has(feature: str) -> bool:
+    """Whether this device has `feature` (a key of FEATURE_GPUS). CPU mode: False for all but
+    bf16 and fp8, which the interpreter emulates."""
+    found = features()
+    if found is None:
+        return feature in ("bf16", "fp8")
+    return found.has(feature)
+
+
+def require(feature: str, what: str) -> None:
+    """Raise FeatureMissing, one sentence naming the feature and the GPUs that have it, unless
+    this device has `feature`. `what` names the kernel or cell that needs it."""
+    if has(feature):
+        return
+    found = features()
+    here = "the CPU interpreter" if found is None else f"this {found.name} ({found.arch})"
+    raise FeatureMissing(
+        f"{what} needs {feature}, which {here} lacks; it runs on {FEATURE_GPUS[feature]}."
+    )
+
+
+def shared_memory_budget() -> int:
+    """Bytes of shared memory a kernel may use per block here (sm_90's 227 KiB in CPU mode, so
+    the interpreter runs the configurations the course picked for Hopper)."""
+    found = features()
+    return 227 * 1024 if found is None else found.shared_memory_per_block
+
+
 def _driver_version() -> str | None:
     smi = shutil.which("nvidia-smi")
     if smi:
