@@ -65,19 +65,22 @@ def compile_offline(module: str, variants: list[dict], arch: str = "sm_90") -> l
 
 
 def compile_triton(fn, signature: dict, constants: dict, arch: str, num_warps: int,
-                   num_stages: int):  # fmt: skip
-    """Compile a @triton.jit function for `arch` (e.g. "sm_90") without a GPU. `signature` maps
-    every parameter, in order, to its type string ("constexpr" for those in `constants`, a
-    descriptor's from `descriptor_type`)."""
+                   num_stages: int = 3, gluon: bool = False):  # fmt: skip
+    """Compile a @triton.jit (or, with `gluon`, a @gluon.jit) function for `arch` ("sm_90") without
+    a GPU. `signature` maps every parameter, in order, to its type string ("constexpr" for those in
+    `constants`, a descriptor's from `descriptor_type`)."""
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+
+    if gluon:
+        from triton.experimental.gluon._runtime import GluonASTSource as Source
+    else:
+        from triton.compiler import ASTSource as Source
 
     names = list(signature)
     constexprs = {(names.index(n),): value for n, value in constants.items()}
-    source = ASTSource(fn, signature, constexprs)
     target = GPUTarget("cuda", int(arch.removeprefix("sm_")), 32)
-    return triton.compile(source, target=target,
+    return triton.compile(Source(fn, signature, constexprs), target=target,
                           options={"num_warps": num_warps, "num_stages": num_stages})  # fmt: skip
 
 

@@ -156,7 +156,7 @@ def matmul_tma_kernel(
             c_desc.store([m0, n0], acc.to(c_desc.dtype))
 
 
-def _tma_view(t: torch.Tensor, name: str, op: str) -> tuple[torch.Tensor, bool]:
+def tma_view(t: torch.Tensor, name: str, op: str) -> tuple[torch.Tensor, bool]:
     """(the 2-D tensor a descriptor reads, whether it is t's transpose): t itself when its rows
     are contiguous, else t.T when its columns are; ValueError when neither, or when a row stride
     or the base is not 16-byte aligned (TMA's rule)."""
@@ -201,10 +201,10 @@ def matmul_tma(
     if runtime.features() is not None:  # the interpreter emulates descriptors on the CPU
         runtime.require("tma", "matmul_tma")
     M, N, K = check_matmul_args(a, b, out, op="matmul_tma")
-    a_view, a_t = _tma_view(a, "a", "matmul_tma")
-    b_view, b_t = _tma_view(b, "b", "matmul_tma")
+    a_view, a_t = tma_view(a, "a", "matmul_tma")
+    b_view, b_t = tma_view(b, "b", "matmul_tma")
     c = torch.empty((M, N), dtype=a.dtype, device=a.device) if out is None else out
-    _tma_view(c, "out", "matmul_tma")
+    tma_view(c, "out", "matmul_tma")
     args = dict(a_desc=_descriptor(a_view), b_desc=_descriptor(b_view), c_desc=_descriptor(c),
                 M=M, N=N, K=K, NUM_PROGRAMS=_programs(a.device.index or 0), A_T=a_t, B_T=b_t,
                 UPCAST=UPCAST)  # fmt: skip
