@@ -55,6 +55,11 @@ FP8_MAX = 448.0  # the largest finite e4m3 value
 SCALE_BLOCK = 128  # DeepGEMM's granularity: 1 x 128 activation runs, 128 x 128 weight blocks
 # DeepGEMM's acceptance bound on calc_diff against the bf16 product (its tests/test_core.py).
 DEEPGEMM_DIFF_BOUND = 1e-3
+# DeepSeek-V3 (sec. 3.3.2) found the fp8 wgmma's sum keeps "around 14 bits". Taking 13: each of
+# the promote_k / 32 wgmma (k = 32 each) that add into the accumulator between promotions may lose
+# 2^-13 of that interval's sum of |a w|, so a promoted product is within (promote_k / 32) 2^-13 of
+# |A| |W|^T of the exact one (the GPU tests' bound; `promoted_error_bound`).
+TENSOR_CORE_SUM_BITS = 13
 PER_TENSOR, BLOCK_SCALED = 0, 1
 # (BLOCK_M, BLOCK_N, num_warps, num_stages), BLOCK_K = 128 (one scale block, 128 bytes: one
 # swizzled row of shared memory). A stage of fp8 A and W is (BLOCK_M + BLOCK_N) x 128 bytes: 48 KiB
@@ -278,7 +283,9 @@ def _check(op: str, a8, w8, a_scale, w_scale, block_scaled: bool) -> tuple[int, 
         if t.dtype != torch.float32 or tuple(t.shape) != shape:
             raise ValueError(f"{op}: {name} must be float32 of shape {shape}, got "
                              f"{str(t.dtype).removeprefix('torch.')} {tuple(t.shape)}")  # fmt: skip
-        if strides is not None and t.stride() != strides and t.numel() > 1:
+        # (the stride of a dimension of length 1 is never used)
+        if strides is not None and any(n > 1 and got != want for n, got, want
+                                       in zip(t.shape, t.stride(), strides)):  # fmt: skip
             raise ValueError(f"{op}: {name} must have strides {strides} (as the quantizer makes "
                              f"it), got {t.stride()}")  # fmt: skip
     return M, N, K
@@ -346,6 +353,13 @@ def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
     x, y = x.double(), y.double()
     denominator = (x * x + y * y).sum()
     return float(1 - 2 * (x * y).sum() / denominator)
+
+
+def promoted_error_bound(a: torch.Tensor, w: torch.Tensor, promote_k: int = SCALE_BLOCK):
+    """Per element of C = A W^T, how far a product promoted every `promote_k` may be from the
+    exact one on Hopper's tensor cores (TENSOR_CORE_SUM_BITS), before C's rounding."""
+    magnitude = a.double().abs() @ w.double().abs().T
+    return promote_k / 32 * 2.0**-TENSOR_CORE_SUM_BITS * magnitude
 
 
 def fp8_errors(c: torch.Tensor, dequantized: tuple, original: tuple) -> dict:
