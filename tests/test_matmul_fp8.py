@@ -249,5 +249,6 @@ def test_each_configuration_matches_fp64():
         if not fp8.fits(config, promoted=True) or fp8.shared_bytes(*tile[:2], tile[3]) > budget:
             continue
         out = poison_(torch.empty((M, N), dtype=torch.bfloat16, device=a.device))
-        check_kernel_error(fp8.fp8_matmul_block_scaled(a8, sa, w8, sw, out=out, config=config),
-                           *deq)  # fmt: skip
+        check_kernel_error(
+            fp8.fp8_matmul_block_scaled(a8, sa, w8, sw, out=out, config=config), *deq
+        )

@@ -46,8 +46,12 @@ def compile_offline(module: str, variants: list[dict], arch: str = "sm_90") -> l
     process: per variant the warps, shared bytes, wgmma instructions (and how many multiply
     fp8 e4m3), mma.sync instructions, TMA copies, mbarrier waits, the `setmaxnreg` register
     budgets, the PTX target, and from ptxas the registers a thread and the bytes spilled."""
-    done = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(variants), module, arch],
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, json.dumps(variants), module, arch],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if done.returncode != 0:  # the error, without the binding's reference-leak report after it
         error = done.stderr.split("nanobind: leaked")[0]
         raise RuntimeError(f"compiling {module} for {arch} failed:\n" + error[-3000:])
@@ -64,8 +68,15 @@ def compile_offline(module: str, variants: list[dict], arch: str = "sm_90") -> l
     return made
 
 
-def compile_triton(fn, signature: dict, constants: dict, arch: str, num_warps: int,
-                   num_stages: int = 3, gluon: bool = False):  # fmt: skip
+def compile_triton(
+    fn,
+    signature: dict,
+    constants: dict,
+    arch: str,
+    num_warps: int,
+    num_stages: int = 3,
+    gluon: bool = False,
+):
     """Compile a @triton.jit (or, with `gluon`, a @gluon.jit) function for `arch` ("sm_90") without
     a GPU. `signature` maps every parameter, in order, to its type string ("constexpr" for those in
     `constants`, a descriptor's from `descriptor_type`)."""
@@ -80,8 +91,11 @@ def compile_triton(fn, signature: dict, constants: dict, arch: str, num_warps: i
     names = list(signature)
     constexprs = {(names.index(n),): value for n, value in constants.items()}
     target = GPUTarget("cuda", int(arch.removeprefix("sm_")), 32)
-    return triton.compile(Source(fn, signature, constexprs), target=target,
-                          options={"num_warps": num_warps, "num_stages": num_stages})  # fmt: skip
+    return triton.compile(
+        Source(fn, signature, constexprs),
+        target=target,
+        options={"num_warps": num_warps, "num_stages": num_stages},
+    )
 
 
 def descriptor_type(desc) -> str:
