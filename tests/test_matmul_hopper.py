@@ -212,3 +212,30 @@ def test_each_tma_configuration_matches_fp64():
         out = poison_(torch.empty((1000, 1016), dtype=torch.bfloat16, device=a.device))
         result = check_matmul(tma.matmul_tma(a, b, out, config=config), a, b)
         assert result.ok, (tma.config_name(config), result)
+
+
+@pytest.mark.cpu
+def test_benchmark_targets_state_the_ratio_and_its_threshold():
+    """The targets read the rows the sections write: a Gluon kernel at 1.04x cuBLAS misses its
+    1.05x, a TMA kernel at 1.0x meets its 1.0x, and the fp8 error target fails past DeepGEMM's
+    bound."""
+    from kernels.matmul import benchmark_hopper
+
+    def row(shape, dtype, impls):
+        return {"shape": list(shape), "dtype": dtype, "impls": impls}
+
+    shape = benchmark_hopper.TARGET_SHAPES[0]
+    hopper = {"triton TMA": {"vs_cublas": 1.0}, "gluon warp-specialized": {"vs_cublas": 1.04}}
+    block = {"vs_cublas_fp8": 1.1, "errors": {"original": {"calc_diff": 2e-3}}}
+    results = {
+        "hopper": [row(shape, "bfloat16", hopper)],
+        "fp8": [row(shape, "float8_e4m3fn", {"fp8 block-scaled": block})],
+    }
+    checks = {c["target"]: c for c in benchmark_hopper.performance_targets(results)}
+    name = "x".join(map(str, shape))
+    assert checks[f"triton TMA, {name} bfloat16: >= 1.0x cuBLAS"]["pass"]
+    assert not checks[f"gluon warp-specialized, {name} bfloat16: >= 1.05x cuBLAS"]["pass"]
+    assert checks[f"fp8 block-scaled, {name}: >= 1.0x cuBLAS fp8 per-tensor"]["pass"]
+    error = [c for t, c in checks.items() if "calc_diff" in t]
+    assert len(error) == 1 and not error[0]["pass"] and error[0]["value"] == pytest.approx(0.5)
+    assert len(checks) == 4  # float16 and the second shape have no rows: no targets
