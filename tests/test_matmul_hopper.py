@@ -37,17 +37,15 @@ def _run_and_check(fn, M, N, K, dtype, layout, seed=0):
     assert result.ok, (M, N, K, dtype, layout, result)
 
 
-@pytest.mark.cpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("shape", CPU_SHAPES, ids=str)
-def test_tma_kernel_matches_fp64_in_the_interpreter(shape, layout, dtype):
+@pytest.mark.parametrize("shape", runtime.pick(gpu=GPU_SHAPES, cpu=CPU_SHAPES), ids=str)
+def test_tma_kernel_matches_fp64(shape, layout, dtype):
     from kernels.matmul.triton_matmul_tma import matmul_tma
 
     _run_and_check(matmul_tma, *shape, dtype, layout)
 
 
-@pytest.mark.cpu
 def test_tma_kernel_reads_rows_of_a_wider_buffer():
     """A row stride longer than the row (a column slice of a wider matrix) is still TMA's: the
     descriptor takes the stride, not the shape."""
@@ -61,7 +59,6 @@ def test_tma_kernel_reads_rows_of_a_wider_buffer():
     assert result.ok, result
 
 
-@pytest.mark.cpu
 def test_tma_kernel_odd_m():
     """M is no row length in the "nn" layout: any M works, 67 included."""
     from kernels.matmul.triton_matmul_tma import matmul_tma
@@ -69,7 +66,6 @@ def test_tma_kernel_odd_m():
     _run_and_check(matmul_tma, 67, 40, 48, torch.bfloat16, "nn")
 
 
-@pytest.mark.cpu
 def test_tma_kernel_says_what_it_cannot_read():
     from kernels.matmul.triton_matmul_tma import matmul_tma
 
@@ -99,7 +95,6 @@ def test_gluon_kernel_refuses_before_anything_else_off_sm_90():
         gluon_matmul(a.float(), b.float())
 
 
-@pytest.mark.cpu
 def test_gluon_argument_checks():
     from kernels.matmul.gluon_matmul import check_gluon_args
 
@@ -177,16 +172,6 @@ def test_other_architectures_are_not_even_compiled(module):
 
     with pytest.raises(RuntimeError, match="FeatureMissing: .* needs (wgmma|tma)"):
         compile_offline(f"kernels.matmul.{module}", [{}], arch="sm_80")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
-def test_tma_kernel_matches_fp64(shape, layout, dtype):
-    from kernels.matmul.triton_matmul_tma import matmul_tma
-
-    _run_and_check(matmul_tma, *shape, dtype, layout)
 
 
 @pytest.mark.gpu

@@ -47,7 +47,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels import runtime
 from kernels.matmul.triton_matmul import GROUP_M, sm_programs, tile_coordinates
-from kernels.matmul.triton_matmul_tma import tma_view
+from kernels.matmul.triton_matmul_tma import descriptor, launch, tma_view
 from kernels.runtime import UPCAST
 
 FP8 = torch.float8_e4m3fn
@@ -306,9 +306,9 @@ def _launch(op, a8, w8, a_scale, w_scale, *, scaling: int, promote_k: int, out, 
         raise ValueError(f"{op}: out must be a contiguous ({M}, {N}) bfloat16 tensor")
     tma_view(c, "out", op)
     args = dict(
-        a_desc=TensorDescriptor.from_tensor(a_view, [16, 16]),
-        w_desc=TensorDescriptor.from_tensor(w_view, [16, 16]),
-        c_desc=TensorDescriptor.from_tensor(c, [16, 16]),  # blocks set by the pre-hook
+        a_desc=descriptor(a_view),
+        w_desc=descriptor(w_view),
+        c_desc=descriptor(c),
         a_scale_ptr=a_scale,
         w_scale_ptr=w_scale,
         M=M,
@@ -319,13 +319,7 @@ def _launch(op, a8, w8, a_scale, w_scale, *, scaling: int, promote_k: int, out, 
         PROMOTE_K=promote_k,
         UPCAST=UPCAST,
     )
-    grid = (args["NUM_PROGRAMS"],)
-    if config is None:
-        fp8_matmul_kernel[grid](**args)
-        return c
-    meta = config.all_kwargs()
-    config.pre_hook({**args, **meta})
-    fp8_matmul_kernel.fn[grid](**args, **meta)  # past the autotuner: this configuration, untimed
+    launch(fp8_matmul_kernel, args, config)
     return c
 
 

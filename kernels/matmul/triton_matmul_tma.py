@@ -180,8 +180,9 @@ def tma_view(t: torch.Tensor, name: str, op: str) -> tuple[torch.Tensor, bool]:
     )
 
 
-def _descriptor(t: torch.Tensor) -> TensorDescriptor:
-    return TensorDescriptor.from_tensor(t, [16, 16])  # block shape set by the pre-hook
+def descriptor(t: torch.Tensor) -> TensorDescriptor:
+    """A host TMA descriptor over t; its block shape is set by the configuration's pre-hook."""
+    return TensorDescriptor.from_tensor(t, [16, 16])
 
 
 def matmul_tma(
@@ -202,9 +203,9 @@ def matmul_tma(
     c = torch.empty((M, N), dtype=a.dtype, device=a.device) if out is None else out
     tma_view(c, "out", "matmul_tma")
     args = dict(
-        a_desc=_descriptor(a_view),
-        b_desc=_descriptor(b_view),
-        c_desc=_descriptor(c),
+        a_desc=descriptor(a_view),
+        b_desc=descriptor(b_view),
+        c_desc=descriptor(c),
         M=M,
         N=N,
         K=K,
@@ -213,14 +214,20 @@ def matmul_tma(
         B_T=b_t,
         UPCAST=UPCAST,
     )
+    launch(matmul_tma_kernel, args, config)
+    return c
+
+
+def launch(kernel, args: dict, config: triton.Config | None) -> None:
+    """The autotuned `kernel` on one program per SM (args["NUM_PROGRAMS"]), or, given `config`,
+    that configuration alone, past the autotuner (its pre-hook sets the descriptors' blocks)."""
     grid = (args["NUM_PROGRAMS"],)
     if config is None:
-        matmul_tma_kernel[grid](**args)
-        return c
+        kernel[grid](**args)
+        return
     meta = config.all_kwargs()
     config.pre_hook({**args, **meta})
-    matmul_tma_kernel.fn[grid](**args, **meta)  # past the autotuner: this configuration, untimed
-    return c
+    kernel.fn[grid](**args, **meta)
 
 
 def candidate_configs() -> list[triton.Config]:
