@@ -154,6 +154,8 @@ COMPILED = [
     ("sm_90", {"tile": 2}),  # block-scaled, 128 x 128
     ("sm_90", {"tile": 3}),
     ("sm_90", {"scaling": fp8.PER_TENSOR, "promote_k": 128, "tile": 2}),
+    ("sm_90", {"scaling": fp8.PER_TENSOR, "promote_k": 32, "tile": 2}),
+    ("sm_90", {"scaling": fp8.PER_TENSOR, "promote_k": 0, "tile": 2}),
     ("sm_90", {"scaling": fp8.PER_TENSOR, "promote_k": 0, "tile": 0}),  # 128 x 256
     ("sm_89", {"tile": 4}),
     ("sm_89", {"scaling": fp8.PER_TENSOR, "promote_k": 0, "tile": 4}),
@@ -196,6 +198,20 @@ def test_compiles_without_a_gpu(compiled_offline, arch, options):
         assert made["target"] == "sm_89"
         assert made["mma_sync"] > 0 and made["wgmma"] == 0 and made["tma_copies"] == 0
         assert made["shared_bytes"] <= 99 * 1024
+
+
+@pytest.mark.cpu
+def test_promotion_is_in_the_compiled_code(compiled_offline):
+    """On sm_90 a promotion is one float32 add per accumulator register: 64 a thread for a
+    128 x 128 tile over 256 threads. promote_k = 128 adds once a K step of 128, 32 four times
+    (after every wgmma), 0 never (the tensor cores keep the whole sum)."""
+    adds = {
+        p: compiled_offline["sm_90", str({"scaling": fp8.PER_TENSOR, "promote_k": p, "tile": 2})][
+            "f32_adds"
+        ]
+        for p in (0, 32, 128)
+    }
+    assert adds == {0: 0, 32: 4 * 64, 128: 64}
 
 
 @pytest.mark.cpu

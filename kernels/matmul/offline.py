@@ -34,7 +34,7 @@ for options in json.loads(sys.argv[1]):
         "warps": kernel.metadata.num_warps, "shared_bytes": kernel.metadata.shared,
         "wgmma": len(wgmma), "wgmma_fp8": sum("e4m3" in w for w in wgmma),
         "mma_sync": ptx.count("mma.sync"), "tma_copies": ptx.count("cp.async.bulk.tensor"),
-        "mbarriers": ptx.count("mbarrier.try_wait"),
+        "mbarriers": ptx.count("mbarrier.try_wait"), "f32_adds": ptx.count("add.f32"),
         "register_budgets": sorted({int(n) for n in re.findall(r"setmaxnreg[.a-z0-9]*\\s+(\\d+)",
                                                               ptx)}),
         "target": re.search(r"\\.target\\s+(\\S+)", ptx).group(1)}), flush=True)
@@ -44,7 +44,8 @@ for options in json.loads(sys.argv[1]):
 def compile_offline(module: str, variants: list[dict], arch: str = "sm_90") -> list[dict]:
     """`module.compile_for(arch, **options)` for each options dict in `variants`, in one fresh
     process: per variant the warps, shared bytes, wgmma instructions (and how many multiply
-    fp8 e4m3), mma.sync instructions, TMA copies, mbarrier waits, the `setmaxnreg` register
+    fp8 e4m3), mma.sync instructions, TMA copies, mbarrier waits, float32 adds (an fp8
+    product's promotions into its fp32 accumulator), the `setmaxnreg` register
     budgets, the PTX target, and from ptxas the registers a thread and the bytes spilled."""
     done = subprocess.run(
         [sys.executable, "-c", _SCRIPT, json.dumps(variants), module, arch],
