@@ -224,3 +224,19 @@ def test_benchmark_targets_state_the_ratio_and_its_threshold():
     error = [c for t, c in checks.items() if "calc_diff" in t]
     assert len(error) == 1 and not error[0]["pass"] and error[0]["value"] == pytest.approx(0.5)
     assert len(checks) == 4  # float16 and the second shape have no rows: no targets
+
+
+def test_each_kernel_names_the_feature_it_needs():
+    """REQUIRES is what the wrappers pass to runtime.require and what a compile check across
+    architectures reads: TMA (sm_90+), wgmma (sm_90 only), fp8 (sm_89+)."""
+    from kernels.matmul import gluon_matmul, triton_fp8_matmul, triton_matmul_tma
+
+    needs = {m.__name__: m.REQUIRES for m in (triton_matmul_tma, gluon_matmul, triton_fp8_matmul)}
+    assert set(needs.values()) <= set(runtime.FEATURE_GPUS)
+    only = {
+        name: [p.arch for p in runtime.GPU_PROFILES.values() if p.has(feature)]
+        for name, feature in needs.items()
+    }
+    assert set(only["kernels.matmul.gluon_matmul"]) == {"sm_90"}
+    assert "sm_89" in only["kernels.matmul.triton_fp8_matmul"]
+    assert "sm_89" not in only["kernels.matmul.triton_matmul_tma"]

@@ -55,6 +55,8 @@ from kernels import runtime
 from kernels.matmul.reference import check_matmul_args
 from kernels.matmul.triton_matmul_tma import tma_view
 
+# The feature this kernel needs (runtime.FEATURE_GPUS): wgmma and setmaxnreg, sm_90 only.
+REQUIRES = "wgmma"
 WG_M = gl.constexpr(64)  # output rows per consumer warpgroup (one wgmma M)
 NUM_WG = 2  # consumer warpgroups: BLOCK_M = 128
 BLOCK_N = 256  # one wgmma N: the largest the instruction takes
@@ -294,7 +296,7 @@ def gluon_matmul(
     contiguous, receives C if given. `stages`: the ring's depth (2 or 3: 4 does not fit beside
     the epilogue buffer); `group_m`: row tiles per group of the tile order. FeatureMissing on
     anything but sm_90, before any compilation."""
-    runtime.require("wgmma", "gluon_matmul")
+    runtime.require(REQUIRES, "gluon_matmul")
     M, N, K, a_view, b_view, b_t, c = check_gluon_args(a, b, out, stages)
     a_desc, b_desc, c_desc = _descriptors(a_view, b_view, b_t, c, BLOCK_N)
     tiles = triton.cdiv(M, NUM_WG * WG_M.value) * triton.cdiv(N, BLOCK_N)
@@ -323,7 +325,7 @@ def compile_for(
     process of its own). FeatureMissing for any arch but sm_90, before compiling."""
     from kernels.matmul.offline import compile_triton, descriptor_type
 
-    runtime.require("wgmma", "gluon_matmul")
+    runtime.require(REQUIRES, "gluon_matmul")
     torch_dtype = getattr(torch, dtype)
     buffer = torch.empty((64, 64), dtype=torch_dtype)
     descs = _descriptors(buffer, buffer, b_t, buffer, BLOCK_N)

@@ -50,6 +50,8 @@ from kernels.matmul.triton_matmul import GROUP_M, sm_programs, tile_coordinates
 from kernels.matmul.triton_matmul_tma import descriptor, launch, tma_view
 from kernels.runtime import UPCAST
 
+# The feature this kernel needs (runtime.FEATURE_GPUS): fp8 tensor cores, sm_89 and newer.
+REQUIRES = "fp8"
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # the largest finite e4m3 value
 SCALE_BLOCK = 128  # DeepGEMM's granularity: 1 x 128 activation runs, 128 x 128 weight blocks
@@ -77,7 +79,6 @@ GPU_TILES = [
 # fp32 accumulator registers a thread may hold (of 255) without spilling, measured offline on
 # sm_90: 128 (one 128 x 256 accumulator at 8 warps, or two 128 x 128 ones) fits, 256 does not.
 ACC_REGS = 128
-SHARED_BYTES = 227 * 1024
 
 
 # --------------------------------------------------------------------------------------------------
@@ -297,7 +298,7 @@ def _check(op: str, a8, w8, a_scale, w_scale, block_scaled: bool) -> tuple[int, 
 
 
 def _launch(op, a8, w8, a_scale, w_scale, *, scaling: int, promote_k: int, out, config):
-    runtime.require("fp8", op)
+    runtime.require(REQUIRES, op)
     M, N, K = _check(op, a8, w8, a_scale, w_scale, scaling == BLOCK_SCALED)
     a_view, _ = tma_view(a8, "a8", op)
     w_view, _ = tma_view(w8, "w8", op)
@@ -422,7 +423,7 @@ def compile_for(
     without fp8, before compiling."""
     from kernels.matmul.offline import compile_triton, descriptor_type
 
-    runtime.require("fp8", "fp8_matmul")
+    runtime.require(REQUIRES, "fp8_matmul")
     bm, bn, warps, stages = GPU_TILES[tile]
     fp8 = torch.empty((64, 64), dtype=FP8)
     bf16 = torch.empty((64, 64), dtype=torch.bfloat16)
