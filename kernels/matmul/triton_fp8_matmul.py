@@ -248,7 +248,7 @@ def fp8_matmul_kernel(
         c_desc.store([m0, n0 + BLOCK_N // 2], right.to(c_desc.dtype))
 
 
-def _check(op: str, a8, w8, a_scale, w_scale, block_scaled: bool) -> tuple[int, int, int]:
+def check_fp8_args(op: str, a8, w8, a_scale, w_scale, block_scaled: bool) -> tuple[int, int, int]:
     """(M, N, K), or a TypeError/ValueError saying what is wrong with the operands."""
     for name, t in (("a8", a8), ("w8", w8), ("a_scale", a_scale), ("w_scale", w_scale)):
         if not isinstance(t, torch.Tensor):
@@ -297,15 +297,21 @@ def _check(op: str, a8, w8, a_scale, w_scale, block_scaled: bool) -> tuple[int, 
     return M, N, K
 
 
-def _launch(op, a8, w8, a_scale, w_scale, *, scaling: int, promote_k: int, out, config):
-    runtime.require(REQUIRES, op)
-    M, N, K = _check(op, a8, w8, a_scale, w_scale, scaling == BLOCK_SCALED)
-    a_view, _ = tma_view(a8, "a8", op)
-    w_view, _ = tma_view(w8, "w8", op)
-    c = torch.empty((M, N), dtype=torch.bfloat16, device=a8.device) if out is None else out
+def output(op: str, out, M: int, N: int, device) -> torch.Tensor:
+    """C: `out` checked (contiguous (M, N) bf16, TMA-aligned), or a new one."""
+    c = torch.empty((M, N), dtype=torch.bfloat16, device=device) if out is None else out
     if c.shape != (M, N) or c.dtype != torch.bfloat16 or not c.is_contiguous():
         raise ValueError(f"{op}: out must be a contiguous ({M}, {N}) bfloat16 tensor")
     tma_view(c, "out", op)
+    return c
+
+
+def _launch(op, a8, w8, a_scale, w_scale, *, scaling: int, promote_k: int, out, config):
+    runtime.require(REQUIRES, op)
+    M, N, K = check_fp8_args(op, a8, w8, a_scale, w_scale, scaling == BLOCK_SCALED)
+    a_view, _ = tma_view(a8, "a8", op)
+    w_view, _ = tma_view(w8, "w8", op)
+    c = output(op, out, M, N, a8.device)
     args = dict(
         a_desc=descriptor(a_view),
         w_desc=descriptor(w_view),
