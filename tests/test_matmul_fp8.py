@@ -271,3 +271,10 @@ def test_each_configuration_matches_fp64():
         if fp8.fits(config, promoted=True) and fp8.shared_bytes(*tile[:2], tile[3]) <= budget:
             c, deq, _ = run_block_scaled(1000, 1016, 520, seed=6, config=config)
             check_kernel_error(c, *deq)
+
+
+def test_rows_tma_cannot_read_are_refused():
+    """e4m3 rows of 40 bytes (K = 40) are not on 16-byte boundaries."""
+    a, w = make_inputs(16, 32, 40)
+    with pytest.raises(ValueError, match="a8's rows are 40 elements apart.*16-byte boundary"):
+        fp8.fp8_matmul_block_scaled(*fp8.quantize_activation(a), *fp8.quantize_weight(w))

@@ -294,6 +294,8 @@ def check_fp8_args(op: str, a8, w8, a_scale, w_scale, block_scaled: bool) -> tup
                 f"{op}: {name} must have strides {strides} (as the quantizer makes "
                 f"it), got {t.stride()}"
             )
+    for name, t in (("a8", a8), ("w8", w8)):
+        tma_view(t, name, op)  # rows 16-byte aligned: K a multiple of 16
     return M, N, K
 
 
@@ -309,12 +311,10 @@ def output(op: str, out, M: int, N: int, device) -> torch.Tensor:
 def _launch(op, a8, w8, a_scale, w_scale, *, scaling: int, promote_k: int, out, config):
     runtime.require(REQUIRES, op)
     M, N, K = check_fp8_args(op, a8, w8, a_scale, w_scale, scaling == BLOCK_SCALED)
-    a_view, _ = tma_view(a8, "a8", op)
-    w_view, _ = tma_view(w8, "w8", op)
     c = output(op, out, M, N, a8.device)
     args = dict(
-        a_desc=descriptor(a_view),
-        w_desc=descriptor(w_view),
+        a_desc=descriptor(a8),
+        w_desc=descriptor(w8),
         c_desc=descriptor(c),
         a_scale_ptr=a_scale,
         w_scale_ptr=w_scale,
