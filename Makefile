@@ -16,7 +16,7 @@ export BROWSER_TEST
 SLURM_TEST ?= 1
 ARTIFACTS := build/test-artifacts/browser
 
-.PHONY: setup grade lint test lab labs browser slurm refresh-gpu sandbox
+.PHONY: setup grade calibrate lint test lab labs browser slurm refresh-gpu sandbox
 
 $(STAMP): pyproject.toml constraints.txt constraints-gpu.txt constraints-cpu.txt tools/setup_env.py
 	$(PYTHON) tools/setup_env.py --stack $(STACK) --venv $(VENV) --extras $(EXTRAS)
@@ -32,6 +32,11 @@ setup:
 grade: $(STAMP)
 	$(BIN)/python -m grading labs --out grading-reports
 	$(BIN)/python -m grading.student_report grading-reports
+
+# This GPU's expected rows, measured here (python -m grading calibrate): the reports then show them,
+# marked "measured on this machine", instead of the course's predicted rows. Needs a GPU.
+calibrate: $(STAMP)
+	$(BIN)/python -m grading calibrate
 
 # ruff (rules and line length in pyproject.toml) over the course's Python; the teaching code in
 # kernels/ and tools/ is also held to ruff's formatting.
