@@ -1,5 +1,6 @@
 # The course's commands. Each target sets up .venv first (once, and again when the pins change).
-# PYTHON builds the venv; STACK picks the software stack (auto, gpu, cpu or system: tools/setup_env.py).
+# PYTHON builds the venv; STACK picks the software stack (auto, gpu, gpu-cu12, cpu or system:
+# tools/setup_env.py; auto reads the driver's CUDA version from nvidia-smi).
 PYTHON ?= python3
 STACK ?= auto
 # The optional parts of pyproject.toml to install (test: pytest, nbval, ruff; lab: JupyterLab; browser).
@@ -18,7 +19,8 @@ ARTIFACTS := build/test-artifacts/browser
 
 .PHONY: setup grade calibrate lint test lab labs browser slurm refresh-gpu sandbox
 
-$(STAMP): pyproject.toml constraints.txt constraints-gpu.txt constraints-cpu.txt tools/setup_env.py
+$(STAMP): pyproject.toml constraints.txt constraints-gpu.txt constraints-gpu-cu12.txt \
+		constraints-cpu.txt tools/setup_env.py
 	$(PYTHON) tools/setup_env.py --stack $(STACK) --venv $(VENV) --extras $(EXTRAS)
 	touch $(STAMP)
 
