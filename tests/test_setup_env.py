@@ -42,7 +42,7 @@ def fake_smi(folder, driver: str | None, gpus: str = "GPU 0: Tesla T4 (UUID: GPU
 @pytest.fixture
 def on_path(tmp_path, monkeypatch):
     """Put a fake nvidia-smi (or none) first on PATH; this Python's torch counts as CPU-only."""
-    monkeypatch.setattr(setup_env, "has_cuda_torch", lambda python: False)
+    monkeypatch.setattr(setup_env, "cuda_torch_version", lambda python: None)
 
     def use(driver):
         folder = fake_smi(tmp_path / "bin", driver)
@@ -71,6 +71,15 @@ def test_a_driver_too_old_for_cuda_12_gets_the_cpu_stack_and_one_sentence_why(on
     stack, why = setup_env.choose_stack("auto")
     assert stack == "cpu"
     assert "driver 470.256.02" in why and "need driver 525.60.13 or newer" in why
+
+
+def test_a_cuda_torch_older_than_the_courses_is_not_layered_over(on_path, monkeypatch):
+    on_path("550.54.15")
+    monkeypatch.setattr(setup_env, "cuda_torch_version", lambda python: "2.8.0+cu126")
+    stack, why = setup_env.choose_stack("auto")
+    assert stack == "gpu-cu12" and "torch 2.8.0+cu126 is older than 2.10" in why
+    monkeypatch.setattr(setup_env, "cuda_torch_version", lambda python: "2.11.0+cu130")
+    assert setup_env.choose_stack("auto")[0] == "system"
 
 
 def test_an_explicit_stack_is_kept_whatever_the_driver(on_path):

@@ -17,8 +17,8 @@
           versions that differ from the GPU-verified stack are listed with what that may change.
   cpu     no NVIDIA GPU: torch's CPU build and the Triton whose interpreter runs the kernels
           (constraints-cpu.txt). Timings are not measured in this mode.
-  auto    (default) system if this Python has a CUDA torch, else gpu or gpu-cu12 by the CUDA
-          version the driver supports (`nvidia-smi`), else cpu.
+  auto    (default) system if this Python has a CUDA torch the course accepts, else gpu or
+          gpu-cu12 by the CUDA version the driver supports (`nvidia-smi`), else cpu.
 
 The choice is written to .venv/course-stack.json. pip's own settings apply as usual: an offline
 machine sets PIP_NO_INDEX=1 and PIP_FIND_LINKS=DIR.
@@ -84,9 +84,16 @@ def installed_versions(python: str) -> dict[str, str]:
     return {normalize(name): version for name, version in found.items() if name}
 
 
-def has_cuda_torch(python: str) -> bool:
-    code = "import torch, sys; sys.exit(0 if torch.version.cuda else 1)"
-    return subprocess.run([python, "-c", code], capture_output=True).returncode == 0
+def cuda_torch_version(python: str) -> str | None:
+    """The version of the torch `python` imports where it is a CUDA build, else None."""
+    code = "import torch; print(torch.__version__ if torch.version.cuda else '')"
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    return (done.stdout.strip() or None) if done.returncode == 0 else None
+
+
+def course_torch_floor() -> str:
+    """The oldest torch pyproject.toml accepts."""
+    return re.search(r'"torch>=([\d.]+)', (ROOT / "pyproject.toml").read_text())[1]
 
 
 def _smi(*args: str) -> str | None:
@@ -134,12 +141,17 @@ def choose_stack(requested: str) -> tuple[str, str]:
     """(stack, why) for this machine."""
     if requested != "auto":
         return requested, "asked for (STACK=...)"
-    if has_cuda_torch(sys.executable):
+    system_torch = cuda_torch_version(sys.executable)
+    floor = course_torch_floor()
+    if system_torch and version_tuple(system_torch.split("+")[0]) >= version_tuple(floor):
         return "system", f"{sys.executable} already imports a CUDA build of torch"
     found = nvidia_driver()
     if found is None:
         return "cpu", "no NVIDIA GPU found (nvidia-smi lists none)"
-    return gpu_stack_for(*found)
+    stack, why = gpu_stack_for(*found)
+    if system_torch:  # a platform's own torch (Colab's, a cluster module's) older than the course's
+        why += f"; this Python's torch {system_torch} is older than {floor}, so not layered over"
+    return stack, why
 
 
 def site_packages(python: str) -> list[str]:
