@@ -4,6 +4,8 @@ rate for the dtype timed. CPU only: the GPU is faked by its fingerprint or its `
 
 import copy
 import json
+import os
+import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -125,12 +127,29 @@ def test_a_calibration_needs_a_grading_run_on_a_gpu(no_calibration):
         calibrate.write_rows(cpu, H100_REPORT)
 
 
+@pytest.mark.cpu
 def test_calibrate_without_a_gpu_says_it_needs_one(no_calibration, capsys):
-    assert not runtime.ON_GPU
     assert cli.main(["calibrate"]) == 2
     err = capsys.readouterr().err
     assert "no CUDA GPU is visible here (CPU mode)" in err and "calibrate" in err
     assert not no_calibration.exists()
+
+
+@pytest.mark.gpu
+def test_calibrate_writes_this_gpus_row_outside_the_repository(tmp_path):
+    """`python -m grading calibrate` on the GPU: one lab's row, measured here, where
+    KERNELS_CALIBRATED_DIR says, and the repository's tables untouched."""
+    before = {p: p.read_bytes() for p in expected.EXPECTED_DIR.rglob("*.yaml")}
+    env = {**os.environ, "KERNELS_CALIBRATED_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "grading", "calibrate", "--lab",
+                           "01_elementwise_add"], cwd=ROOT, env=env, timeout=1800)  # fmt: skip
+    assert done.returncode == 0
+    table = yaml.safe_load((tmp_path / "01_elementwise_add.yaml").read_text())
+    info = runtime.gpu_info()
+    row = table["gpus"][info.slug]
+    assert row["status"] == expected.CALIBRATED and row["fingerprint"]["gpu"] == info.name
+    assert "add/fp16/64M" in row["configs"] and row["configs"]["add/fp16/64M"]["reference_us"] > 0
+    assert {p: p.read_bytes() for p in expected.EXPECTED_DIR.rglob("*.yaml")} == before
 
 
 def fake_gpu(monkeypatch, slug: str, bf16: bool) -> None:
