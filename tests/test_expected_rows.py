@@ -45,7 +45,8 @@ def no_calibration(tmp_path, monkeypatch):
 @pytest.mark.parametrize("lab_id", sorted(p.stem for p in expected.PREDICTED_DIR.glob("*.yaml")))
 def test_the_committed_predictions_are_what_the_script_writes(lab_id):
     committed = yaml.safe_load(expected.path(lab_id, expected.PREDICTED_DIR).read_text())
-    assert committed == predict_expected.predict_lab(lab_id, predict_expected.PREDICTED_GPUS)
+    written = predict_expected.predict_lab(lab_id, predict_expected.PREDICTED_GPUS)
+    assert committed == written, "stale: run `python tools/predict_expected.py`"
     assert set(STUDENT_GPUS) <= set(committed["gpus"])
     for row in committed["gpus"].values():
         assert row["status"] == expected.PREDICTED and row["configs"]
