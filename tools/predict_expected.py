@@ -14,7 +14,8 @@ that workload; the prediction assumes the same efficiency on the other GPU:
     predicted_us(gpu) = measured_us(basis) * floor(gpu) / floor(basis)
 
 The basis is the H200's row where the lab has one, else the H100's. A GPU with a measured row is
-never predicted, and a configuration whose bytes do not fit in a GPU's memory gets no row there.
+never predicted, and a configuration whose bytes do not fit in a GPU's memory gets no row there. A
+workload far from its floor on the basis (latency, extra passes) is noted as rough.
 Every row says "predicted, not measured" and names its basis (data/expected/README.md).
 """
 
@@ -44,6 +45,10 @@ PREDICTED_GPUS = (
 )
 # Measured GPUs whose efficiency is carried over, the first that has a row.
 BASES = ("h200", "h100-80gb-hbm3")
+# Below this fraction of its floor on the basis, a workload's time is mostly something other than
+# bytes and flops (launch latency, synchronization, extra passes), which need not scale with the
+# floors: its row says the prediction is rough.
+FAR_FROM_FLOOR = 0.25
 
 
 def workloads(lab_id: str) -> dict[str, tuple[float | None, float | None, torch.dtype]]:
@@ -77,8 +82,14 @@ def predict_entry(gpu: str, basis_slug: str, basis: dict, work: dict) -> dict:
         nbytes = nbytes or row["reference_gbps"] * row["reference_us"] * 1e3
         if nbytes > devices.spec(gpu)["memory_gb"] * 1e9:
             continue
-        scale = floor_us(gpu, nbytes, flops, dtype) / floor_us(basis_slug, nbytes, flops, dtype)
+        basis_floor = floor_us(basis_slug, nbytes, flops, dtype)
+        scale = floor_us(gpu, nbytes, flops, dtype) / basis_floor
         reference = row["reference_us"] * scale
+        notes = [] if flops is not None else ["bytes only: the flops were not counted"]
+        efficiency = basis_floor / row["reference_us"]
+        if efficiency < FAR_FROM_FLOOR:
+            notes.append(f"rough: {efficiency:.0%} of the floor on the basis (too slow where "
+                         "launch latency dominates)")  # fmt: skip
         configs[config_id] = {
             "reference_us": round(reference, 2),
             "reference_gbps": round(nbytes / (reference * 1e3), 1),
@@ -86,8 +97,8 @@ def predict_entry(gpu: str, basis_slug: str, basis: dict, work: dict) -> dict:
             "target_us": round(reference / expected.TARGET, 2),
             "excellent_us": round(reference / expected.EXCELLENT, 2),
         }
-        if flops is None:
-            configs[config_id]["note"] = "bytes only: the flops were not counted"
+        if notes:
+            configs[config_id]["note"] = "; ".join(notes)
     return {
         "gpu": devices.spec(gpu)["name"],
         "status": expected.PREDICTED,
