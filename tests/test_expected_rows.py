@@ -60,7 +60,9 @@ def test_every_lab_with_a_measured_row_has_predictions():
     assert measured and measured == predicted
 
 
-def test_a_memory_bound_row_scales_with_bandwidth_and_a_compute_bound_one_with_the_peak():
+def test_a_memory_bound_row_scales_with_bandwidth_and_a_compute_bound_one_with_the_peak(
+    no_calibration,
+):
     h200 = yaml.safe_load(expected.path("02_rmsnorm").read_text())["gpus"]["h200"]["configs"]
     t4 = expected.load("02_rmsnorm", "tesla-t4")["configs"][RMS]
     assert t4["reference_us"] == pytest.approx(h200[RMS]["reference_us"] * 4800 / 320, rel=1e-3)
