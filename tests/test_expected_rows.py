@@ -24,7 +24,7 @@ from .test_notebook_numbers import ROOT
 sys.path.insert(0, str(ROOT / "tools"))
 import predict_expected  # noqa: E402
 
-H100_REPORT = ROOT / "data" / "results" / "h100-80gb-hbm3" / "grading-solutions" / "report.json"
+H100_REPORT = ROOT / "data/results/h100-80gb-hbm3/grading/solutions-labs-01-06/report.json"
 STUDENT_GPUS = ("a100-sxm4-80gb", "a10", "l4", "geforce-rtx-4090", "tesla-t4", "b200")
 RMS = "rms_norm/bf16/32768x4096"
 
