@@ -84,6 +84,29 @@ def test_floor_helpers():
 
 
 # --------------------------------------------------------------------------------------------------
+# The CUDA C compiles to what its comments say (no GPU needed: nvcc and cuobjdump)
+
+
+def test_cuda_steps_use_wide_loads_and_tensor_cores(tmp_path):
+    from kernels import cuda
+    from tests.test_cuda_compile import _functions, _sass, compile_cubin
+
+    def sass(name):
+        cubin, _ = compile_cubin(cuda.source_path(f"matmul/{name}.cu"), "sm_90", tmp_path)
+        return _functions(_sass(cubin))
+
+    register = sass("matmul_register")
+    assert "LDG.E.128" in register["matmul_vectorized_bf16"]
+    assert "LDG.E.128" not in register["matmul_register_bf16"]
+    mma = sass("matmul_mma")
+    for suffix, instruction in (("f16", "HMMA.16816.F32 "), ("bf16", "HMMA.16816.F32.BF16")):
+        body = mma[f"matmul_mma_{suffix}"]
+        assert instruction in body, f"matmul_mma_{suffix} issues no {instruction}"
+        assert "LDSM.16.M88.4" in body and "LDSM.16.MT88.4" in body  # ldmatrix, plain and .trans
+        assert "LDGSTS.E.BYPASS.128" in body  # cp.async.cg, 16 bytes
+
+
+# --------------------------------------------------------------------------------------------------
 # Bad arguments
 
 
