@@ -256,6 +256,15 @@ def test_cuda_steps_on_misaligned_rows(step):
 
 
 @pytest.mark.gpu
+def test_mma_step_refuses_bf16_without_bf16_tensor_cores(monkeypatch):
+    """Turing (sm_75) has fp16 mma.sync only: bf16 gets a sentence, not a launch."""
+    monkeypatch.setattr(runtime, "features", lambda: runtime.GPU_PROFILES["t4"])
+    a, b = make_inputs(16, 16, 16, torch.bfloat16, seed=11)
+    with pytest.raises(runtime.FeatureMissing, match="bf16"):
+        cupy_matmul().matmul(a, b, step="mma")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("config", triton_matmul.GPU_CONFIGS, ids=str)
 @pytest.mark.parametrize("kernel", [triton_matmul.matmul, triton_matmul.matmul_persistent])
 def test_every_triton_config_matches_fp64(kernel, config):
