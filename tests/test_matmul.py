@@ -104,6 +104,8 @@ def test_cuda_steps_use_wide_loads_and_tensor_cores(tmp_path):
         assert instruction in body, f"matmul_mma_{suffix} issues no {instruction}"
         assert "LDSM.16.M88.4" in body and "LDSM.16.MT88.4" in body  # ldmatrix, plain and .trans
         assert "LDGSTS.E.BYPASS.128" in body  # cp.async.cg, 16 bytes
+        kmajor = mma[f"matmul_mma_kmajor_{suffix}"]  # B = W.T: no transposing ldmatrix
+        assert instruction in kmajor and "LDSM.16.MT88.4" not in kmajor
 
 
 # --------------------------------------------------------------------------------------------------
@@ -242,6 +244,15 @@ def assert_within_twice_the_tolerance_of_cublas(c, a, b):
     result = compare(c, reference.matmul_torch(a, b), atol=atol, rtol=2 * rtol,
                                scale=scale)  # fmt: skip
     assert result.ok, f"against cuBLAS: {result.reason}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mma_step_reads_weights_k_major(dtype):
+    """B = W.T with W's rows 16-byte aligned takes matmul_mma_kmajor: right at odd M and N."""
+    a, b = make_inputs(301, 203, 264, dtype, "nt", seed=12)
+    assert cupy_matmul().rows_are_16_byte_packs(b.T)
+    assert_exact(cupy_matmul().matmul(a, b, step="mma"), a, b)
 
 
 @pytest.mark.gpu
