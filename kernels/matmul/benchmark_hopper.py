@@ -189,6 +189,22 @@ def performance_targets(results: dict) -> list[dict]:
     return checks
 
 
+def print_fp8_errors(rows) -> None:
+    """The fp8 rows' ratio to cuBLAS's fp8 and their errors, beside the speeds printed above."""
+    for row in rows:
+        print(f"\n{'x'.join(map(str, row['shape']))} fp8: x cuBLAS fp8, calc_diff")
+        table = [
+            {
+                "impl": name,
+                "vs_cublas_fp8": impl["vs_cublas_fp8"],
+                "diff vs dequantized": impl["errors"]["dequantized"]["calc_diff"],
+                "diff vs bf16 inputs": impl["errors"]["original"]["calc_diff"],
+            }
+            for name, impl in row["impls"].items()
+        ]
+        print(bench.table(table, floatfmt=".3g"))
+
+
 def main(argv: list[str]) -> int:
     wanted = argv or list(SECTIONS)
     unknown = [s for s in wanted if s not in SECTIONS]
@@ -207,6 +223,8 @@ def main(argv: list[str]) -> int:
     for section in wanted:
         results[section] = SECTIONS[section](ceil)
         print_section(section, results[section])
+        if section == "fp8":
+            print_fp8_errors(results[section])
     results["targets"] = performance_targets(results)
     bench.save_results(RESULTS_NAME, results)
     print()
