@@ -27,11 +27,17 @@ a thread. `setmaxnreg` gives each consumer thread CONSUMER_REGS = 232 and the pr
 232 + 128 x 40 = 64,512 of the SM's 65,536. Shared memory per stage: A 128 x 64 and B 64 x 256 in
 16-bit, 48 KiB; 3 stages and the 2 x 64 x 256 x 2 = 64 KiB epilogue buffer are 208 of 227 KiB.
 
-Scope: fp16 and bf16; A row-major (its rows may be strided: any row stride on a 16-byte boundary),
-B row-major (K, N) or the transpose of a row-major (N, K) weight (`b = W.T`, nn.Linear's layout);
-any M, N, K whose row strides are 16-byte aligned (TMA's rule). Needs wgmma (sm_90: H100, H200):
-`gluon_matmul` raises FeatureMissing anywhere else, before any compilation; the portable kernels
-are `triton_matmul.py`'s.
+The fp8 mode (`gluon_fp8_matmul_block_scaled`): the same warps on e4m3 operands with DeepGEMM's
+1 x 128 / 128 x 128 scales (`triton_fp8_matmul.py` makes them). Tiles are 128 x 128 and K steps
+128 deep, one scale block: each consumer's product of a K step starts from zero on the tensor
+cores, then is multiplied by its scales and added into fp32 registers (the promotion), while the
+other warpgroup's product runs.
+
+Scope: fp16 and bf16 (and e4m3 in the fp8 mode, W as (N, K)); A row-major (its rows may be
+strided: any row stride on a 16-byte boundary), B row-major (K, N) or the transpose of a row-major
+(N, K) weight (`b = W.T`, nn.Linear's layout); any M, N, K whose row strides are 16-byte aligned
+(TMA's rule). Needs wgmma (sm_90: H100, H200): both wrappers raise FeatureMissing anywhere else,
+before any compilation; the portable kernels are `triton_matmul.py`'s.
 """
 
 from __future__ import annotations
