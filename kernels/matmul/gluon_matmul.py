@@ -1,0 +1,269 @@
+"""A warp-specialized matrix product on Hopper, in Gluon: the schedule of cuBLAS's sm_90 kernels.
+
+    C[m, n] = sum_k A[m, k] * B[k, n]    (float32 accumulator, C rounded once to A's dtype)
+
+Triton's persistent TMA kernel (`triton_matmul_tma.py`) runs one instruction stream per warp: each
+warp issues its share of the TMA copies, waits for them, issues wgmma, waits again. Hopper's fastest
+GEMMs (cuBLAS, CUTLASS's "warp-specialized cooperative" kernels) instead give warps roles:
+
+* a **producer** warp only issues TMA copies: the A and B tiles of each K step stream into a ring
+  of STAGES shared-memory slots, each slot guarded by two mbarriers ("ready": the copy engine has
+  written it; "empty": every consumer has read it);
+* two **consumer** warpgroups (4 warps each) own 64 rows apiece of a 128 x BLOCK_N output tile and
+  only compute: wait for a slot, queue `wgmma` on it, and free the slot of the step before once
+  its product has retired (`warpgroup_mma_wait(1)`: one product stays in flight while the next
+  is queued, so the tensor cores never wait for the issuing warp);
+* the grid is **persistent**: one CTA per SM walks the output tiles in the grouped order, so the
+  producer loads the next tile's first K steps while the consumers store this tile;
+* the **epilogue** writes each warpgroup's 64 x BLOCK_N tile of C into shared memory and one TMA
+  copy stores it (clipped at M and N); the next tile's products run while the copy drains.
+
+This is the schedule of 03h's attention forward (`kernels/flash_attention/gluon_flash.py`) without
+the softmax: the same pieces (`gl.warp_specialize`, mbarriers, `tma.async_load`, `warpgroup_mma`)
+and the same register arithmetic.
+
+Budget (BLOCK_N = 256): a 64 x 256 fp32 accumulator over a warpgroup's 128 threads is 128 registers
+a thread. `setmaxnreg` gives each consumer thread CONSUMER_REGS = 232 and the producer 40: 2 x 128 x
+232 + 128 x 40 = 64,512 of the SM's 65,536. Shared memory per stage: A 128 x 64 and B 64 x 256 in
+16-bit, 48 KiB; 3 stages and the 2 x 64 x 256 x 2 = 64 KiB epilogue buffer are 208 of 227 KiB.
+
+Scope: fp16 and bf16; A row-major (its rows may be strided: any row stride on a 16-byte boundary),
+B row-major (K, N) or the transpose of a row-major (N, K) weight (`b = W.T`, nn.Linear's layout);
+any M, N, K whose row strides are 16-byte aligned (TMA's rule). Needs wgmma (sm_90: H100, H200):
+`gluon_matmul` raises FeatureMissing anywhere else, before any compilation; the portable kernels
+are `triton_matmul.py`'s.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from kernels import runtime
+from kernels.matmul.reference import check_matmul_args
+from kernels.matmul.triton_matmul_tma import tma_view
+
+WG_M = gl.constexpr(64)  # output rows per consumer warpgroup (one wgmma M)
+NUM_WG = 2  # consumer warpgroups: BLOCK_M = 128
+BLOCK_N = 256  # one wgmma N: the largest the instruction takes
+BLOCK_K = 64  # 128 bytes of 16-bit values: one 128-byte swizzled row of shared memory
+STAGES = 3  # 3 x 48 KiB ring + 64 KiB epilogue buffer = 208 KiB of the 227 a CTA has
+GROUP_M = 8  # row tiles that walk the column tiles together (L2 reuse of B)
+# setmaxnreg budgets, registers per thread: 2 x 128 x 232 + 128 x 40 = 64,512 of 65,536.
+CONSUMER_REGS = 232
+PRODUCER_REGS = 40
+SHARED_BYTES = 227 * 1024
+GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+# TMA copies: `async_load` / `async_store` in newer releases, the long names before.
+tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
+
+
+def shared_bytes(block_n: int = BLOCK_N, stages: int = STAGES) -> int:
+    """The ring (A: NUM_WG x 64 rows, B: block_n columns, BLOCK_K deep) and C's staging buffer."""
+    block_m = NUM_WG * WG_M.value
+    return 2 * (stages * (block_m + block_n) * BLOCK_K + block_m * block_n)
+
+
+@gluon.jit
+def _tile_position(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
+    """Output tile `tile` in the grouped order: GROUP_M row tiles walk the column tiles together."""
+    per_group = GROUP_M * num_pid_n
+    first_m = tile // per_group * GROUP_M
+    group_m = gl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % per_group) % group_m
+    pid_n = (tile % per_group) // group_m
+    return pid_m, pid_n
+
+
+@gluon.jit
+def _producer(a_desc, b_desc, a_smem, b_smem, ready, empty, M, N, K, B_T: gl.constexpr,
+              GROUP_M: gl.constexpr):  # fmt: skip
+    """One warp: for each of the CTA's tiles, each K step's A (one 64-row copy per consumer) and
+    B into the next slot of the ring, once both consumers have freed it."""
+    STAGES: gl.constexpr = empty.shape[0]
+    NUM_WG: gl.constexpr = a_smem.shape[0] // STAGES
+    BLOCK_K: gl.constexpr = a_smem.shape[2]
+    BLOCK_N: gl.constexpr = b_smem.shape[1] if B_T else b_smem.shape[2]
+    num_pid_m = gl.cdiv(M, NUM_WG * WG_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    k_steps = gl.cdiv(K, BLOCK_K)
+    it = 0  # K steps loaded so far, over all tiles: the ring's position
+    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
+        pid_m, pid_n = _tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
+        for ki in range(k_steps):
+            slot = it % STAGES
+            # A fresh barrier counts as completed for parity 1: the first lap goes straight on.
+            mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
+            bar = ready.index(slot)
+            mbarrier.expect(bar, NUM_WG * a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            for wg in gl.static_range(NUM_WG):
+                tma_load(a_desc, [(pid_m * NUM_WG + wg) * WG_M, ki * BLOCK_K], bar,
+                         a_smem.index(slot * NUM_WG + wg))  # fmt: skip
+            if B_T:
+                tma_load(b_desc, [pid_n * BLOCK_N, ki * BLOCK_K], bar, b_smem.index(slot))
+            else:
+                tma_load(b_desc, [ki * BLOCK_K, pid_n * BLOCK_N], bar, b_smem.index(slot))
+            it += 1
+
+
+@gluon.jit
+def _consumer(WG: gl.constexpr, a_smem, b_smem, ready, empty, c_desc, c_smem, M, N, K,
+              B_T: gl.constexpr, GROUP_M: gl.constexpr):  # fmt: skip
+    """One warpgroup: rows WG * 64 .. WG * 64 + 63 of each of the CTA's tiles, accumulated by
+    wgmma from the ring, stored by TMA."""
+    STAGES: gl.constexpr = empty.shape[0]
+    NUM_WG: gl.constexpr = a_smem.shape[0] // STAGES
+    BLOCK_K: gl.constexpr = a_smem.shape[2]
+    BLOCK_N: gl.constexpr = c_smem.shape[2]
+    # The wgmma accumulator: the 4 warps stacked along M, instruction m64 x n(BLOCK_N) x k16.
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    num_pid_m = gl.cdiv(M, NUM_WG * WG_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    k_steps = gl.cdiv(K, BLOCK_K)
+    staging = c_smem.index(WG)
+    it = 0  # K steps consumed so far, over all tiles, as the producer counts them
+    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
+        pid_m, pid_n = _tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
+        acc = gl.zeros([WG_M, BLOCK_N], gl.float32, layout=acc_layout)
+        for ki in range(k_steps):
+            slot = it % STAGES
+            mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+            if B_T:
+                b = b_smem.index(slot).permute((1, 0))  # (BLOCK_K, BLOCK_N) view of (N, K) rows
+            else:
+                b = b_smem.index(slot)
+            acc = warpgroup_mma(a_smem.index(slot * NUM_WG + WG), b, acc, is_async=True)
+            # Products retire in issue order: with one left in flight, the step before is done
+            # and its slot can be refilled.
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            if ki > 0:
+                mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)
+            it += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)
+        # The epilogue: the last tile's copy must have read the staging buffer before it is
+        # overwritten (by now long done: a whole tile of products ran since).
+        tma.store_wait(0)
+        staging.store(acc.to(c_desc.dtype))
+        fence_async_shared()  # the threads' shared-memory writes, before the copy reads them
+        tma_store(c_desc, [(pid_m * NUM_WG + WG) * WG_M, pid_n * BLOCK_N], staging)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _consumer_0(args, B_T: gl.constexpr, GROUP_M: gl.constexpr):
+    _consumer(0, *args, B_T, GROUP_M)
+
+
+@gluon.jit
+def _consumer_1(args, B_T: gl.constexpr, GROUP_M: gl.constexpr):
+    _consumer(1, *args, B_T, GROUP_M)
+
+
+@gluon.jit
+def gluon_matmul_kernel(a_desc, b_desc, c_desc, M, N, K, B_T: gl.constexpr,
+                        STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+                        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):  # fmt: skip
+    """One CTA per SM (or per tile, if fewer), each looping over output tiles of 128 x BLOCK_N.
+    a_desc: 64 x BLOCK_K tiles of A; b_desc: BLOCK_K x BLOCK_N tiles of B (B_T: BLOCK_N x BLOCK_K
+    of its (N, K) buffer); c_desc: 64 x BLOCK_N tiles of C."""
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    NUM_WG: gl.constexpr = 2
+    a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES * NUM_WG, WG_M, BLOCK_K],
+                                       a_desc.layout)  # fmt: skip
+    b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape,
+                                       b_desc.layout)  # fmt: skip
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, [NUM_WG] + c_desc.block_type.shape,
+                                       c_desc.layout)  # fmt: skip
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)  # the producer's expect + the copies' bytes
+        mbarrier.init(empty.index(i), count=NUM_WG)  # every consumer frees each slot
+    # The kernel's own 4 warps are consumer 0; a second warpgroup is consumer 1; one warp loads.
+    # The flags go as arguments of their own: a constexpr inside a tuple reaches the partition
+    # as a runtime value.
+    args = (a_smem, b_smem, ready, empty, c_desc, c_smem, M, N, K)
+    gl.warp_specialize(
+        [(_consumer_0, (args, B_T, GROUP_M)),
+         (_consumer_1, (args, B_T, GROUP_M)),
+         (_producer, (a_desc, b_desc, a_smem, b_smem, ready, empty, M, N, K, B_T, GROUP_M))],
+        [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
+
+
+def _descriptors(a, b_view, b_t: bool, c, block_n: int):
+    """Gluon TMA descriptors over A (64 x BLOCK_K tiles), B or its (N, K) buffer, and C (64 x
+    block_n), each in the default swizzled shared-memory layout of its tile."""
+    dtype = GL_DTYPES[a.dtype]
+
+    def desc(t, block):
+        layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
+        return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+
+    return (desc(a, [WG_M.value, BLOCK_K]),
+            desc(b_view, [block_n, BLOCK_K] if b_t else [BLOCK_K, block_n]),
+            desc(c, [WG_M.value, block_n]))  # fmt: skip
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def gluon_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
+                 stages: int = STAGES, group_m: int = GROUP_M) -> torch.Tensor:  # fmt: skip
+    """a @ b (fp16 or bf16, fp32 accumulation) by the warp-specialized kernel; `out` (M, N),
+    contiguous, receives C if given. `stages`: the ring's depth (2 or 3: 4 does not fit beside
+    the epilogue buffer); `group_m`: row tiles per group of the tile order. FeatureMissing on
+    anything but sm_90, before any compilation."""
+    runtime.require("wgmma", "gluon_matmul")
+    M, N, K = check_matmul_args(a, b, out, op="gluon_matmul")
+    if stages not in (2, 3):
+        raise ValueError(f"gluon_matmul: stages {stages}; supported: 2, 3 (the ring and the "
+                         f"epilogue buffer must fit in {SHARED_BYTES // 1024} KiB)")  # fmt: skip
+    a_view, a_t = tma_view(a, "a", "gluon_matmul")
+    if a_t:
+        raise ValueError("gluon_matmul: a must have contiguous rows (a transposed a is read by "
+                         "triton_matmul_tma.matmul_tma); pass a.contiguous()")  # fmt: skip
+    b_view, b_t = tma_view(b, "b", "gluon_matmul")
+    c = torch.empty((M, N), dtype=a.dtype, device=a.device) if out is None else out
+    tma_view(c, "out", "gluon_matmul")
+    a_desc, b_desc, c_desc = _descriptors(a_view, b_view, b_t, c, BLOCK_N)
+    tiles = triton.cdiv(M, NUM_WG * WG_M.value) * triton.cdiv(N, BLOCK_N)
+    grid = (min(tiles, _sm_count(a.device.index or 0)),)
+    gluon_matmul_kernel[grid](a_desc, b_desc, c_desc, M, N, K, B_T=b_t, STAGES=stages,
+                              GROUP_M=group_m, CONSUMER_REGS=CONSUMER_REGS,
+                              PRODUCER_REGS=PRODUCER_REGS, num_warps=4)  # fmt: skip
+    return c
+
+
+def compile_for(arch: str = "sm_90", dtype: str = "bfloat16", b_t: bool = False,
+                stages: int = STAGES):  # fmt: skip
+    """The kernel compiled for `arch` without a GPU (`offline.compile_offline` runs this in a
+    process of its own). FeatureMissing for any arch but sm_90, before compiling."""
+    from kernels.matmul.offline import compile_triton, descriptor_type
+
+    runtime.require("wgmma", "gluon_matmul")
+    torch_dtype = getattr(torch, dtype)
+    buffer = torch.empty((64, 64), dtype=torch_dtype)
+    descs = _descriptors(buffer, buffer, b_t, buffer, BLOCK_N)
+    constants = {"B_T": b_t, "STAGES": stages, "GROUP_M": GROUP_M,
+                 "CONSUMER_REGS": CONSUMER_REGS, "PRODUCER_REGS": PRODUCER_REGS}  # fmt: skip
+    signature = {"a_desc": descriptor_type(descs[0]), "b_desc": descriptor_type(descs[1]),
+                 "c_desc": descriptor_type(descs[2]), "M": "i32", "N": "i32", "K": "i32",
+                 **dict.fromkeys(constants, "constexpr")}  # fmt: skip
+    return compile_triton(gluon_matmul_kernel, signature, constants, arch, num_warps=4, gluon=True)

@@ -1,0 +1,91 @@
+"""Compile the Hopper matrix-multiply kernels for a GPU this machine does not have.
+
+A kernel that runs on one architecture only (TMA and wgmma: sm_90; fp8: sm_89+) is still checked on
+every machine: Triton compiles it for the target (front end, layouts, pipelining, ptxas) without a
+driver, and what came out is counted in the PTX and in ptxas's report. The compile runs in a process
+of its own, because a process that runs Triton's interpreter (CPU mode) cannot compile.
+
+Each kernel module has `compile_for(arch, **options)` returning the compiled kernel;
+`compile_offline(module, variants, arch)` runs it for each options dict and returns the counts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+_SCRIPT = """
+import json, os, re, sys
+os.environ["KERNELS_COMPILE_ONLY"] = "1"  # compile for real: nothing here launches a kernel
+os.environ["KERNELS_TARGET_ARCH"] = sys.argv[3]
+os.environ.pop("TRITON_INTERPRET", None)
+os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"  # ptxas -v: registers and spills, printed to stdout
+os.environ["TRITON_ALWAYS_COMPILE"] = "1"  # so ptxas runs (and reports) even when cached
+import importlib
+module = importlib.import_module(sys.argv[2])
+for options in json.loads(sys.argv[1]):
+    kernel = module.compile_for(sys.argv[3], **options)
+    sys.stdout.flush()
+    ptx = kernel.asm["ptx"]
+    wgmma = re.findall(r"wgmma\\.mma_async\\S*", ptx)
+    print(json.dumps({
+        "warps": kernel.metadata.num_warps, "shared_bytes": kernel.metadata.shared,
+        "wgmma": len(wgmma), "wgmma_fp8": sum("e4m3" in w for w in wgmma),
+        "mma_sync": ptx.count("mma.sync"), "tma_copies": ptx.count("cp.async.bulk.tensor"),
+        "mbarriers": ptx.count("mbarrier.try_wait"),
+        "register_budgets": sorted({int(n) for n in re.findall(r"setmaxnreg[.a-z0-9]*\\s+(\\d+)",
+                                                              ptx)}),
+        "target": re.search(r"\\.target\\s+(\\S+)", ptx).group(1)}), flush=True)
+"""
+
+
+def compile_offline(module: str, variants: list[dict], arch: str = "sm_90") -> list[dict]:
+    """`module.compile_for(arch, **options)` for each options dict in `variants`, in one fresh
+    process: per variant the warps, shared bytes, wgmma instructions (and how many multiply
+    fp8 e4m3), mma.sync instructions, TMA copies, mbarrier waits, the `setmaxnreg` register
+    budgets, the PTX target, and from ptxas the registers a thread and the bytes spilled."""
+    done = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(variants), module, arch],
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    if done.returncode != 0:  # the error, without the binding's reference-leak report after it
+        error = done.stderr.split("nanobind: leaked")[0]
+        raise RuntimeError(f"compiling {module} for {arch} failed:\n" + error[-3000:])
+    made, ptxas = [], ""
+    for line in done.stdout.splitlines():
+        if not line.startswith("{"):  # ptxas's report on the variant compiled next
+            ptxas += line + "\n"
+            continue
+        one = json.loads(line)
+        one["registers"] = max(map(int, re.findall(r"Used (\d+) registers", ptxas)), default=None)
+        one["spill_bytes"] = sum(map(int, re.findall(r"(\d+) bytes spill (?:stores|loads)", ptxas)))
+        made.append(one)
+        ptxas = ""
+    return made
+
+
+def compile_triton(fn, signature: dict, constants: dict, arch: str, num_warps: int,
+                   num_stages: int = 3, gluon: bool = False):  # fmt: skip
+    """Compile a @triton.jit (or, with `gluon`, a @gluon.jit) function for `arch` ("sm_90") without
+    a GPU. `signature` maps every parameter, in order, to its type string ("constexpr" for those in
+    `constants`, a descriptor's from `descriptor_type`)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    if gluon:
+        from triton.experimental.gluon._runtime import GluonASTSource as Source
+    else:
+        from triton.compiler import ASTSource as Source
+
+    names = list(signature)
+    constexprs = {(names.index(n),): value for n, value in constants.items()}
+    target = GPUTarget("cuda", int(arch.removeprefix("sm_")), 32)
+    return triton.compile(Source(fn, signature, constexprs), target=target,
+                          options={"num_warps": num_warps, "num_stages": num_stages})  # fmt: skip
+
+
+def descriptor_type(desc) -> str:
+    """A host descriptor's type string in a kernel signature (Triton 3.6 has no __mangle__)."""
+    from triton.runtime.jit import mangle_type
+
+    return desc.__mangle__() if hasattr(desc, "__mangle__") else mangle_type(desc)

@@ -1,0 +1,253 @@
+"""The tiled matrix product on Hopper: operands by TMA, one program per SM, the epilogue overlapped.
+
+    C[m, n] = sum_k A[m, k] * B[k, n]    (float32 accumulator, C rounded once to A's dtype)
+
+The tiled Triton kernel (`triton_matmul.py`) computes every address of a tile in every thread and
+copies it with `cp.async`, one program per output tile. On Hopper three things change:
+
+1. **TMA descriptors.** A descriptor (`triton.tools.tensor_descriptor.TensorDescriptor`, built on
+   the host) holds the operand's base, shape and strides; `desc.load([row, col])` hands a whole
+   tile to the copy engine (`cp.async.bulk.tensor` in the PTX), which zero-fills past the edges, so
+   the loop has no masks and no address arithmetic. The store clips what lies past M and N.
+2. **Persistent programs.** One program per SM loops over the output tiles in the grouped order
+   (GROUP_M row tiles walk the column tiles together, so each B tile is read from HBM once for all
+   of them). With `FLATTEN` the tile loop and the K loop become one pipelined loop: the loads of
+   the next tile are in flight while this tile's accumulator is stored.
+3. **The epilogue.** The accumulator goes out through shared memory and a TMA store, in two halves
+   of BLOCK_N / 2 columns (`EPILOGUE_SUBTILE`): half the staging buffer, so one more stage of the
+   ring fits in the 227 KiB a CTA has.
+
+tl.dot compiles to wgmma on sm_90 (the notebook reads it in the SASS); Triton's pipeliner keeps
+`num_stages` K tiles in flight. The kernel is the persistent TMA kernel of Triton's tutorial
+`09-persistent-matmul.py`, with transposed operands read through their own descriptor instead of a
+copy.
+
+Transposed operands: TMA needs the last dimension contiguous. An A stored as the transpose of a
+(K, M) buffer (a.T, say) is read through a descriptor over that buffer, in (BLOCK_K, BLOCK_M) tiles
+that the kernel transposes (`A_T`; wgmma reads either order from shared memory); B likewise
+(`B_T`: b = W.T of an (N, K) weight, the nn.Linear layout). Every other row stride must be a
+multiple of 16 bytes and the base 16-byte aligned, or `matmul_tma` says which operand is not.
+
+Needs TMA (sm_90+): `matmul_tma` refuses other GPUs with FeatureMissing; the portable kernel is
+`triton_matmul.py`'s. Descriptors built on the host work the same in Triton 3.6 and 3.9 and in the
+CPU interpreter, which runs this kernel at small sizes.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from kernels import runtime
+from kernels.matmul.reference import check_matmul_args
+from kernels.runtime import UPCAST
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, EPILOGUE_SUBTILE, FLATTEN) for sm_90.
+# 128 x 256 with 8 warps is cuBLAS's tile for these shapes: two consumer warpgroups of 64 x 256
+# fp32 accumulators, 128 registers a thread. A stage of A and B is (128 + 256) x 64 x 2 bytes =
+# 48 KiB; three stages and a halved epilogue buffer (128 x 128 x 2 = 32 KiB) are 176 KiB.
+GPU_TILES = [
+    (128, 256, 64, 8, 3, True, True),
+    (128, 256, 64, 8, 4, True, True),
+    (128, 256, 64, 8, 3, True, False),
+    (256, 128, 64, 8, 3, True, True),
+    (128, 128, 64, 8, 4, False, True),
+    (128, 128, 64, 4, 4, False, True),
+]
+GROUP_M = 8
+SHARED_BYTES = 227 * 1024  # what one CTA may have on sm_90
+
+
+def set_block_shapes(nargs):
+    """A descriptor's block shape is part of its type: set it from the launched configuration
+    (a transposed operand's descriptor is over its buffer: the block's two sides swap)."""
+    bm, bn, bk = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
+    nargs["a_desc"].block_shape = [bk, bm] if nargs["A_T"] else [bm, bk]
+    nargs["b_desc"].block_shape = [bn, bk] if nargs["B_T"] else [bk, bn]
+    half = 2 if nargs["EPILOGUE_SUBTILE"] else 1
+    nargs["c_desc"].block_shape = [bm, bn // half]
+
+
+def tile_config(bm, bn, bk, warps, stages, subtile, flatten) -> triton.Config:
+    return triton.Config(
+        {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": GROUP_M,
+         "EPILOGUE_SUBTILE": subtile, "FLATTEN": flatten},
+        num_warps=warps, num_stages=stages, pre_hook=set_block_shapes,
+    )  # fmt: skip
+
+
+def shared_bytes(bm: int, bn: int, bk: int, stages: int, subtile: bool, itemsize: int = 2) -> int:
+    """The ring of A and B tiles plus the epilogue's staging buffer."""
+    return stages * (bm + bn) * bk * itemsize + bm * bn // (2 if subtile else 1) * itemsize
+
+
+def _configs() -> list[triton.Config]:
+    if not runtime.ON_GPU:  # the interpreter: one small configuration (it cannot time several)
+        return [tile_config(32, 32, 32, 1, 1, True, False)]
+    return [tile_config(*t) for t in GPU_TILES if shared_bytes(*t[:3], t[4], t[5]) <= SHARED_BYTES]
+
+
+@triton.jit
+def _tile_position(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Output tile `tile` in the grouped order: GROUP_M row tiles walk the column tiles together."""
+    per_group = GROUP_M * num_pid_n
+    first_m = tile // per_group * GROUP_M
+    group_m = min(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % per_group) % group_m
+    pid_n = (tile % per_group) // group_m
+    return pid_m, pid_n
+
+
+@triton.autotune(configs=_configs(), key=["M", "N", "K", "A_T", "B_T"])
+@triton.jit
+def matmul_tma_kernel(
+    a_desc,  # A (M, K), or with A_T its (K, M) buffer
+    b_desc,  # B (K, N), or with B_T its (N, K) buffer
+    c_desc,  # C (M, N), contiguous
+    M,
+    N,
+    K,
+    NUM_PROGRAMS: tl.constexpr,  # persistent programs: one per SM
+    A_T: tl.constexpr,
+    B_T: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EPILOGUE_SUBTILE: tl.constexpr,  # store C in two halves of BLOCK_N / 2 columns
+    FLATTEN: tl.constexpr,  # one pipelined loop over tiles and K steps
+    UPCAST: tl.constexpr,  # the interpreter's tl.dot is wrong on bf16: multiply in fp32 there
+):
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    num_tiles = num_pid_m * num_pid_n
+    for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=FLATTEN):
+        pid_m, pid_n = _tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
+        m0 = pid_m * BLOCK_M
+        n0 = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            k0 = ki * BLOCK_K
+            if A_T:
+                a = a_desc.load([k0, m0]).T
+            else:
+                a = a_desc.load([m0, k0])
+            if B_T:
+                b = b_desc.load([n0, k0]).T
+            else:
+                b = b_desc.load([k0, n0])
+            if UPCAST:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc)
+        if EPILOGUE_SUBTILE:
+            # (BLOCK_M, 2, BLOCK_N / 2) -> two (BLOCK_M, BLOCK_N / 2) halves: columns n0 + j and
+            # n0 + BLOCK_N / 2 + j
+            halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+            left, right = tl.split(halves)
+            c_desc.store([m0, n0], left.to(c_desc.dtype))
+            c_desc.store([m0, n0 + BLOCK_N // 2], right.to(c_desc.dtype))
+        else:
+            c_desc.store([m0, n0], acc.to(c_desc.dtype))
+
+
+def tma_view(t: torch.Tensor, name: str, op: str) -> tuple[torch.Tensor, bool]:
+    """(the 2-D tensor a descriptor reads, whether it is t's transpose): t itself when its rows
+    are contiguous, else t.T when its columns are; ValueError when neither, or when a row stride
+    or the base is not 16-byte aligned (TMA's rule)."""
+    if t.stride(1) == 1 or t.shape[1] == 1:
+        view, transposed = t, False
+    elif t.stride(0) == 1 or t.shape[0] == 1:
+        view, transposed = t.T, True
+    else:
+        raise ValueError(
+            f"{op}: {name} has strides {t.stride()}; TMA needs one of its dimensions contiguous "
+            f"(stride 1): pass {name}.contiguous()"
+        )
+    size = t.element_size()
+    if (view.stride(0) * size) % 16 or view.data_ptr() % 16:
+        raise ValueError(
+            f"{op}: {name}'s rows are {view.stride(0)} elements apart and it starts at "
+            f"{view.data_ptr():#x}; TMA needs both on a 16-byte boundary (a row stride that is a "
+            f"multiple of {16 // size} elements): use triton_matmul.py's kernel for this shape"
+        )
+    return view, transposed
+
+
+@functools.cache
+def _programs(device_index: int) -> int:
+    """Persistent programs: one per SM on the GPU; two in the interpreter (enough to interleave)."""
+    if not runtime.ON_GPU:
+        return 2
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _descriptor(t: torch.Tensor) -> TensorDescriptor:
+    return TensorDescriptor.from_tensor(t, [16, 16])  # block shape set by the pre-hook
+
+
+def matmul_tma(
+    a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
+    config: triton.Config | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """a @ b (fp16 or bf16, fp32 accumulation) by the persistent TMA kernel. `out` (M, N),
+    contiguous, receives C if given. `config` (one of `candidate_configs()`) runs that
+    configuration instead of the autotuned one. FeatureMissing on a GPU without TMA (sm_90+)."""
+    if runtime.features() is not None:  # the interpreter emulates descriptors on the CPU
+        runtime.require("tma", "matmul_tma")
+    M, N, K = check_matmul_args(a, b, out, op="matmul_tma")
+    a_view, a_t = tma_view(a, "a", "matmul_tma")
+    b_view, b_t = tma_view(b, "b", "matmul_tma")
+    c = torch.empty((M, N), dtype=a.dtype, device=a.device) if out is None else out
+    tma_view(c, "out", "matmul_tma")
+    args = dict(a_desc=_descriptor(a_view), b_desc=_descriptor(b_view), c_desc=_descriptor(c),
+                M=M, N=N, K=K, NUM_PROGRAMS=_programs(a.device.index or 0), A_T=a_t, B_T=b_t,
+                UPCAST=UPCAST)  # fmt: skip
+    grid = (args["NUM_PROGRAMS"],)
+    if config is None:
+        matmul_tma_kernel[grid](**args)
+        return c
+    meta = config.all_kwargs()
+    config.pre_hook({**args, **meta})
+    matmul_tma_kernel.fn[grid](**args, **meta)  # past the autotuner: this configuration, untimed
+    return c
+
+
+def candidate_configs() -> list[triton.Config]:
+    """The configurations the autotuner chooses from on sm_90."""
+    return [tile_config(*t) for t in GPU_TILES]
+
+
+def config_name(c: triton.Config) -> str:
+    kw = c.kwargs
+    return (f"{kw['BLOCK_M']}x{kw['BLOCK_N']}x{kw['BLOCK_K']} w{c.num_warps} s{c.num_stages}"
+            f"{' subtile' if kw['EPILOGUE_SUBTILE'] else ''}"
+            f"{' flatten' if kw['FLATTEN'] else ''}")  # fmt: skip
+
+
+def compile_for(arch: str = "sm_90", dtype: str = "bfloat16", a_t: bool = False,
+                b_t: bool = False, tile: int = 0):  # fmt: skip
+    """The kernel compiled for `arch` without a GPU (`offline.compile_offline` runs this in a
+    process of its own), in the tile GPU_TILES[tile]."""
+    from kernels.matmul.offline import compile_triton, descriptor_type
+
+    bm, bn, bk, warps, stages, subtile, flatten = GPU_TILES[tile]
+    torch_dtype = getattr(torch, dtype)
+    buffer = torch.empty((64, 64), dtype=torch_dtype)
+
+    def desc(shape):
+        return descriptor_type(TensorDescriptor.from_tensor(buffer, shape))
+
+    constants = {"NUM_PROGRAMS": 132, "A_T": a_t, "B_T": b_t, "BLOCK_M": bm, "BLOCK_N": bn,
+                 "BLOCK_K": bk, "GROUP_M": GROUP_M, "EPILOGUE_SUBTILE": subtile,
+                 "FLATTEN": flatten, "UPCAST": False}  # fmt: skip
+    signature = {"a_desc": desc([bk, bm] if a_t else [bm, bk]),
+                 "b_desc": desc([bn, bk] if b_t else [bk, bn]),
+                 "c_desc": desc([bm, bn // (2 if subtile else 1)]),
+                 "M": "i32", "N": "i32", "K": "i32", **dict.fromkeys(constants, "constexpr")}
+    return compile_triton(matmul_tma_kernel.fn, signature, constants, arch, warps, stages)
