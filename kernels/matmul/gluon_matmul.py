@@ -224,13 +224,9 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def gluon_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
-                 stages: int = STAGES, group_m: int = GROUP_M) -> torch.Tensor:  # fmt: skip
-    """a @ b (fp16 or bf16, fp32 accumulation) by the warp-specialized kernel; `out` (M, N),
-    contiguous, receives C if given. `stages`: the ring's depth (2 or 3: 4 does not fit beside
-    the epilogue buffer); `group_m`: row tiles per group of the tile order. FeatureMissing on
-    anything but sm_90, before any compilation."""
-    runtime.require("wgmma", "gluon_matmul")
+def check_gluon_args(a, b, out=None, stages: int = STAGES):
+    """(M, N, K, A's view, B's view or its (N, K) buffer, whether B is transposed, C) for
+    `gluon_matmul`, or a TypeError/ValueError saying what the kernel does not take."""
     M, N, K = check_matmul_args(a, b, out, op="gluon_matmul")
     if stages not in (2, 3):
         raise ValueError(f"gluon_matmul: stages {stages}; supported: 2, 3 (the ring and the "
@@ -242,6 +238,17 @@ def gluon_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = No
     b_view, b_t = tma_view(b, "b", "gluon_matmul")
     c = torch.empty((M, N), dtype=a.dtype, device=a.device) if out is None else out
     tma_view(c, "out", "gluon_matmul")
+    return M, N, K, a_view, b_view, b_t, c
+
+
+def gluon_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
+                 stages: int = STAGES, group_m: int = GROUP_M) -> torch.Tensor:  # fmt: skip
+    """a @ b (fp16 or bf16, fp32 accumulation) by the warp-specialized kernel; `out` (M, N),
+    contiguous, receives C if given. `stages`: the ring's depth (2 or 3: 4 does not fit beside
+    the epilogue buffer); `group_m`: row tiles per group of the tile order. FeatureMissing on
+    anything but sm_90, before any compilation."""
+    runtime.require("wgmma", "gluon_matmul")
+    M, N, K, a_view, b_view, b_t, c = check_gluon_args(a, b, out, stages)
     a_desc, b_desc, c_desc = _descriptors(a_view, b_view, b_t, c, BLOCK_N)
     tiles = triton.cdiv(M, NUM_WG * WG_M.value) * triton.cdiv(N, BLOCK_N)
     grid = (min(tiles, _sm_count(a.device.index or 0)),)

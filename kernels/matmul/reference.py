@@ -97,20 +97,20 @@ ACCUMULATION_ULPS = 2.0
 
 
 def matmul_tolerance(
-    a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype | None = None
+    a: torch.Tensor, b: torch.Tensor, exact: torch.Tensor | None = None
 ) -> tuple[float, float, torch.Tensor]:
     """(atol, rtol, scale) for `kernels.testing.compare(c, matmul_reference(a, b), ...)`.
 
     A correct C is within ulp(dtype) * |C| (one rounding to the dtype: half an ulp rounded to
     nearest, one when the interpreter truncates) plus ACCUMULATION_ULPS * sqrt(K) * 2**-23 *
     (|A| @ |B|) (float32 accumulation) of the exact product. As compare's bound is
-    atol + rtol * scale, the scale is |C| + that accumulation term over ulp(dtype)."""
-    dtype = a.dtype if dtype is None else dtype
-    ulp = ULP[dtype]
-    exact = matmul_reference(a, b)
+    atol + rtol * scale, the scale is |C| + that accumulation term over ulp(dtype). `exact` saves
+    recomputing matmul_reference(a, b)."""
+    ulp = ULP[a.dtype]
+    exact = matmul_reference(a, b) if exact is None else exact
     magnitude = a.double().abs() @ b.double().abs()
     accumulation = ACCUMULATION_ULPS * a.shape[1] ** 0.5 * ULP[torch.float32] / ulp
-    return TINY[dtype], ulp, exact.abs() + accumulation * magnitude
+    return TINY[a.dtype], ulp, exact.abs() + accumulation * magnitude
 
 
 def check_matmul(
@@ -118,8 +118,8 @@ def check_matmul(
 ) -> Comparison:
     """c against the exact a @ b within `matmul_tolerance`. NaN (an unwritten element of a
     poisoned output) never passes. `exact` saves recomputing matmul_reference(a, b)."""
-    atol, rtol, scale = matmul_tolerance(a, b)
     exact = matmul_reference(a, b) if exact is None else exact
+    atol, rtol, scale = matmul_tolerance(a, b, exact)
     return compare(c, exact, atol=atol, rtol=rtol, scale=scale)
 
 

@@ -9,9 +9,9 @@ One program computes a BLOCK_M x BLOCK_N tile of C:
     C[tile] = acc rounded to the dtype
 
 What CUDA C's step 5 did by hand (shared-memory staging, ldmatrix, mma.sync, double buffering)
-Triton does from the two loads and the tl.dot: on sm_90 it emits TMA-free cp.async or wgmma, on
-sm_80 mma.sync. What is left to the kernel writer is the choice of tiles and the order of the
-programs.
+Triton does from the two loads and the tl.dot: wgmma on sm_90 (fed by cp.async; TMA is
+triton_matmul_tma.py's step), mma.sync on sm_80. What is left to the kernel writer is the choice
+of tiles and the order of the programs.
 
 **Launch order.** Program ids are handed out roughly in order, so the programs resident at one time
 are consecutive ids. Row-major order (id -> row id // tiles_n, column id % tiles_n) makes those
@@ -25,9 +25,8 @@ bytes, more of them found in L2. `group_m=1` gives row-major order, to measure t
 programs, ... in the same grouped order. No wave quantization tail from launching thousands of
 programs, and the next tile's loads can start while the last one's epilogue is stored.
 
-Any strides: a transposed operand is a view. M, N and K need not be multiples of the blocks: rows
-and columns past the edge are clamped on load (they compute garbage that is never stored) and K's
-tail is masked to zeros.
+Any strides: a transposed operand is a view. M, N and K need not be multiples of the blocks: loads
+past the edges are masked to zeros and so are stores.
 """
 
 from __future__ import annotations
@@ -73,18 +72,21 @@ def tile_product(
     UPCAST: tl.constexpr,
 ):
     """A[tile rows, :] @ B[:, tile columns] in float32."""
-    # Rows and columns past the edge are clamped (wrapping them would do as well): loads along M and
-    # N stay unmasked, and those outputs are never stored.
-    rows = tl.minimum(tile_m * BLOCK_M + tl.arange(0, BLOCK_M), M - 1)
-    cols = tl.minimum(tile_n * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
+    rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + rows[:, None] * stride_am + ks[None, :] * stride_ak
     b_ptrs = b_ptr + ks[:, None] * stride_bk + cols[None, :] * stride_bn
+    # Masks, not clamped or wrapped offsets: offsets stay `start + arange`, so Triton still sees
+    # runs of contiguous elements and loads them 16 bytes at a time (a mask against an N that is a
+    # multiple of 16 is constant over each run; Triton specializes such arguments).
+    row_ok = rows[:, None] < M
+    col_ok = cols[None, :] < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k_ok = ks < K - k0  # K's tail reads zeros, which add nothing
-        a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+        a = tl.load(a_ptrs, mask=row_ok & k_ok[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok, other=0.0)
         if UPCAST:  # the CPU interpreter's tl.dot is wrong on bf16 tiles (runtime.UPCAST)
             a, b = a.to(tl.float32), b.to(tl.float32)
         acc = tl.dot(a, b, acc)

@@ -158,25 +158,28 @@ def matmul_tma_kernel(
 
 def tma_view(t: torch.Tensor, name: str, op: str) -> tuple[torch.Tensor, bool]:
     """(the 2-D tensor a descriptor reads, whether it is t's transpose): t itself when its rows
-    are contiguous, else t.T when its columns are; ValueError when neither, or when a row stride
-    or the base is not 16-byte aligned (TMA's rule)."""
-    if t.stride(1) == 1 or t.shape[1] == 1:
-        view, transposed = t, False
-    elif t.stride(0) == 1 or t.shape[0] == 1:
-        view, transposed = t.T, True
-    else:
-        raise ValueError(
-            f"{op}: {name} has strides {t.stride()}; TMA needs one of its dimensions contiguous "
-            f"(stride 1): pass {name}.contiguous()"
-        )
+    are contiguous, else t.T when its columns are. TMA's rules: the last dimension contiguous,
+    the row stride and the base on 16-byte boundaries; ValueError when neither orientation keeps
+    them. The stride of a dimension of length 1 is never used: it is set to one TMA takes."""
     size = t.element_size()
-    if (view.stride(0) * size) % 16 or view.data_ptr() % 16:
-        raise ValueError(
-            f"{op}: {name}'s rows are {view.stride(0)} elements apart and it starts at "
+    problem = None
+    for view, transposed in ((t, False), (t.T, True)):
+        rows, cols = view.shape
+        row_stride = view.stride(0) if rows > 1 else -(-cols * size // 16) * 16 // size
+        if view.stride(1) != 1 and cols > 1:
+            continue
+        view = view.as_strided(view.shape, (row_stride, 1))
+        if (row_stride * size) % 16 == 0 and view.data_ptr() % 16 == 0:
+            return view, transposed
+        problem = problem or (
+            f"{op}: {name}'s rows are {row_stride} elements apart and it starts at "
             f"{view.data_ptr():#x}; TMA needs both on a 16-byte boundary (a row stride that is a "
             f"multiple of {16 // size} elements): use triton_matmul.py's kernel for this shape"
         )
-    return view, transposed
+    raise ValueError(problem or (
+        f"{op}: {name} has strides {t.stride()}; TMA needs one of its dimensions contiguous "
+        f"(stride 1): pass {name}.contiguous()"
+    ))
 
 
 @functools.cache
@@ -233,8 +236,11 @@ def config_name(c: triton.Config) -> str:
 def compile_for(arch: str = "sm_90", dtype: str = "bfloat16", a_t: bool = False,
                 b_t: bool = False, tile: int = 0):  # fmt: skip
     """The kernel compiled for `arch` without a GPU (`offline.compile_offline` runs this in a
-    process of its own), in the tile GPU_TILES[tile]."""
+    process of its own), in the tile GPU_TILES[tile]. FeatureMissing on an arch without TMA,
+    before compiling."""
     from kernels.matmul.offline import compile_triton, descriptor_type
+
+    runtime.require("tma", "matmul_tma")
 
     bm, bn, bk, warps, stages, subtile, flatten = GPU_TILES[tile]
     torch_dtype = getattr(torch, dtype)

@@ -30,6 +30,8 @@ MOE = runtime.pick(
     gpu=(2048, 32, 2, 4096, 11008), cpu=(16, 4, 2, 32, 64)
 )  # tokens, E, k, hidden, inter
 GEMM_N = runtime.pick(gpu=4096, cpu=64)
+# Operands of 128 MiB each, well past the H200's 50 MiB of L2: the launch order decides what hits.
+LAUNCH_ORDER_N = runtime.pick(gpu=8192, cpu=64)
 COPY_BYTES = runtime.pick(gpu=2**30, cpu=2**16)
 TRANSPOSE = runtime.pick(gpu=(8192, 8192), cpu=(64, 96))  # the lab's slow kernel and its fix
 
@@ -87,6 +89,15 @@ def _matmul():
         torch.randn(GEMM_N, GEMM_N, device=runtime.DEVICE, dtype=torch.bfloat16) for _ in range(2)
     )
     return lambda: a @ b
+
+
+def _triton_matmul(group_m: int):
+    from kernels.matmul import reference, triton_matmul
+
+    n = LAUNCH_ORDER_N
+    a, b = reference.make_inputs(n, n, n, torch.bfloat16, seed=0)
+    out = torch.empty(n, n, dtype=torch.bfloat16, device=runtime.DEVICE)
+    return lambda: triton_matmul.matmul(a, b, out, group_m=group_m)
 
 
 def _copy():
@@ -157,6 +168,20 @@ WORKLOADS = {
             2 * GEMM_N**3,
             True,
             _matmul,
+        ),
+        # The same Triton GEMM in two launch orders: ncu's L2 hit rate says what grouping buys
+        # (kernels/matmul/benchmark.py, section launch-order).
+        *(
+            Workload(
+                f"triton_matmul_{order}",
+                f"Triton tiled GEMM, {LAUNCH_ORDER_N}^3 bf16, {order} launch order",
+                "matmul_kernel",
+                3 * 2 * LAUNCH_ORDER_N**2,
+                2 * LAUNCH_ORDER_N**3,
+                True,
+                lambda group_m=group_m: _triton_matmul(group_m),
+            )
+            for order, group_m in (("grouped", 8), ("row_major", 1))
         ),
         Workload(
             "copy",

@@ -1,0 +1,260 @@
+"""Benchmarks of the matrix-product kernels: the measurements behind notebook 02b and
+data/results/<gpu>/02b_matmul.json.
+
+    python -m kernels.matmul.benchmark                 # every section
+    python -m kernels.matmul.benchmark cuda triton     # some: cuda, triton, skinny, launch-order
+
+Each section is checked against float64 before it is timed (a wrong kernel raises instead of
+getting a number), then timed interleaved with its anchor, cuBLAS (`a @ b`), L2 flushed before every
+repetition (kernels.bench). Ratios are to cuBLAS in the same run. A run of some sections updates
+those sections of the results file and keeps the others.
+
+Counted: flops 2 M N K; bytes the floor's, A and B read once and C written once
+(reference.matmul_bytes). The floor is the larger of bytes / copy bandwidth and flops / cuBLAS's
+bf16 rate at 8192^3 (bench.ceilings).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+from kernels import bench, runtime
+from kernels.decoder import triton_gemv
+from kernels.matmul import reference, triton_matmul, triton_skinny
+from kernels.matmul.reference import check_matmul, make_inputs
+
+RESULTS_NAME = "02b_matmul"
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+CUDA_SHAPE = (4096, 4096, 4096)  # the CUDA C steps: large enough to fill the GPU, naive in ~0.1 s
+TRITON_SHAPES = [(8192, 8192, 8192), (8192, 11008, 4096), (4096, 4096, 4096)]
+SKINNY_SHAPES = [(1, 8192, 2048), (32, 8192, 2048)]  # decode: B is an nn.Linear weight, W.T
+
+
+def checked(name: str, c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    result = check_matmul(c, a, b)
+    if not result.ok:
+        raise AssertionError(f"{name}, {tuple(a.shape)} @ {tuple(b.shape)}: {result.reason}")
+
+
+def timed(fns: dict, shape, dtype, ceil: dict) -> dict:
+    """fns timed interleaved ("cuBLAS" among them): median us, TFLOP/s, GB/s, ratio to cuBLAS,
+    and the floor."""
+    M, N, K = shape
+    flops, nbytes = reference.matmul_flops(M, N, K), reference.matmul_bytes(M, N, K, dtype)
+    timings = bench.benchmark(fns)
+    rows = {
+        name: {
+            **t.summary(),
+            "tflops": t.tflops(flops),
+            "gbps": t.gbps(nbytes),
+            "vs_cublas": bench.ratio(timings["cuBLAS"], t),
+        }
+        for name, t in timings.items()
+    }
+    return {
+        "shape": list(shape),
+        "dtype": str(dtype).removeprefix("torch."),
+        "arithmetic_intensity": reference.arithmetic_intensity(M, N, K, dtype),
+        "floor_us": bench.floor_us(nbytes, flops, ceil),
+        "impls": rows,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# Sections
+
+
+def cuda_steps(ceil: dict) -> list[dict]:
+    """The five CUDA C steps and cuBLAS at CUDA_SHAPE, both dtypes: the roofline's points."""
+    if not runtime.cupy_status()[0]:
+        return []
+    from kernels.matmul import cupy_matmul
+
+    out = []
+    for dtype in DTYPES.values():
+        a, b = make_inputs(*CUDA_SHAPE, dtype, seed=1)
+        fns = {"cuBLAS": lambda a=a, b=b: a @ b}
+        for step in cupy_matmul.STEPS:
+            checked(f"cuda {step}", cupy_matmul.matmul(a, b, step=step), a, b)
+            fns[f"cuda {step}"] = lambda a=a, b=b, step=step: cupy_matmul.matmul(a, b, step=step)
+        out.append(timed(fns, CUDA_SHAPE, dtype, ceil))
+    return out
+
+
+def triton_kernels(ceil: dict) -> list[dict]:
+    """The tiled kernel (grouped and row-major order) and the persistent one against cuBLAS, with
+    the configuration the autotuner picked."""
+    out = []
+    for shape in TRITON_SHAPES:
+        for dtype in DTYPES.values():
+            a, b = make_inputs(*shape, dtype, seed=2)
+            fns = {
+                "cuBLAS": lambda a=a, b=b: a @ b,
+                "triton": lambda a=a, b=b: triton_matmul.matmul(a, b),
+                "triton row-major order": lambda a=a, b=b: triton_matmul.matmul(a, b, group_m=1),
+                "triton persistent": lambda a=a, b=b: triton_matmul.matmul_persistent(a, b),
+            }
+            for name, fn in fns.items():
+                if name != "cuBLAS":
+                    checked(name, fn(), a, b)
+            row = timed(fns, shape, dtype, ceil)
+            row["configs"] = {
+                "triton": str(triton_matmul.tuned_matmul_kernel.best_config),
+                "triton persistent": str(triton_matmul.tuned_persistent_kernel.best_config),
+            }
+            out.append(row)
+    return out
+
+
+def skinny(ceil: dict) -> list[dict]:
+    """M = 1 and 32 against a (N, K) weight W, b = W.T: cuBLAS, the decoder's GEMV, split-K and
+    the tiled kernel."""
+    out = []
+    for shape in SKINNY_SHAPES:
+        a, b = make_inputs(*shape, torch.bfloat16, layout="nt", seed=3)
+        weight = b.T  # contiguous (N, K), as nn.Linear stores it
+        fns = {
+            "cuBLAS": lambda a=a, b=b: a @ b,
+            "GEMV (decoder)": lambda a=a, w=weight: triton_gemv.linear(a, w),
+            "split-K": lambda a=a, b=b: triton_skinny.matmul_split_k(a, b),
+            "triton tiled": lambda a=a, b=b: triton_matmul.matmul(a, b),
+        }
+        for name, fn in fns.items():
+            if name != "cuBLAS":
+                checked(name, fn(), a, b)
+        row = timed(fns, shape, torch.bfloat16, ceil)
+        row["splits"] = triton_skinny.default_splits(shape[1], shape[2])
+        out.append(row)
+    return out
+
+
+def launch_order() -> dict:
+    """ncu's L2 hit rate and DRAM bytes of the Triton GEMM in grouped and row-major order
+    (workloads triton_matmul_grouped / _row_major, 8192^3 bf16), through kernels.profiling.ncu."""
+    from kernels.profiling import ncu
+
+    if ncu.ncu_path() is None:
+        return {"not_measured": "ncu is not on PATH"}
+    rows = {}
+    for order in ("grouped", "row_major"):
+        csv_path = ncu.profile(f"triton_matmul_{order}", ncu.results_dir())
+        kernel = ncu.main_kernel(ncu.read_csv(csv_path), "matmul_kernel")
+        rows[order] = {
+            "l2_hit_rate_pct": kernel.get("lts__t_sector_hit_rate.pct"),
+            "dram_read_bytes": kernel.get("dram__bytes_read.sum"),
+            "duration_ns": kernel.get("gpu__time_duration.sum"),
+            "profile": csv_path.name,
+        }
+    return rows
+
+
+SECTIONS = {
+    "cuda": cuda_steps,
+    "triton": triton_kernels,
+    "skinny": skinny,
+    "launch-order": lambda ceil: launch_order(),
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# Targets
+
+
+def _rows(results, section, shape, dtype="bfloat16"):
+    return next(
+        (
+            r["impls"]
+            for r in results.get(section, [])
+            if r["shape"] == list(shape) and r["dtype"] == dtype
+        ),
+        None,
+    )
+
+
+def performance_targets(results: dict) -> list[dict]:
+    checks = []
+    steps = _rows(results, "cuda", CUDA_SHAPE)
+    if steps:
+        checks.append(
+            {
+                "target": "CUDA C mma.sync, 4096^3 bf16: >= 0.70x cuBLAS",
+                "value": steps["cuda mma"]["vs_cublas"],
+                "threshold": 0.70,
+            }
+        )
+    for shape in TRITON_SHAPES[:2]:
+        for dtype in ("bfloat16", "float16"):
+            impls = _rows(results, "triton", shape, dtype)
+            if impls:
+                best = max(("triton", "triton persistent"), key=lambda n: impls[n]["vs_cublas"])
+                checks.append(
+                    {
+                        "target": f"Triton ({best}), {'x'.join(map(str, shape))} {dtype}: "
+                        ">= 1.0x cuBLAS",
+                        "value": impls[best]["vs_cublas"],
+                        "threshold": 1.0,
+                    }
+                )
+    for shape in SKINNY_SHAPES:
+        impls = _rows(results, "skinny", shape)
+        if impls:
+            best = max(("GEMV (decoder)", "split-K"), key=lambda n: impls[n]["vs_cublas"])
+            checks.append(
+                {
+                    "target": f"M={shape[0]} ({best}), {'x'.join(map(str, shape))} bf16: "
+                    ">= 0.95x cuBLAS",
+                    "value": impls[best]["vs_cublas"],
+                    "threshold": 0.95,
+                }
+            )
+    for c in checks:
+        c["pass"] = bool(c["value"] >= c["threshold"])
+    return checks
+
+
+# --------------------------------------------------------------------------------------------------
+# Main
+
+
+def print_section(name: str, rows) -> None:
+    print(f"\n{name}")
+    if isinstance(rows, dict):  # launch-order
+        print(json.dumps(rows, indent=1))
+        return
+    for row in rows:
+        print(f"{'x'.join(map(str, row['shape']))} {row['dtype']}, floor {row['floor_us']:.1f} us")
+        columns = ("median_us", "tflops", "gbps", "vs_cublas")
+        table = [{"impl": k, **{c: v[c] for c in columns}} for k, v in row["impls"].items()]
+        print(bench.table(table, floatfmt=".2f"))
+
+
+def main(argv: list[str]) -> int:
+    wanted = argv or list(SECTIONS)
+    unknown = [s for s in wanted if s not in SECTIONS]
+    if unknown:
+        print(f"unknown sections {unknown}; known: {', '.join(SECTIONS)}")
+        return 1
+    if not runtime.ON_GPU:
+        print(bench.NOT_MEASURED)
+        return 1
+    ceil = bench.ceilings()
+    path = bench.RESULTS_DIR / runtime.gpu_info().slug / f"{RESULTS_NAME}.json"
+    results = json.loads(path.read_text()) if path.exists() else {}
+    results["fingerprint"] = runtime.fingerprint()
+    results["ceilings"] = {k: v for k, v in ceil.items() if k != "fingerprint"}
+    for section in wanted:
+        results[section] = SECTIONS[section](ceil)
+        print_section(section, results[section])
+    results["targets"] = performance_targets(results)
+    bench.save_results(RESULTS_NAME, results)
+    print()
+    print(bench.table(results["targets"], floatfmt=".3f"))
+    print(f"wrote {path}")
+    return 0 if all(c["pass"] for c in results["targets"]) else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

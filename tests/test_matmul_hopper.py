@@ -1,0 +1,214 @@
+"""The Hopper matrix products against the float64 reference: the persistent TMA kernel
+(kernels/matmul/triton_matmul_tma.py, in the interpreter on the CPU) and the warp-specialized
+Gluon kernel (kernels/matmul/gluon_matmul.py, on an H100/H200), and both compiled for sm_90
+without a GPU.
+
+The offline compiles run in a subprocess (`offline.compile_offline`): this process runs the
+Triton interpreter (CPU mode), which cannot compile.
+"""
+
+import pytest
+import torch
+
+from kernels import runtime
+from kernels.matmul.reference import LAYOUTS, check_matmul, make_inputs
+from kernels.testing import poison_
+
+# (M, N, K): none a multiple of the tiles (interpreter 32; GPU 128 x 256 x 64), a single row, a
+# K shorter than one K tile. TMA needs 16-byte row strides, so the dimensions that are a
+# contiguous row's length (K for "n" a, N for "n" b and C, M for "t" a) are multiples of 8.
+CPU_SHAPES = [(72, 136, 200), (8, 40, 16), (1, 8, 24)]
+GPU_SHAPES = [
+    (200, 264, 328),
+    (8, 8, 8),
+    (1000, 1000, 1000),  # 8 x 4 = 32 tiles of 128 x 256: fewer tiles than SMs
+    # 24 x 9 = 216 tiles of 128 x 256 on 132 CTAs: a CTA takes one or two, the ring's position
+    # and phases run on across them; K = 4096 (64 steps of 64) wraps the 3-slot ring many times.
+    (3000, 2056, 4096),
+]
+
+
+def _run_and_check(fn, M, N, K, dtype, layout, seed=0):
+    a, b = make_inputs(M, N, K, dtype, layout, seed=seed)
+    out = poison_(torch.empty((M, N), dtype=dtype, device=a.device))
+    c = fn(a, b, out=out)
+    assert c is out
+    result = check_matmul(c, a, b)
+    assert result.ok, (M, N, K, dtype, layout, result)
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("shape", CPU_SHAPES, ids=str)
+def test_tma_kernel_matches_fp64_in_the_interpreter(shape, layout, dtype):
+    from kernels.matmul.triton_matmul_tma import matmul_tma
+
+    _run_and_check(matmul_tma, *shape, dtype, layout)
+
+
+@pytest.mark.cpu
+def test_tma_kernel_reads_rows_of_a_wider_buffer():
+    """A row stride longer than the row (a column slice of a wider matrix) is still TMA's: the
+    descriptor takes the stride, not the shape."""
+    from kernels.matmul.triton_matmul_tma import matmul_tma
+
+    a_wide, b = make_inputs(40, 48, 96, torch.bfloat16, "nn", seed=3)
+    a = a_wide[:, :64]
+    b = b[:64]
+    assert not a.is_contiguous()
+    result = check_matmul(matmul_tma(a, b), a, b)
+    assert result.ok, result
+
+
+@pytest.mark.cpu
+def test_tma_kernel_odd_m():
+    """M is no row length in the "nn" layout: any M works, 67 included."""
+    from kernels.matmul.triton_matmul_tma import matmul_tma
+
+    _run_and_check(matmul_tma, 67, 40, 48, torch.bfloat16, "nn")
+
+
+@pytest.mark.cpu
+def test_tma_kernel_says_what_it_cannot_read():
+    from kernels.matmul.triton_matmul_tma import matmul_tma
+
+    a, b = make_inputs(16, 24, 36, torch.bfloat16, "nn")  # a's rows: 36 x 2 = 72 bytes apart
+    with pytest.raises(ValueError, match="a's rows are 36 elements apart.*16-byte boundary"):
+        matmul_tma(a, b)
+    a, b = make_inputs(16, 24, 32, torch.bfloat16, "nn")
+    with pytest.raises(ValueError, match="TMA needs one of its dimensions contiguous"):
+        matmul_tma(a[::2, ::2], b[::2])
+    with pytest.raises(TypeError, match="float32"):
+        matmul_tma(a.float(), b.float())
+    with pytest.raises(ValueError, match="a's columns"):
+        matmul_tma(a, b[:8])
+
+
+@pytest.mark.cpu
+def test_gluon_kernel_refuses_before_anything_else_off_sm_90():
+    """In CPU mode (and on any GPU but sm_90) the call fails with one sentence naming wgmma,
+    before its arguments are looked at or anything is compiled: even a float32 operand gets the
+    refusal, not the dtype error."""
+    from kernels.matmul.gluon_matmul import gluon_matmul
+
+    a, b = make_inputs(64, 64, 64, torch.bfloat16, "nn")
+    with pytest.raises(runtime.FeatureMissing, match="gluon_matmul needs wgmma.*sm_90"):
+        gluon_matmul(a, b)
+    with pytest.raises(runtime.FeatureMissing, match="gluon_matmul needs wgmma"):
+        gluon_matmul(a.float(), b.float())
+
+
+@pytest.mark.cpu
+def test_gluon_argument_checks():
+    from kernels.matmul.gluon_matmul import check_gluon_args
+
+    a, b = make_inputs(72, 136, 200, torch.bfloat16, "nt")
+    M, N, K, _, b_view, b_t, c = check_gluon_args(a, b)
+    assert (M, N, K, b_t) == (72, 136, 200, True)
+    assert b_view.is_contiguous() and b_view.shape == (136, 200)  # the weight's (N, K) buffer
+    assert c.shape == (72, 136) and c.dtype == torch.bfloat16
+    a_t, b = make_inputs(72, 136, 200, torch.bfloat16, "tn")
+    with pytest.raises(ValueError, match="a must have contiguous rows"):
+        check_gluon_args(a_t, b)
+    with pytest.raises(ValueError, match="stages 4; supported: 2, 3"):
+        check_gluon_args(a, b, stages=4)
+    with pytest.raises(ValueError, match="out must be"):
+        check_gluon_args(a, b, out=torch.empty(72, 135, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="float16 or bfloat16|supported"):
+        check_gluon_args(a.float(), b.float())
+
+
+# Compiled for sm_90 without a GPU: (module, options).
+COMPILED = [
+    ("triton_matmul_tma", {}),
+    ("triton_matmul_tma", {"b_t": True, "dtype": "float16"}),
+    ("triton_matmul_tma", {"a_t": True, "tile": 4}),
+    ("gluon_matmul", {}),
+    ("gluon_matmul", {"b_t": True, "dtype": "float16"}),
+    ("gluon_matmul", {"stages": 2}),
+]
+
+
+@pytest.fixture(scope="module")
+def compiled_offline():
+    """Every COMPILED variant, one process per module."""
+    from kernels.matmul.offline import compile_offline
+
+    found = {}
+    for module in dict.fromkeys(m for m, _ in COMPILED):
+        variants = [options for m, options in COMPILED if m == module]
+        for options, made in zip(variants, compile_offline(f"kernels.matmul.{module}", variants)):
+            found[module, str(options)] = made
+    return found
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("module, options", COMPILED, ids=lambda x: str(x).replace(" ", ""))
+def test_compiles_for_hopper_without_a_gpu(compiled_offline, module, options):
+    """Down to a cubin for sm_90a: wgmma for the products, TMA copies (cp.async.bulk.tensor) for
+    the tiles, shared memory within the 227 KiB a CTA may have, nothing spilled. The Gluon kernel:
+    12 warps (two consumer warpgroups and the producer's warp, padded to a warpgroup), register
+    budgets within the SM's 65,536."""
+    from kernels.matmul import gluon_matmul
+
+    made = compiled_offline[module, str(options)]
+    assert made["target"] == "sm_90a"
+    assert made["wgmma"] > 0 and made["mma_sync"] == 0
+    assert made["tma_copies"] > 0
+    assert made["spill_bytes"] == 0, made
+    assert made["shared_bytes"] <= 227 * 1024
+    if module == "gluon_matmul":
+        assert made["warps"] == 12
+        consumer, producer = gluon_matmul.CONSUMER_REGS, gluon_matmul.PRODUCER_REGS
+        assert {consumer, producer} <= set(made["register_budgets"])
+        assert 128 * (2 * consumer + producer) <= 65536
+        assert made["shared_bytes"] >= gluon_matmul.shared_bytes(stages=options.get("stages", 3))
+    else:
+        assert made["warps"] == 8
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("module", ["gluon_matmul", "triton_matmul_tma"])
+def test_other_architectures_are_not_even_compiled(module):
+    """sm_80 has neither TMA nor wgmma: the compile is refused by the feature table, with the
+    sentence naming what is missing, before Triton is asked."""
+    from kernels.matmul.offline import compile_offline
+
+    with pytest.raises(RuntimeError, match="FeatureMissing: .* needs (wgmma|tma)"):
+        compile_offline(f"kernels.matmul.{module}", [{}], arch="sm_80")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+def test_tma_kernel_matches_fp64(shape, layout, dtype):
+    from kernels.matmul.triton_matmul_tma import matmul_tma
+
+    _run_and_check(matmul_tma, *shape, dtype, layout)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("layout", ["nn", "nt"])
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+def test_gluon_kernel_matches_fp64(shape, layout, dtype, stages):
+    if not runtime.has("wgmma"):
+        pytest.fail("the Gluon GEMM's GPU tests need an sm_90 GPU (H100, H200)")
+    from kernels.matmul.gluon_matmul import gluon_matmul
+
+    _run_and_check(lambda a, b, out: gluon_matmul(a, b, out, stages=stages), *shape, dtype, layout)
+
+
+@pytest.mark.gpu
+def test_each_tma_configuration_matches_fp64():
+    """Every configuration the autotuner may pick, not only the one it picked."""
+    from kernels.matmul import triton_matmul_tma as tma
+
+    a, b = make_inputs(1000, 1016, 520, torch.bfloat16, "nn", seed=5)
+    for config in tma.candidate_configs():
+        out = poison_(torch.empty((1000, 1016), dtype=torch.bfloat16, device=a.device))
+        result = check_matmul(tma.matmul_tma(a, b, out, config=config), a, b)
+        assert result.ok, (tma.config_name(config), result)
