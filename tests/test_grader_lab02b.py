@@ -3,6 +3,7 @@ the corpus (tests/grader_corpus_lab02b.py) is caught with the reason a student c
 this mode. The CUDA C mistakes show on a GPU; on a CPU their function says it needs one."""
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -53,8 +54,8 @@ def test_every_draw_has_every_class():
 def test_course_triton_kernel_passes():
     from kernels.matmul import triton_matmul
 
-    spec = LAB.function("matmul")
-    lab = type(LAB)(LAB.id, LAB.title, (type(spec)(**{**spec.__dict__, "own_kernels_only": False}),))
+    # the course's own kernel, so the check that forbids it in a submission is off
+    lab = replace(LAB, functions=(replace(LAB.function("matmul"), own_kernels_only=False),))
     result = check_function(lab, "matmul", triton_matmul.matmul, seed=7, perf=False)
     assert result.status == "pass", result.message
 

@@ -116,7 +116,8 @@ def _diagnose(output_name, result, want, bad, a, b):
     for name, x in (("a", a), ("b", b)):
         if not x.is_contiguous():
             as_rows = torch.as_strided(x, x.shape, (x.shape[1], 1))
-            product = as_rows.double() @ b.double() if name == "a" else a.double() @ as_rows.double()
+            read_a, read_b = (as_rows, b) if name == "a" else (a, as_rows)
+            product = read_a.double() @ read_b.double()
             if _close(got, product, a.dtype):
                 return (f"{name} is a transposed view (strides {x.stride()}) and was read as if "
                         f"it were row-major: index it with both of its strides")
@@ -176,8 +177,8 @@ LAB = LabSpec(
             "cupy",
             _course_cuda,
             5,
-            "CuPy RawKernel: a block computes a tile of C from shared-memory tiles of a and b, each "
-            "thread a small block of it in registers",
+            "CuPy RawKernel: a block computes a tile of C from shared-memory tiles of a and b, "
+            "each thread a small block of it in registers",
             "zeros past M, N and K when loading a tile; __syncthreads() after filling the tiles "
             "and again before overwriting them; index a and b with both of their strides; a float "
             "accumulator",
