@@ -84,6 +84,29 @@ def test_floor_helpers():
 
 
 # --------------------------------------------------------------------------------------------------
+# The CUDA C compiles to what its comments say (no GPU needed: nvcc and cuobjdump)
+
+
+def test_cuda_steps_use_wide_loads_and_tensor_cores(tmp_path):
+    from kernels import cuda
+    from tests.test_cuda_compile import _functions, _sass, compile_cubin
+
+    def sass(name):
+        cubin, _ = compile_cubin(cuda.source_path(f"matmul/{name}.cu"), "sm_90", tmp_path)
+        return _functions(_sass(cubin))
+
+    register = sass("matmul_register")
+    assert "LDG.E.128" in register["matmul_vectorized_bf16"]
+    assert "LDG.E.128" not in register["matmul_register_bf16"]
+    mma = sass("matmul_mma")
+    for suffix, instruction in (("f16", "HMMA.16816.F32 "), ("bf16", "HMMA.16816.F32.BF16")):
+        body = mma[f"matmul_mma_{suffix}"]
+        assert instruction in body, f"matmul_mma_{suffix} issues no {instruction}"
+        assert "LDSM.16.M88.4" in body and "LDSM.16.MT88.4" in body  # ldmatrix, plain and .trans
+        assert "LDGSTS.E.BYPASS.128" in body  # cp.async.cg, 16 bytes
+
+
+# --------------------------------------------------------------------------------------------------
 # Bad arguments
 
 
@@ -230,6 +253,15 @@ def test_cuda_steps_on_misaligned_rows(step):
     a_off = a_buffer[1:].view(200, 136).copy_(a)
     assert not cupy_matmul().rows_are_16_byte_packs(a_off)
     assert_exact(cupy_matmul().matmul(a_off, b, step=step), a, b)
+
+
+@pytest.mark.gpu
+def test_mma_step_refuses_bf16_without_bf16_tensor_cores(monkeypatch):
+    """Turing (sm_75) has fp16 mma.sync only: bf16 gets a sentence, not a launch."""
+    monkeypatch.setattr(runtime, "features", lambda: runtime.GPU_PROFILES["t4"])
+    a, b = make_inputs(16, 16, 16, torch.bfloat16, seed=11)
+    with pytest.raises(runtime.FeatureMissing, match="bf16"):
+        cupy_matmul().matmul(a, b, step="mma")
 
 
 @pytest.mark.gpu

@@ -174,44 +174,34 @@ def _rows(results, section, shape, dtype="bfloat16"):
     )
 
 
+def _best(impls: dict, names: tuple[str, ...], what: str, threshold: float) -> dict:
+    """The target met by the fastest of `names` (x cuBLAS)."""
+    best = max(names, key=lambda n: impls[n]["vs_cublas"])
+    value = impls[best]["vs_cublas"]
+    return {
+        "target": f"{what} ({best}): >= {threshold}x cuBLAS",
+        "value": value,
+        "threshold": threshold,
+        "pass": bool(value >= threshold),
+    }
+
+
 def performance_targets(results: dict) -> list[dict]:
     checks = []
     steps = _rows(results, "cuda", CUDA_SHAPE)
     if steps:
-        checks.append(
-            {
-                "target": "CUDA C mma.sync, 4096^3 bf16: >= 0.70x cuBLAS",
-                "value": steps["cuda mma"]["vs_cublas"],
-                "threshold": 0.70,
-            }
-        )
+        checks.append(_best(steps, ("cuda mma",), "CUDA C, 4096^3 bf16", 0.70))
     for shape in TRITON_SHAPES[:2]:
         for dtype in ("bfloat16", "float16"):
             impls = _rows(results, "triton", shape, dtype)
             if impls:
-                best = max(("triton", "triton persistent"), key=lambda n: impls[n]["vs_cublas"])
-                checks.append(
-                    {
-                        "target": f"Triton ({best}), {'x'.join(map(str, shape))} {dtype}: "
-                        ">= 1.0x cuBLAS",
-                        "value": impls[best]["vs_cublas"],
-                        "threshold": 1.0,
-                    }
-                )
+                what = f"Triton, {'x'.join(map(str, shape))} {dtype}"
+                checks.append(_best(impls, ("triton", "triton persistent"), what, 1.0))
     for shape in SKINNY_SHAPES:
         impls = _rows(results, "skinny", shape)
         if impls:
-            best = max(("GEMV (decoder)", "split-K"), key=lambda n: impls[n]["vs_cublas"])
-            checks.append(
-                {
-                    "target": f"M={shape[0]} ({best}), {'x'.join(map(str, shape))} bf16: "
-                    ">= 0.95x cuBLAS",
-                    "value": impls[best]["vs_cublas"],
-                    "threshold": 0.95,
-                }
-            )
-    for c in checks:
-        c["pass"] = bool(c["value"] >= c["threshold"])
+            what = f"M={shape[0]}, {'x'.join(map(str, shape))} bf16"
+            checks.append(_best(impls, ("GEMV (decoder)", "split-K"), what, 0.95))
     return checks
 
 

@@ -34,18 +34,17 @@ __device__ __forceinline__ unsigned shared_address(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
-// One 16-byte pack (row, col .. col + 7) of an operand into shared memory. cp.async where the pack
-// is whole and aligned (16 bytes fetched, `bytes` of them from memory and the rest zeros: 0 past
-// the matrix); else element by element through registers (a transposed operand, a ragged edge).
+// One 16-byte pack (row, col .. col + 7) of an operand into shared memory: by cp.async where the
+// pack is whole and its rows are 16-byte aligned, else through registers, element by element, with
+// zeros past the matrix (a transposed operand, a ragged edge, a misaligned view).
 template <typename T>
 __device__ __forceinline__ void pack_to_shared(T* dst, const T* p, int row, int col, int rows,
                                                int cols, int s_row, int s_col, bool vec) {
 #if __CUDA_ARCH__ >= 800
-    const bool outside = row >= rows || col >= cols;
-    if (outside || (vec && col + 8 <= cols)) {
-        const T* src = outside ? p : p + row * s_row + col;  // any valid address when 0 bytes are read
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)),
-                     "l"(src), "r"(outside ? 0 : 16));
+    if (vec && row < rows && col + 8 <= cols) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(dst)),
+                     "l"(p + row * s_row + col)
+                     : "memory");
         return;
     }
 #endif
@@ -68,7 +67,7 @@ __device__ __forceinline__ void load_tiles(MmaTiles<T>& tiles, int stage, const 
         pack_to_shared(&tiles.b[stage][k][col], b, k0 + k, n0 + col, K, N, sbk, sbn, vec_b);
     }
 #if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\n" ::);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
 #endif
 }
 
@@ -76,7 +75,7 @@ __device__ __forceinline__ void load_tiles(MmaTiles<T>& tiles, int stage, const 
 template <int pending>
 __device__ __forceinline__ void wait_tiles() {
 #if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory");
 #endif
 }
 
@@ -85,12 +84,14 @@ __device__ __forceinline__ void wait_tiles() {
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* row) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(shared_address(row)));
+                 : "r"(shared_address(row))
+                 : "memory");
 }
 __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* row) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(shared_address(row)));
+                 : "r"(shared_address(row))
+                 : "memory");
 }
 
 // Which instruction a type takes (NVRTC has no <type_traits>).

@@ -31,7 +31,7 @@ import triton.language as tl
 from kernels import runtime
 from kernels.decoder import triton_gemv
 from kernels.matmul.reference import check_matmul_args
-from kernels.matmul.triton_matmul import sm_programs
+from kernels.matmul.triton_matmul import sm_programs, tile_product
 
 MAX_ROWS = triton_gemv.MAX_ROWS  # 32: past this, a tiled GEMM fills the chip without split-K
 
@@ -54,29 +54,19 @@ def split_k_kernel(
     BLOCK_K: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    """partial[split, :, n0 : n0 + BLOCK_N] = A[:, piece] @ B[piece, n0 : n0 + BLOCK_N]."""
-    split = tl.program_id(1)
-    rows = tl.arange(0, BLOCK_M)
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    """partial[split, :, n0 : n0 + BLOCK_N] = A[:, piece] @ B[piece, n0 : n0 + BLOCK_N]: the tiled
+    kernel's tile product, on the operands shifted to the piece's first k."""
+    split, tile_n = tl.program_id(1), tl.program_id(0)
     k_first = split * K_PER_SPLIT
-    ks = k_first + tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + rows[:, None] * stride_am + ks[None, :] * stride_ak
-    b_ptrs = b_ptr + ks[:, None] * stride_bk + cols[None, :] * stride_bn
-    row_ok = rows[:, None] < M
-    col_ok = cols[None, :] < N
-    k_end = tl.minimum(k_first + K_PER_SPLIT, K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_first, k_end, BLOCK_K):
-        k_ok = ks - k_first < k_end - k0  # only the last piece has a tail
-        a = tl.load(a_ptrs, mask=row_ok & k_ok[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok, other=0.0)
-        if UPCAST:  # the CPU interpreter's tl.dot is wrong on bf16 tiles (runtime.UPCAST)
-            a, b = a.to(tl.float32), b.to(tl.float32)
-        acc = tl.dot(a, b, acc)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
+    acc = tile_product(
+        a_ptr + k_first * stride_ak, b_ptr + k_first * stride_bk, M, N,
+        tl.minimum(K_PER_SPLIT, K - k_first), stride_am, stride_ak, stride_bk, stride_bn,
+        0, tile_n, BLOCK_M, BLOCK_N, BLOCK_K, UPCAST,
+    )  # fmt: skip
+    rows = tl.arange(0, BLOCK_M)
+    cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     out = partial_ptr + split * M * N + rows[:, None] * N + cols[None, :]
-    tl.store(out, acc, mask=row_ok & col_ok)
+    tl.store(out, acc, mask=(rows[:, None] < M) & (cols[None, :] < N))
 
 
 @triton.jit
