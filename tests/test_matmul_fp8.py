@@ -15,6 +15,7 @@ from kernels.testing import generator, poison_
 # partial last block) but of 16 (TMA's 16-byte rows of e4m3); N past one 128-row weight block.
 CPU_SHAPES = [(72, 200, 272), (1, 136, 144), (40, 16, 48)]
 GPU_SHAPES = [(200, 264, 400), (1000, 1000, 1040), (3000, 2056, 4096)]
+SHAPES = runtime.pick(gpu=GPU_SHAPES, cpu=CPU_SHAPES)
 
 
 def make_inputs(M, N, K, seed=0, device=None):
@@ -42,12 +43,12 @@ def check_kernel_error(c, a_deq, w_deq):
     assert (error <= bound).all(), (error.flatten()[worst].item(), bound.flatten()[worst].item())
 
 
-def run_block_scaled(M, N, K, seed=0):
+def run_block_scaled(M, N, K, seed=0, config=None):
     a, w = make_inputs(M, N, K, seed)
     a8, sa = fp8.quantize_activation(a)
     w8, sw = fp8.quantize_weight(w)
     out = poison_(torch.empty((M, N), dtype=torch.bfloat16, device=a.device))
-    c = fp8.fp8_matmul_block_scaled(a8, sa, w8, sw, out=out)
+    c = fp8.fp8_matmul_block_scaled(a8, sa, w8, sw, out=out, config=config)
     assert c is out
     deq = (fp8.dequantize(a8, sa, 1), fp8.dequantize(w8, sw, fp8.SCALE_BLOCK))
     return c, deq, (a, w)
@@ -101,25 +102,23 @@ def test_per_block_scaling_keeps_an_outlier_from_flattening_the_rest():
     assert blocked < per_tensor / 4, (blocked, per_tensor)
 
 
-@pytest.mark.cpu
-@pytest.mark.parametrize("shape", CPU_SHAPES, ids=str)
-def test_block_scaled_matches_fp64_in_the_interpreter(shape):
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_block_scaled_matches_fp64(shape):
     c, deq, original = run_block_scaled(*shape)
     check_kernel_error(c, *deq)
     errors = fp8.fp8_errors(c, deq, original)
     assert errors["original"]["calc_diff"] < fp8.DEEPGEMM_DIFF_BOUND, errors
 
 
-@pytest.mark.cpu
-@pytest.mark.parametrize("promote_k", [0, 128])
-@pytest.mark.parametrize("shape", CPU_SHAPES, ids=str)
-def test_per_tensor_matches_fp64_in_the_interpreter(shape, promote_k):
+# On the GPU the never-promoted sum is not held to the promoted bound: that is what it shows.
+@pytest.mark.parametrize("promote_k", runtime.pick(gpu=[128, 64], cpu=[0, 128]))
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_per_tensor_matches_fp64(shape, promote_k):
     c, deq, original, _ = run_per_tensor(*shape, promote_k)
     check_kernel_error(c, *deq)
     assert fp8.fp8_errors(c, deq, original)["original"]["calc_diff"] < fp8.DEEPGEMM_DIFF_BOUND
 
 
-@pytest.mark.cpu
 def test_wrong_scales_are_caught():
     """The check can fail: the weight's scale blocks swapped along N give a C far off the
     dequantized product."""
@@ -155,6 +154,8 @@ COMPILED = [
     ("sm_90", {"tile": 2}),  # block-scaled, 128 x 128
     ("sm_90", {"tile": 3}),
     ("sm_90", {"scaling": fp8.PER_TENSOR, "promote_k": 128, "tile": 2}),
+    ("sm_90", {"scaling": fp8.PER_TENSOR, "promote_k": 32, "tile": 2}),
+    ("sm_90", {"scaling": fp8.PER_TENSOR, "promote_k": 0, "tile": 2}),
     ("sm_90", {"scaling": fp8.PER_TENSOR, "promote_k": 0, "tile": 0}),  # 128 x 256
     ("sm_89", {"tile": 4}),
     ("sm_89", {"scaling": fp8.PER_TENSOR, "promote_k": 0, "tile": 4}),
@@ -200,6 +201,20 @@ def test_compiles_without_a_gpu(compiled_offline, arch, options):
 
 
 @pytest.mark.cpu
+def test_promotion_is_in_the_compiled_code(compiled_offline):
+    """On sm_90 a promotion is one float32 add per accumulator register: 64 a thread for a
+    128 x 128 tile over 256 threads. promote_k = 128 adds once a K step of 128, 32 four times
+    (after every wgmma), 0 never (the tensor cores keep the whole sum)."""
+    adds = {
+        p: compiled_offline["sm_90", str({"scaling": fp8.PER_TENSOR, "promote_k": p, "tile": 2})][
+            "f32_adds"
+        ]
+        for p in (0, 32, 128)
+    }
+    assert adds == {0: 0, 32: 4 * 64, 128: 64}
+
+
+@pytest.mark.cpu
 def test_a_gpu_without_fp8_is_not_even_compiled_for():
     from kernels.matmul.offline import compile_offline
 
@@ -209,20 +224,10 @@ def test_a_gpu_without_fp8_is_not_even_compiled_for():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
-def test_block_scaled_matches_fp64(shape):
-    c, deq, original = run_block_scaled(*shape)
-    check_kernel_error(c, *deq)
-    errors = fp8.fp8_errors(c, deq, original)
-    assert errors["original"]["calc_diff"] < fp8.DEEPGEMM_DIFF_BOUND, errors
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
-def test_per_tensor_promoted_matches_fp64_and_cublas(shape):
-    c, deq, original, (a8, w8, sa, sw) = run_per_tensor(*shape, promote_k=128)
-    check_kernel_error(c, *deq)
+def test_per_tensor_agrees_with_cublas(shape):
+    c, _, _, (a8, w8, sa, sw) = run_per_tensor(*shape, promote_k=128)
     cublas = fp8.fp8_matmul_scaled_mm(a8, w8, sa, sw)
-    assert fp8.calc_diff(c, cublas) < 1e-5
+    assert fp8.calc_diff(c, cublas) < 2e-5  # two bf16 roundings of C apart, at most
 
 
 @pytest.mark.gpu
@@ -238,16 +243,9 @@ def test_promotion_does_not_lose_to_the_tensor_cores_own_sum():
 @pytest.mark.gpu
 def test_each_configuration_matches_fp64():
     """Every configuration the pruner keeps, not only the one the autotuner picked."""
-    M, N, K = 1000, 1016, 520
-    a, w = make_inputs(M, N, K, seed=6)
-    a8, sa = fp8.quantize_activation(a)
-    w8, sw = fp8.quantize_weight(w)
-    deq = (fp8.dequantize(a8, sa, 1), fp8.dequantize(w8, sw, fp8.SCALE_BLOCK))
     budget = runtime.shared_memory_budget()
     for tile in fp8.GPU_TILES:
         config = fp8.tile_config(*tile)
-        if not fp8.fits(config, promoted=True) or fp8.shared_bytes(*tile[:2], tile[3]) > budget:
-            continue
-        out = poison_(torch.empty((M, N), dtype=torch.bfloat16, device=a.device))
-        check_kernel_error(fp8.fp8_matmul_block_scaled(a8, sa, w8, sw, out=out, config=config),
-                           *deq)  # fmt: skip
+        if fp8.fits(config, promoted=True) and fp8.shared_bytes(*tile[:2], tile[3]) <= budget:
+            c, deq, _ = run_block_scaled(1000, 1016, 520, seed=6, config=config)
+            check_kernel_error(c, *deq)

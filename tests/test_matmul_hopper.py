@@ -37,17 +37,15 @@ def _run_and_check(fn, M, N, K, dtype, layout, seed=0):
     assert result.ok, (M, N, K, dtype, layout, result)
 
 
-@pytest.mark.cpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("shape", CPU_SHAPES, ids=str)
-def test_tma_kernel_matches_fp64_in_the_interpreter(shape, layout, dtype):
+@pytest.mark.parametrize("shape", runtime.pick(gpu=GPU_SHAPES, cpu=CPU_SHAPES), ids=str)
+def test_tma_kernel_matches_fp64(shape, layout, dtype):
     from kernels.matmul.triton_matmul_tma import matmul_tma
 
     _run_and_check(matmul_tma, *shape, dtype, layout)
 
 
-@pytest.mark.cpu
 def test_tma_kernel_reads_rows_of_a_wider_buffer():
     """A row stride longer than the row (a column slice of a wider matrix) is still TMA's: the
     descriptor takes the stride, not the shape."""
@@ -61,7 +59,6 @@ def test_tma_kernel_reads_rows_of_a_wider_buffer():
     assert result.ok, result
 
 
-@pytest.mark.cpu
 def test_tma_kernel_odd_m():
     """M is no row length in the "nn" layout: any M works, 67 included."""
     from kernels.matmul.triton_matmul_tma import matmul_tma
@@ -69,7 +66,6 @@ def test_tma_kernel_odd_m():
     _run_and_check(matmul_tma, 67, 40, 48, torch.bfloat16, "nn")
 
 
-@pytest.mark.cpu
 def test_tma_kernel_says_what_it_cannot_read():
     from kernels.matmul.triton_matmul_tma import matmul_tma
 
@@ -99,7 +95,6 @@ def test_gluon_kernel_refuses_before_anything_else_off_sm_90():
         gluon_matmul(a.float(), b.float())
 
 
-@pytest.mark.cpu
 def test_gluon_argument_checks():
     from kernels.matmul.gluon_matmul import check_gluon_args
 
@@ -180,16 +175,6 @@ def test_other_architectures_are_not_even_compiled(module):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
-def test_tma_kernel_matches_fp64(shape, layout, dtype):
-    from kernels.matmul.triton_matmul_tma import matmul_tma
-
-    _run_and_check(matmul_tma, *shape, dtype, layout)
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("stages", [2, 3])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("layout", ["nn", "nt"])
@@ -212,3 +197,30 @@ def test_each_tma_configuration_matches_fp64():
         out = poison_(torch.empty((1000, 1016), dtype=torch.bfloat16, device=a.device))
         result = check_matmul(tma.matmul_tma(a, b, out, config=config), a, b)
         assert result.ok, (tma.config_name(config), result)
+
+
+@pytest.mark.cpu
+def test_benchmark_targets_state_the_ratio_and_its_threshold():
+    """The targets read the rows the sections write: a Gluon kernel at 1.04x cuBLAS misses its
+    1.05x, a TMA kernel at 1.0x meets its 1.0x, and the fp8 error target fails past DeepGEMM's
+    bound."""
+    from kernels.matmul import benchmark_hopper
+
+    def row(shape, dtype, impls):
+        return {"shape": list(shape), "dtype": dtype, "impls": impls}
+
+    shape = benchmark_hopper.TARGET_SHAPES[0]
+    hopper = {"triton TMA": {"vs_cublas": 1.0}, "gluon warp-specialized": {"vs_cublas": 1.04}}
+    block = {"vs_cublas_fp8": 1.1, "errors": {"original": {"calc_diff": 2e-3}}}
+    results = {
+        "hopper": [row(shape, "bfloat16", hopper)],
+        "fp8": [row(shape, "float8_e4m3fn", {"fp8 block-scaled": block})],
+    }
+    checks = {c["target"]: c for c in benchmark_hopper.performance_targets(results)}
+    name = "x".join(map(str, shape))
+    assert checks[f"triton TMA, {name} bfloat16: >= 1.0x cuBLAS"]["pass"]
+    assert not checks[f"gluon warp-specialized, {name} bfloat16: >= 1.05x cuBLAS"]["pass"]
+    assert checks[f"fp8 block-scaled, {name}: >= 1.0x cuBLAS fp8 per-tensor"]["pass"]
+    error = [c for t, c in checks.items() if "calc_diff" in t]
+    assert len(error) == 1 and not error[0]["pass"] and error[0]["value"] == pytest.approx(0.5)
+    assert len(checks) == 4  # float16 and the second shape have no rows: no targets

@@ -89,8 +89,9 @@ def _tile_position(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
-def _producer(a_desc, b_desc, a_smem, b_smem, ready, empty, M, N, K, B_T: gl.constexpr,
-              GROUP_M: gl.constexpr):  # fmt: skip
+def _producer(
+    a_desc, b_desc, a_smem, b_smem, ready, empty, M, N, K, B_T: gl.constexpr, GROUP_M: gl.constexpr
+):
     """One warp: for each of the CTA's tiles, each K step's A (one 64-row copy per consumer) and
     B into the next slot of the ring, once both consumers have freed it."""
     STAGES: gl.constexpr = empty.shape[0]
@@ -110,8 +111,12 @@ def _producer(a_desc, b_desc, a_smem, b_smem, ready, empty, M, N, K, B_T: gl.con
             bar = ready.index(slot)
             mbarrier.expect(bar, NUM_WG * a_desc.block_type.nbytes + b_desc.block_type.nbytes)
             for wg in gl.static_range(NUM_WG):
-                tma_load(a_desc, [(pid_m * NUM_WG + wg) * WG_M, ki * BLOCK_K], bar,
-                         a_smem.index(slot * NUM_WG + wg))  # fmt: skip
+                tma_load(
+                    a_desc,
+                    [(pid_m * NUM_WG + wg) * WG_M, ki * BLOCK_K],
+                    bar,
+                    a_smem.index(slot * NUM_WG + wg),
+                )
             if B_T:
                 tma_load(b_desc, [pid_n * BLOCK_N, ki * BLOCK_K], bar, b_smem.index(slot))
             else:
@@ -120,8 +125,20 @@ def _producer(a_desc, b_desc, a_smem, b_smem, ready, empty, M, N, K, B_T: gl.con
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, a_smem, b_smem, ready, empty, c_desc, c_smem, M, N, K,
-              B_T: gl.constexpr, GROUP_M: gl.constexpr):  # fmt: skip
+def _consumer(
+    WG: gl.constexpr,
+    a_smem,
+    b_smem,
+    ready,
+    empty,
+    c_desc,
+    c_smem,
+    M,
+    N,
+    K,
+    B_T: gl.constexpr,
+    GROUP_M: gl.constexpr,
+):
     """One warpgroup: rows WG * 64 .. WG * 64 + 63 of each of the CTA's tiles, accumulated by
     wgmma from the ring, stored by TMA."""
     STAGES: gl.constexpr = empty.shape[0]
@@ -130,7 +147,8 @@ def _consumer(WG: gl.constexpr, a_smem, b_smem, ready, empty, c_desc, c_smem, M,
     BLOCK_N: gl.constexpr = c_smem.shape[2]
     # The wgmma accumulator: the 4 warps stacked along M, instruction m64 x n(BLOCK_N) x k16.
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
+    )
     num_pid_m = gl.cdiv(M, NUM_WG * WG_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
     k_steps = gl.cdiv(K, BLOCK_K)
@@ -175,20 +193,33 @@ def _consumer_1(args, B_T: gl.constexpr, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
-def gluon_matmul_kernel(a_desc, b_desc, c_desc, M, N, K, B_T: gl.constexpr,
-                        STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-                        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):  # fmt: skip
+def gluon_matmul_kernel(
+    a_desc,
+    b_desc,
+    c_desc,
+    M,
+    N,
+    K,
+    B_T: gl.constexpr,
+    STAGES: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr,
+):
     """One CTA per SM (or per tile, if fewer), each looping over output tiles of 128 x BLOCK_N.
     a_desc: 64 x BLOCK_K tiles of A; b_desc: BLOCK_K x BLOCK_N tiles of B (B_T: BLOCK_N x BLOCK_K
     of its (N, K) buffer); c_desc: 64 x BLOCK_N tiles of C."""
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     NUM_WG: gl.constexpr = 2
-    a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES * NUM_WG, WG_M, BLOCK_K],
-                                       a_desc.layout)  # fmt: skip
-    b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape,
-                                       b_desc.layout)  # fmt: skip
-    c_smem = gl.allocate_shared_memory(c_desc.dtype, [NUM_WG] + c_desc.block_type.shape,
-                                       c_desc.layout)  # fmt: skip
+    a_smem = gl.allocate_shared_memory(
+        a_desc.dtype, [STAGES * NUM_WG, WG_M, BLOCK_K], a_desc.layout
+    )
+    b_smem = gl.allocate_shared_memory(
+        b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout
+    )
+    c_smem = gl.allocate_shared_memory(
+        c_desc.dtype, [NUM_WG] + c_desc.block_type.shape, c_desc.layout
+    )
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -199,10 +230,14 @@ def gluon_matmul_kernel(a_desc, b_desc, c_desc, M, N, K, B_T: gl.constexpr,
     # as a runtime value.
     args = (a_smem, b_smem, ready, empty, c_desc, c_smem, M, N, K)
     gl.warp_specialize(
-        [(_consumer_0, (args, B_T, GROUP_M)),
-         (_consumer_1, (args, B_T, GROUP_M)),
-         (_producer, (a_desc, b_desc, a_smem, b_smem, ready, empty, M, N, K, B_T, GROUP_M))],
-        [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
+        [
+            (_consumer_0, (args, B_T, GROUP_M)),
+            (_consumer_1, (args, B_T, GROUP_M)),
+            (_producer, (a_desc, b_desc, a_smem, b_smem, ready, empty, M, N, K, B_T, GROUP_M)),
+        ],
+        [4, 1],
+        [CONSUMER_REGS, PRODUCER_REGS],
+    )
 
 
 def _descriptors(a, b_view, b_t: bool, c, block_n: int):
@@ -214,9 +249,11 @@ def _descriptors(a, b_view, b_t: bool, c, block_n: int):
         layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
         return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
 
-    return (desc(a, [WG_M.value, BLOCK_K]),
-            desc(b_view, [block_n, BLOCK_K] if b_t else [BLOCK_K, block_n]),
-            desc(c, [WG_M.value, block_n]))  # fmt: skip
+    return (
+        desc(a, [WG_M.value, BLOCK_K]),
+        desc(b_view, [block_n, BLOCK_K] if b_t else [BLOCK_K, block_n]),
+        desc(c, [WG_M.value, block_n]),
+    )
 
 
 @functools.cache
@@ -229,20 +266,30 @@ def check_gluon_args(a, b, out=None, stages: int = STAGES):
     `gluon_matmul`, or a TypeError/ValueError saying what the kernel does not take."""
     M, N, K = check_matmul_args(a, b, out, op="gluon_matmul")
     if stages not in (2, 3):
-        raise ValueError(f"gluon_matmul: stages {stages}; supported: 2, 3 (the ring and the "
-                         f"epilogue buffer must fit in {SHARED_BYTES // 1024} KiB)")  # fmt: skip
+        raise ValueError(
+            f"gluon_matmul: stages {stages}; supported: 2, 3 (the ring and the "
+            f"epilogue buffer must fit in {SHARED_BYTES // 1024} KiB)"
+        )
     a_view, a_t = tma_view(a, "a", "gluon_matmul")
     if a_t:
-        raise ValueError("gluon_matmul: a must have contiguous rows (a transposed a is read by "
-                         "triton_matmul_tma.matmul_tma); pass a.contiguous()")  # fmt: skip
+        raise ValueError(
+            "gluon_matmul: a must have contiguous rows (a transposed a is read by "
+            "triton_matmul_tma.matmul_tma); pass a.contiguous()"
+        )
     b_view, b_t = tma_view(b, "b", "gluon_matmul")
     c = torch.empty((M, N), dtype=a.dtype, device=a.device) if out is None else out
     tma_view(c, "out", "gluon_matmul")
     return M, N, K, a_view, b_view, b_t, c
 
 
-def gluon_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
-                 stages: int = STAGES, group_m: int = GROUP_M) -> torch.Tensor:  # fmt: skip
+def gluon_matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    stages: int = STAGES,
+    group_m: int = GROUP_M,
+) -> torch.Tensor:
     """a @ b (fp16 or bf16, fp32 accumulation) by the warp-specialized kernel; `out` (M, N),
     contiguous, receives C if given. `stages`: the ring's depth (2 or 3: 4 does not fit beside
     the epilogue buffer); `group_m`: row tiles per group of the tile order. FeatureMissing on
@@ -252,14 +299,26 @@ def gluon_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = No
     a_desc, b_desc, c_desc = _descriptors(a_view, b_view, b_t, c, BLOCK_N)
     tiles = triton.cdiv(M, NUM_WG * WG_M.value) * triton.cdiv(N, BLOCK_N)
     grid = (min(tiles, _sm_count(a.device.index or 0)),)
-    gluon_matmul_kernel[grid](a_desc, b_desc, c_desc, M, N, K, B_T=b_t, STAGES=stages,
-                              GROUP_M=group_m, CONSUMER_REGS=CONSUMER_REGS,
-                              PRODUCER_REGS=PRODUCER_REGS, num_warps=4)  # fmt: skip
+    gluon_matmul_kernel[grid](
+        a_desc,
+        b_desc,
+        c_desc,
+        M,
+        N,
+        K,
+        B_T=b_t,
+        STAGES=stages,
+        GROUP_M=group_m,
+        CONSUMER_REGS=CONSUMER_REGS,
+        PRODUCER_REGS=PRODUCER_REGS,
+        num_warps=4,
+    )
     return c
 
 
-def compile_for(arch: str = "sm_90", dtype: str = "bfloat16", b_t: bool = False,
-                stages: int = STAGES):  # fmt: skip
+def compile_for(
+    arch: str = "sm_90", dtype: str = "bfloat16", b_t: bool = False, stages: int = STAGES
+):
     """The kernel compiled for `arch` without a GPU (`offline.compile_offline` runs this in a
     process of its own). FeatureMissing for any arch but sm_90, before compiling."""
     from kernels.matmul.offline import compile_triton, descriptor_type
@@ -268,9 +327,20 @@ def compile_for(arch: str = "sm_90", dtype: str = "bfloat16", b_t: bool = False,
     torch_dtype = getattr(torch, dtype)
     buffer = torch.empty((64, 64), dtype=torch_dtype)
     descs = _descriptors(buffer, buffer, b_t, buffer, BLOCK_N)
-    constants = {"B_T": b_t, "STAGES": stages, "GROUP_M": GROUP_M,
-                 "CONSUMER_REGS": CONSUMER_REGS, "PRODUCER_REGS": PRODUCER_REGS}  # fmt: skip
-    signature = {"a_desc": descriptor_type(descs[0]), "b_desc": descriptor_type(descs[1]),
-                 "c_desc": descriptor_type(descs[2]), "M": "i32", "N": "i32", "K": "i32",
-                 **dict.fromkeys(constants, "constexpr")}  # fmt: skip
+    constants = {
+        "B_T": b_t,
+        "STAGES": stages,
+        "GROUP_M": GROUP_M,
+        "CONSUMER_REGS": CONSUMER_REGS,
+        "PRODUCER_REGS": PRODUCER_REGS,
+    }
+    signature = {
+        "a_desc": descriptor_type(descs[0]),
+        "b_desc": descriptor_type(descs[1]),
+        "c_desc": descriptor_type(descs[2]),
+        "M": "i32",
+        "N": "i32",
+        "K": "i32",
+        **dict.fromkeys(constants, "constexpr"),
+    }
     return compile_triton(gluon_matmul_kernel, signature, constants, arch, num_warps=4, gluon=True)

@@ -34,7 +34,7 @@ for options in json.loads(sys.argv[1]):
         "warps": kernel.metadata.num_warps, "shared_bytes": kernel.metadata.shared,
         "wgmma": len(wgmma), "wgmma_fp8": sum("e4m3" in w for w in wgmma),
         "mma_sync": ptx.count("mma.sync"), "tma_copies": ptx.count("cp.async.bulk.tensor"),
-        "mbarriers": ptx.count("mbarrier.try_wait"),
+        "mbarriers": ptx.count("mbarrier.try_wait"), "f32_adds": ptx.count("add.f32"),
         "register_budgets": sorted({int(n) for n in re.findall(r"setmaxnreg[.a-z0-9]*\\s+(\\d+)",
                                                               ptx)}),
         "target": re.search(r"\\.target\\s+(\\S+)", ptx).group(1)}), flush=True)
@@ -44,10 +44,15 @@ for options in json.loads(sys.argv[1]):
 def compile_offline(module: str, variants: list[dict], arch: str = "sm_90") -> list[dict]:
     """`module.compile_for(arch, **options)` for each options dict in `variants`, in one fresh
     process: per variant the warps, shared bytes, wgmma instructions (and how many multiply
-    fp8 e4m3), mma.sync instructions, TMA copies, mbarrier waits, the `setmaxnreg` register
+    fp8 e4m3), mma.sync instructions, TMA copies, mbarrier waits, float32 adds (an fp8
+    product's promotions into its fp32 accumulator), the `setmaxnreg` register
     budgets, the PTX target, and from ptxas the registers a thread and the bytes spilled."""
-    done = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(variants), module, arch],
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, json.dumps(variants), module, arch],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if done.returncode != 0:  # the error, without the binding's reference-leak report after it
         error = done.stderr.split("nanobind: leaked")[0]
         raise RuntimeError(f"compiling {module} for {arch} failed:\n" + error[-3000:])
@@ -64,8 +69,15 @@ def compile_offline(module: str, variants: list[dict], arch: str = "sm_90") -> l
     return made
 
 
-def compile_triton(fn, signature: dict, constants: dict, arch: str, num_warps: int,
-                   num_stages: int = 3, gluon: bool = False):  # fmt: skip
+def compile_triton(
+    fn,
+    signature: dict,
+    constants: dict,
+    arch: str,
+    num_warps: int,
+    num_stages: int = 3,
+    gluon: bool = False,
+):
     """Compile a @triton.jit (or, with `gluon`, a @gluon.jit) function for `arch` ("sm_90") without
     a GPU. `signature` maps every parameter, in order, to its type string ("constexpr" for those in
     `constants`, a descriptor's from `descriptor_type`)."""
@@ -80,8 +92,11 @@ def compile_triton(fn, signature: dict, constants: dict, arch: str, num_warps: i
     names = list(signature)
     constexprs = {(names.index(n),): value for n, value in constants.items()}
     target = GPUTarget("cuda", int(arch.removeprefix("sm_")), 32)
-    return triton.compile(Source(fn, signature, constexprs), target=target,
-                          options={"num_warps": num_warps, "num_stages": num_stages})  # fmt: skip
+    return triton.compile(
+        Source(fn, signature, constexprs),
+        target=target,
+        options={"num_warps": num_warps, "num_stages": num_stages},
+    )
 
 
 def descriptor_type(desc) -> str:

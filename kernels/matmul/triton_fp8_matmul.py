@@ -7,16 +7,17 @@ A8 and W8 are float8 e4m3 (3 mantissa bits, largest finite 448); C is bf16. Hopp
 multiply fp8 at twice the bf16 rate, so the same GEMM can run twice as fast if the values survive.
 
 Quantizing. `quantize_per_tensor` divides a whole tensor by amax / 448: one outlier shrinks every
-other value toward fp8's subnormals. `quantize_blocks` gives each 1 x 128 run of an activation row
-(or each 128 x 128 block of a weight) its own scale, as DeepSeek-V3 trains (arXiv 2412.19437, sec.
-3.3): an outlier costs only its own block. The weight is (N, K), K contiguous (nn.Linear's layout and
-DeepGEMM's); the activation scales are stored K-block-major, (K / 128, M) viewed as (M, K / 128), so
-a tile's BLOCK_M scales of one K block are contiguous.
+other value toward fp8's subnormals (e4m3 spans 448 / 2^-6 = 28,672 from its largest value to its
+smallest normal one). `quantize_blocks` gives each 1 x 128 run of an activation row (or each
+128 x 128 block of a weight) its own scale, as DeepSeek-V3 trains (arXiv 2412.19437, sec. 3.3): an
+outlier costs only its own block. The weight is (N, K), K contiguous (nn.Linear's layout and
+DeepGEMM's); the activation scales are stored K-block-major, (K / 128, M) viewed as (M, K / 128),
+so a tile's BLOCK_M scales of one K block are contiguous.
 
 Accumulating: the trap of lecture 04. Hopper's fp8 wgmma does not keep a full fp32 sum: DeepSeek
-measured about 14 bits kept, so a long K sum loses low bits of every addend (the relative error grows
-with K: near 2% at K = 4096 in their test). The cure is **promotion**: let the tensor cores sum only
-a few K steps, then add that partial sum into an fp32 accumulator in registers with an ordinary FMA.
+measured about 14 bits kept, so a long K sum loses low bits of every addend (a relative error near
+2% at K = 4096 in their test). The cure is **promotion**: let the tensor cores sum only a few K
+steps, then add that partial sum into an fp32 accumulator in registers with an ordinary FMA.
 * The block-scaled kernel promotes every K block by construction: each 128-deep product starts from
   zero (`tl.dot(a, w)`, no accumulator), is multiplied by its two scales and added in fp32.
 * The per-tensor kernel promotes every `promote_k` elements of K (a parameter: 0 never, the
@@ -39,15 +40,14 @@ products.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels import runtime
-from kernels.matmul.triton_matmul_tma import tma_view
+from kernels.matmul.triton_matmul import GROUP_M, sm_programs, tile_coordinates
+from kernels.matmul.triton_matmul_tma import descriptor, launch, tma_view
 from kernels.runtime import UPCAST
 
 FP8 = torch.float8_e4m3fn
@@ -77,7 +77,6 @@ GPU_TILES = [
 # fp32 accumulator registers a thread may hold (of 255) without spilling, measured offline on
 # sm_90: 128 (one 128 x 256 accumulator at 8 warps, or two 128 x 128 ones) fits, 256 does not.
 ACC_REGS = 128
-GROUP_M = 8
 SHARED_BYTES = 227 * 1024
 
 
@@ -144,8 +143,12 @@ def set_block_shapes(nargs):
 
 
 def tile_config(bm: int, bn: int, warps: int, stages: int) -> triton.Config:
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": SCALE_BLOCK, "GROUP_M": GROUP_M},
-                         num_warps=warps, num_stages=stages, pre_hook=set_block_shapes)  # fmt: skip
+    return triton.Config(
+        {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": SCALE_BLOCK, "GROUP_M": GROUP_M},
+        num_warps=warps,
+        num_stages=stages,
+        pre_hook=set_block_shapes,
+    )
 
 
 def shared_bytes(bm: int, bn: int, stages: int) -> int:
@@ -161,8 +164,10 @@ def accumulator_registers(bm: int, bn: int, warps: int, promoted: bool) -> int:
 def fits(c: triton.Config, *, promoted: bool) -> bool:
     """Registers (`ACC_REGS`) and this GPU's shared memory (sm_90's 227 KiB in CPU mode)."""
     bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
-    return (accumulator_registers(bm, bn, c.num_warps, promoted) <= ACC_REGS
-            and shared_bytes(bm, bn, c.num_stages) <= runtime.shared_memory_budget())  # fmt: skip
+    return (
+        accumulator_registers(bm, bn, c.num_warps, promoted) <= ACC_REGS
+        and shared_bytes(bm, bn, c.num_stages) <= runtime.shared_memory_budget()
+    )
 
 
 def prune_configs(configs, named_args, **kwargs):
@@ -176,15 +181,6 @@ def _configs() -> list[triton.Config]:
     if not runtime.ON_GPU:  # the interpreter: one small configuration (it cannot time several)
         return [tile_config(32, 32, 1, 1)]
     return [tile_config(*t) for t in GPU_TILES]
-
-
-@triton.jit
-def _tile_position(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
-    """Output tile `tile` in the grouped order: GROUP_M row tiles walk the column tiles together."""
-    per_group = GROUP_M * num_pid_n
-    first_m = tile // per_group * GROUP_M
-    group_m = min(num_pid_m - first_m, GROUP_M)
-    return first_m + (tile % per_group) % group_m, (tile % per_group) // group_m
 
 
 @triton.autotune(
@@ -216,7 +212,7 @@ def fp8_matmul_kernel(
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, NUM_PROGRAMS, flatten=True):
-        pid_m, pid_n = _tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tile_coordinates(tile, num_pid_m, num_pid_n, GROUP_M)
         m0 = pid_m * BLOCK_M
         n0 = pid_n * BLOCK_N
         rows = m0 + tl.arange(0, BLOCK_M)
@@ -233,8 +229,11 @@ def fp8_matmul_kernel(
                 # This K block's product from zero on the tensor cores, then scaled and promoted
                 # into the fp32 accumulator: promotion every 128 of K by construction.
                 sa = tl.load(a_scale_ptr + ki * M + rows, mask=rows < M, other=0.0)
-                sw = tl.load(w_scale_ptr + col_blocks * k_tiles + ki,
-                             mask=col_blocks < tl.cdiv(N, BLOCK_K), other=0.0)  # fmt: skip
+                sw = tl.load(
+                    w_scale_ptr + col_blocks * k_tiles + ki,
+                    mask=col_blocks < tl.cdiv(N, BLOCK_K),
+                    other=0.0,
+                )
                 acc += tl.dot(a, w.T) * (sa[:, None] * sw[None, :])
             elif PROMOTE_K > 0:
                 acc = tl.dot(a, w.T, acc, max_num_imprecise_acc=PROMOTE_K)
@@ -248,14 +247,6 @@ def fp8_matmul_kernel(
         c_desc.store([m0, n0 + BLOCK_N // 2], right.to(c_desc.dtype))
 
 
-@functools.cache
-def _programs(device_index: int) -> int:
-    """Persistent programs: one per SM on the GPU; two in the interpreter (enough to interleave)."""
-    if not runtime.ON_GPU:
-        return 2
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def _check(op: str, a8, w8, a_scale, w_scale, block_scaled: bool) -> tuple[int, int, int]:
     """(M, N, K), or a TypeError/ValueError saying what is wrong with the operands."""
     for name, t in (("a8", a8), ("w8", w8), ("a_scale", a_scale), ("w_scale", w_scale)):
@@ -265,29 +256,43 @@ def _check(op: str, a8, w8, a_scale, w_scale, block_scaled: bool) -> tuple[int, 
             raise ValueError(f"{op}: {name} is on {t.device}; the kernel runs on {runtime.DEVICE}")
     for name, t in (("a8", a8), ("w8", w8)):
         if t.dtype != FP8 or t.dim() != 2:
-            raise TypeError(f"{op}: {name} must be a 2-D float8_e4m3fn tensor, got {t.dim()}-D "
-                            f"{str(t.dtype).removeprefix('torch.')} (quantize it first)")  # fmt: skip
+            raise TypeError(
+                f"{op}: {name} must be a 2-D float8_e4m3fn tensor, got {t.dim()}-D "
+                f"{str(t.dtype).removeprefix('torch.')} (quantize it first)"
+            )
         if t.stride(1) != 1:
-            raise ValueError(f"{op}: {name} must have contiguous rows (K contiguous: w8 is (N, K), "
-                             f"nn.Linear's layout); got strides {t.stride()}")  # fmt: skip
+            raise ValueError(
+                f"{op}: {name} must have contiguous rows (K contiguous: w8 is (N, K), "
+                f"nn.Linear's layout); got strides {t.stride()}"
+            )
     (M, K), (N, K_w) = a8.shape, w8.shape
     if K != K_w:
-        raise ValueError(f"{op}: a8 is {tuple(a8.shape)} and w8 is {tuple(w8.shape)}: both must "
-                         "have K columns (w8 is (N, K))")  # fmt: skip
+        raise ValueError(
+            f"{op}: a8 is {tuple(a8.shape)} and w8 is {tuple(w8.shape)}: both must "
+            "have K columns (w8 is (N, K))"
+        )
     k_blocks = triton.cdiv(K, SCALE_BLOCK)
-    shapes = {"a_scale": ((M, k_blocks), (1, M)) if block_scaled else ((), None),
-              "w_scale": ((triton.cdiv(N, SCALE_BLOCK), k_blocks), (k_blocks, 1))
-              if block_scaled else ((), None)}  # fmt: skip
+    shapes = {
+        "a_scale": ((M, k_blocks), (1, M)) if block_scaled else ((), None),
+        "w_scale": ((triton.cdiv(N, SCALE_BLOCK), k_blocks), (k_blocks, 1))
+        if block_scaled
+        else ((), None),
+    }
     for name, t in (("a_scale", a_scale), ("w_scale", w_scale)):
         shape, strides = shapes[name]
         if t.dtype != torch.float32 or tuple(t.shape) != shape:
-            raise ValueError(f"{op}: {name} must be float32 of shape {shape}, got "
-                             f"{str(t.dtype).removeprefix('torch.')} {tuple(t.shape)}")  # fmt: skip
+            raise ValueError(
+                f"{op}: {name} must be float32 of shape {shape}, got "
+                f"{str(t.dtype).removeprefix('torch.')} {tuple(t.shape)}"
+            )
         # (the stride of a dimension of length 1 is never used)
-        if strides is not None and any(n > 1 and got != want for n, got, want
-                                       in zip(t.shape, t.stride(), strides)):  # fmt: skip
-            raise ValueError(f"{op}: {name} must have strides {strides} (as the quantizer makes "
-                             f"it), got {t.stride()}")  # fmt: skip
+        if strides is not None and any(
+            n > 1 and got != want for n, got, want in zip(t.shape, t.stride(), strides)
+        ):
+            raise ValueError(
+                f"{op}: {name} must have strides {strides} (as the quantizer makes "
+                f"it), got {t.stride()}"
+            )
     return M, N, K
 
 
@@ -300,47 +305,79 @@ def _launch(op, a8, w8, a_scale, w_scale, *, scaling: int, promote_k: int, out, 
     if c.shape != (M, N) or c.dtype != torch.bfloat16 or not c.is_contiguous():
         raise ValueError(f"{op}: out must be a contiguous ({M}, {N}) bfloat16 tensor")
     tma_view(c, "out", op)
-    args = dict(a_desc=TensorDescriptor.from_tensor(a_view, [16, 16]),
-                w_desc=TensorDescriptor.from_tensor(w_view, [16, 16]),
-                c_desc=TensorDescriptor.from_tensor(c, [16, 16]),  # blocks set by the pre-hook
-                a_scale_ptr=a_scale, w_scale_ptr=w_scale, M=M, N=N, K=K,
-                NUM_PROGRAMS=_programs(a8.device.index or 0), SCALING=scaling,
-                PROMOTE_K=promote_k, UPCAST=UPCAST)  # fmt: skip
-    grid = (args["NUM_PROGRAMS"],)
-    if config is None:
-        fp8_matmul_kernel[grid](**args)
-        return c
-    meta = config.all_kwargs()
-    config.pre_hook({**args, **meta})
-    fp8_matmul_kernel.fn[grid](**args, **meta)  # past the autotuner: this configuration, untimed
+    args = dict(
+        a_desc=descriptor(a_view),
+        w_desc=descriptor(w_view),
+        c_desc=descriptor(c),
+        a_scale_ptr=a_scale,
+        w_scale_ptr=w_scale,
+        M=M,
+        N=N,
+        K=K,
+        NUM_PROGRAMS=sm_programs(),
+        SCALING=scaling,
+        PROMOTE_K=promote_k,
+        UPCAST=UPCAST,
+    )
+    launch(fp8_matmul_kernel, args, config)
     return c
 
 
-def fp8_matmul_per_tensor(a8, w8, a_scale, w_scale, *, promote_k: int = SCALE_BLOCK, out=None,
-                          config: triton.Config | None = None) -> torch.Tensor:  # fmt: skip
+def fp8_matmul_per_tensor(
+    a8,
+    w8,
+    a_scale,
+    w_scale,
+    *,
+    promote_k: int = SCALE_BLOCK,
+    out=None,
+    config: triton.Config | None = None,
+) -> torch.Tensor:
     """C (M, N) bf16 = (a_scale * a8) @ (w_scale * w8).T, a8 (M, K) and w8 (N, K) e4m3 with
     one float32 scale each (`quantize_per_tensor`). `promote_k`: fp8 products the tensor cores
     sum before each promotion into fp32 (32, 64 or 128; 0: never, Triton's default on sm_90)."""
     if promote_k not in (0, 32, 64, SCALE_BLOCK):
-        raise ValueError(f"fp8_matmul_per_tensor: promote_k {promote_k}; supported: 0 (never), "
-                         f"32, 64, 128 (at most one K tile of {SCALE_BLOCK})")  # fmt: skip
-    return _launch("fp8_matmul_per_tensor", a8, w8, a_scale.reshape(()), w_scale.reshape(()),
-                   scaling=PER_TENSOR, promote_k=promote_k, out=out, config=config)  # fmt: skip
+        raise ValueError(
+            f"fp8_matmul_per_tensor: promote_k {promote_k}; supported: 0 (never), "
+            f"32, 64, 128 (at most one K tile of {SCALE_BLOCK})"
+        )
+    return _launch(
+        "fp8_matmul_per_tensor",
+        a8,
+        w8,
+        a_scale.reshape(()),
+        w_scale.reshape(()),
+        scaling=PER_TENSOR,
+        promote_k=promote_k,
+        out=out,
+        config=config,
+    )
 
 
-def fp8_matmul_block_scaled(a8, a_scales, w8, w_scales, *, out=None,
-                            config: triton.Config | None = None) -> torch.Tensor:  # fmt: skip
+def fp8_matmul_block_scaled(
+    a8, a_scales, w8, w_scales, *, out=None, config: triton.Config | None = None
+) -> torch.Tensor:
     """C (M, N) bf16 = A @ W.T from a8 (M, K) with 1 x 128 scales (`quantize_activation`) and w8
     (N, K) with 128 x 128 scales (`quantize_weight`); every K block's product promoted into fp32."""
-    return _launch("fp8_matmul_block_scaled", a8, w8, a_scales, w_scales, scaling=BLOCK_SCALED,
-                   promote_k=0, out=out, config=config)  # fmt: skip
+    return _launch(
+        "fp8_matmul_block_scaled",
+        a8,
+        w8,
+        a_scales,
+        w_scales,
+        scaling=BLOCK_SCALED,
+        promote_k=0,
+        out=out,
+        config=config,
+    )
 
 
 def fp8_matmul_scaled_mm(a8, w8, a_scale, w_scale) -> torch.Tensor:
     """The anchor: cuBLAS's per-tensor fp8 GEMM through torch._scaled_mm (w8.T column-major, as
     cuBLAS wants it)."""
-    return torch._scaled_mm(a8, w8.T, scale_a=a_scale.reshape(()), scale_b=w_scale.reshape(()),
-                            out_dtype=torch.bfloat16)  # fmt: skip
+    return torch._scaled_mm(
+        a8, w8.T, scale_a=a_scale.reshape(()), scale_b=w_scale.reshape(()), out_dtype=torch.bfloat16
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -370,13 +407,16 @@ def fp8_errors(c: torch.Tensor, dequantized: tuple, original: tuple) -> dict:
     for name, (a, w) in (("dequantized", dequantized), ("original", original)):
         exact = a.double() @ w.double().T
         error = (c.double() - exact).abs()
-        found[name] = {"calc_diff": calc_diff(c, exact),
-                       "max_error_over_max": float(error.max() / exact.abs().max())}  # fmt: skip
+        found[name] = {
+            "calc_diff": calc_diff(c, exact),
+            "max_error_over_max": float(error.max() / exact.abs().max()),
+        }
     return found
 
 
-def compile_for(arch: str = "sm_90", scaling: int = BLOCK_SCALED, promote_k: int = 0,
-                tile: int = 0):  # fmt: skip
+def compile_for(
+    arch: str = "sm_90", scaling: int = BLOCK_SCALED, promote_k: int = 0, tile: int = 0
+):
     """The kernel compiled for `arch` (sm_89 or sm_90) without a GPU (`offline.compile_offline`
     runs this in a process of its own), in the tile GPU_TILES[tile]. FeatureMissing on an arch
     without fp8, before compiling."""
@@ -390,11 +430,25 @@ def compile_for(arch: str = "sm_90", scaling: int = BLOCK_SCALED, promote_k: int
     def desc(t, shape):
         return descriptor_type(TensorDescriptor.from_tensor(t, shape))
 
-    constants = {"NUM_PROGRAMS": 132, "SCALING": scaling, "PROMOTE_K": promote_k,
-                 "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": SCALE_BLOCK, "GROUP_M": GROUP_M,
-                 "UPCAST": False}  # fmt: skip
-    signature = {"a_desc": desc(fp8, [bm, SCALE_BLOCK]), "w_desc": desc(fp8, [bn, SCALE_BLOCK]),
-                 "c_desc": desc(bf16, [bm, bn // 2]), "a_scale_ptr": "*fp32",
-                 "w_scale_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
-                 **dict.fromkeys(constants, "constexpr")}  # fmt: skip
+    constants = {
+        "NUM_PROGRAMS": 132,
+        "SCALING": scaling,
+        "PROMOTE_K": promote_k,
+        "BLOCK_M": bm,
+        "BLOCK_N": bn,
+        "BLOCK_K": SCALE_BLOCK,
+        "GROUP_M": GROUP_M,
+        "UPCAST": False,
+    }
+    signature = {
+        "a_desc": desc(fp8, [bm, SCALE_BLOCK]),
+        "w_desc": desc(fp8, [bn, SCALE_BLOCK]),
+        "c_desc": desc(bf16, [bm, bn // 2]),
+        "a_scale_ptr": "*fp32",
+        "w_scale_ptr": "*fp32",
+        "M": "i32",
+        "N": "i32",
+        "K": "i32",
+        **dict.fromkeys(constants, "constexpr"),
+    }
     return compile_triton(fp8_matmul_kernel.fn, signature, constants, arch, warps, stages)

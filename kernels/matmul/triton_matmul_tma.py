@@ -35,8 +35,6 @@ CPU interpreter, which runs this kernel at small sizes.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -44,6 +42,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels import runtime
 from kernels.matmul.reference import check_matmul_args
+from kernels.matmul.triton_matmul import GROUP_M, sm_programs, tile_coordinates
 from kernels.runtime import UPCAST
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, EPILOGUE_SUBTILE, FLATTEN) for sm_90.
@@ -58,7 +57,6 @@ GPU_TILES = [
     (128, 128, 64, 8, 4, False, True),
     (128, 128, 64, 4, 4, False, True),
 ]
-GROUP_M = 8
 SHARED_BYTES = 227 * 1024  # what one CTA may have on sm_90
 
 
@@ -74,10 +72,18 @@ def set_block_shapes(nargs):
 
 def tile_config(bm, bn, bk, warps, stages, subtile, flatten) -> triton.Config:
     return triton.Config(
-        {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": GROUP_M,
-         "EPILOGUE_SUBTILE": subtile, "FLATTEN": flatten},
-        num_warps=warps, num_stages=stages, pre_hook=set_block_shapes,
-    )  # fmt: skip
+        {
+            "BLOCK_M": bm,
+            "BLOCK_N": bn,
+            "BLOCK_K": bk,
+            "GROUP_M": GROUP_M,
+            "EPILOGUE_SUBTILE": subtile,
+            "FLATTEN": flatten,
+        },
+        num_warps=warps,
+        num_stages=stages,
+        pre_hook=set_block_shapes,
+    )
 
 
 def shared_bytes(bm: int, bn: int, bk: int, stages: int, subtile: bool, itemsize: int = 2) -> int:
@@ -89,17 +95,6 @@ def _configs() -> list[triton.Config]:
     if not runtime.ON_GPU:  # the interpreter: one small configuration (it cannot time several)
         return [tile_config(32, 32, 32, 1, 1, True, False)]
     return [tile_config(*t) for t in GPU_TILES if shared_bytes(*t[:3], t[4], t[5]) <= SHARED_BYTES]
-
-
-@triton.jit
-def _tile_position(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
-    """Output tile `tile` in the grouped order: GROUP_M row tiles walk the column tiles together."""
-    per_group = GROUP_M * num_pid_n
-    first_m = tile // per_group * GROUP_M
-    group_m = min(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (tile % per_group) % group_m
-    pid_n = (tile % per_group) // group_m
-    return pid_m, pid_n
 
 
 @triton.autotune(configs=_configs(), key=["M", "N", "K", "A_T", "B_T"])
@@ -127,7 +122,7 @@ def matmul_tma_kernel(
     k_tiles = tl.cdiv(K, BLOCK_K)
     num_tiles = num_pid_m * num_pid_n
     for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=FLATTEN):
-        pid_m, pid_n = _tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tile_coordinates(tile, num_pid_m, num_pid_n, GROUP_M)
         m0 = pid_m * BLOCK_M
         n0 = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -176,28 +171,27 @@ def tma_view(t: torch.Tensor, name: str, op: str) -> tuple[torch.Tensor, bool]:
             f"{view.data_ptr():#x}; TMA needs both on a 16-byte boundary (a row stride that is a "
             f"multiple of {16 // size} elements): use triton_matmul.py's kernel for this shape"
         )
-    raise ValueError(problem or (
-        f"{op}: {name} has strides {t.stride()}; TMA needs one of its dimensions contiguous "
-        f"(stride 1): pass {name}.contiguous()"
-    ))
+    raise ValueError(
+        problem
+        or (
+            f"{op}: {name} has strides {t.stride()}; TMA needs one of its dimensions contiguous "
+            f"(stride 1): pass {name}.contiguous()"
+        )
+    )
 
 
-@functools.cache
-def _programs(device_index: int) -> int:
-    """Persistent programs: one per SM on the GPU; two in the interpreter (enough to interleave)."""
-    if not runtime.ON_GPU:
-        return 2
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def _descriptor(t: torch.Tensor) -> TensorDescriptor:
-    return TensorDescriptor.from_tensor(t, [16, 16])  # block shape set by the pre-hook
+def descriptor(t: torch.Tensor) -> TensorDescriptor:
+    """A host TMA descriptor over t; its block shape is set by the configuration's pre-hook."""
+    return TensorDescriptor.from_tensor(t, [16, 16])
 
 
 def matmul_tma(
-    a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
     config: triton.Config | None = None,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """a @ b (fp16 or bf16, fp32 accumulation) by the persistent TMA kernel. `out` (M, N),
     contiguous, receives C if given. `config` (one of `candidate_configs()`) runs that
     configuration instead of the autotuned one. FeatureMissing on a GPU without TMA (sm_90+)."""
@@ -208,17 +202,32 @@ def matmul_tma(
     b_view, b_t = tma_view(b, "b", "matmul_tma")
     c = torch.empty((M, N), dtype=a.dtype, device=a.device) if out is None else out
     tma_view(c, "out", "matmul_tma")
-    args = dict(a_desc=_descriptor(a_view), b_desc=_descriptor(b_view), c_desc=_descriptor(c),
-                M=M, N=N, K=K, NUM_PROGRAMS=_programs(a.device.index or 0), A_T=a_t, B_T=b_t,
-                UPCAST=UPCAST)  # fmt: skip
+    args = dict(
+        a_desc=descriptor(a_view),
+        b_desc=descriptor(b_view),
+        c_desc=descriptor(c),
+        M=M,
+        N=N,
+        K=K,
+        NUM_PROGRAMS=sm_programs(),
+        A_T=a_t,
+        B_T=b_t,
+        UPCAST=UPCAST,
+    )
+    launch(matmul_tma_kernel, args, config)
+    return c
+
+
+def launch(kernel, args: dict, config: triton.Config | None) -> None:
+    """The autotuned `kernel` on one program per SM (args["NUM_PROGRAMS"]), or, given `config`,
+    that configuration alone, past the autotuner (its pre-hook sets the descriptors' blocks)."""
     grid = (args["NUM_PROGRAMS"],)
     if config is None:
-        matmul_tma_kernel[grid](**args)
-        return c
+        kernel[grid](**args)
+        return
     meta = config.all_kwargs()
     config.pre_hook({**args, **meta})
-    matmul_tma_kernel.fn[grid](**args, **meta)  # past the autotuner: this configuration, untimed
-    return c
+    kernel.fn[grid](**args, **meta)
 
 
 def candidate_configs() -> list[triton.Config]:
@@ -228,13 +237,20 @@ def candidate_configs() -> list[triton.Config]:
 
 def config_name(c: triton.Config) -> str:
     kw = c.kwargs
-    return (f"{kw['BLOCK_M']}x{kw['BLOCK_N']}x{kw['BLOCK_K']} w{c.num_warps} s{c.num_stages}"
-            f"{' subtile' if kw['EPILOGUE_SUBTILE'] else ''}"
-            f"{' flatten' if kw['FLATTEN'] else ''}")  # fmt: skip
+    return (
+        f"{kw['BLOCK_M']}x{kw['BLOCK_N']}x{kw['BLOCK_K']} w{c.num_warps} s{c.num_stages}"
+        f"{' subtile' if kw['EPILOGUE_SUBTILE'] else ''}"
+        f"{' flatten' if kw['FLATTEN'] else ''}"
+    )
 
 
-def compile_for(arch: str = "sm_90", dtype: str = "bfloat16", a_t: bool = False,
-                b_t: bool = False, tile: int = 0):  # fmt: skip
+def compile_for(
+    arch: str = "sm_90",
+    dtype: str = "bfloat16",
+    a_t: bool = False,
+    b_t: bool = False,
+    tile: int = 0,
+):
     """The kernel compiled for `arch` without a GPU (`offline.compile_offline` runs this in a
     process of its own), in the tile GPU_TILES[tile]. FeatureMissing on an arch without TMA,
     before compiling."""
@@ -249,11 +265,25 @@ def compile_for(arch: str = "sm_90", dtype: str = "bfloat16", a_t: bool = False,
     def desc(shape):
         return descriptor_type(TensorDescriptor.from_tensor(buffer, shape))
 
-    constants = {"NUM_PROGRAMS": 132, "A_T": a_t, "B_T": b_t, "BLOCK_M": bm, "BLOCK_N": bn,
-                 "BLOCK_K": bk, "GROUP_M": GROUP_M, "EPILOGUE_SUBTILE": subtile,
-                 "FLATTEN": flatten, "UPCAST": False}  # fmt: skip
-    signature = {"a_desc": desc([bk, bm] if a_t else [bm, bk]),
-                 "b_desc": desc([bn, bk] if b_t else [bk, bn]),
-                 "c_desc": desc([bm, bn // (2 if subtile else 1)]),
-                 "M": "i32", "N": "i32", "K": "i32", **dict.fromkeys(constants, "constexpr")}
+    constants = {
+        "NUM_PROGRAMS": 132,
+        "A_T": a_t,
+        "B_T": b_t,
+        "BLOCK_M": bm,
+        "BLOCK_N": bn,
+        "BLOCK_K": bk,
+        "GROUP_M": GROUP_M,
+        "EPILOGUE_SUBTILE": subtile,
+        "FLATTEN": flatten,
+        "UPCAST": False,
+    }
+    signature = {
+        "a_desc": desc([bk, bm] if a_t else [bm, bk]),
+        "b_desc": desc([bn, bk] if b_t else [bk, bn]),
+        "c_desc": desc([bm, bn // (2 if subtile else 1)]),
+        "M": "i32",
+        "N": "i32",
+        "K": "i32",
+        **dict.fromkeys(constants, "constexpr"),
+    }
     return compile_triton(matmul_tma_kernel.fn, signature, constants, arch, warps, stages)

@@ -1,0 +1,210 @@
+"""Benchmarks of the Hopper and fp8 matrix products: the measurements behind notebook 02b's Hopper
+and fp8 parts and data/results/<gpu>/02b_matmul_hopper.json.
+
+    python -m kernels.matmul.benchmark_hopper              # both sections
+    python -m kernels.matmul.benchmark_hopper hopper fp8   # either
+
+`hopper`: cuBLAS, the tiled and persistent Triton kernels (`triton_matmul.py`), the persistent TMA
+kernel (`triton_matmul_tma.py`) and the warp-specialized Gluon kernel (`gluon_matmul.py`), bf16 and
+fp16, at the shapes of the targets. `fp8`: cuBLAS in bf16 and in fp8 per tensor
+(`torch._scaled_mm`), the course's per-tensor kernel promoted every 128 and never promoted, and the
+block-scaled one; each with its error against float64 products (`triton_fp8_matmul.fp8_errors`).
+
+As `kernels.matmul.benchmark`: every kernel is checked against float64 before it is timed (a wrong
+kernel raises instead of getting a number), timed interleaved with its anchors, L2 flushed before
+every repetition, ratios per repetition in the same run (kernels.bench). A run of one section keeps
+the other's rows in the results file. Needs an sm_90 GPU: on any other the kernels refuse
+(FeatureMissing) and so does this script.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+from kernels import bench, runtime
+from kernels.matmul import gluon_matmul, reference, triton_fp8_matmul, triton_matmul
+from kernels.matmul import triton_matmul_tma as tma
+from kernels.matmul.benchmark import DTYPES, TRITON_SHAPES, checked, print_section, timed
+from kernels.matmul.reference import make_inputs
+
+RESULTS_NAME = "02b_matmul_hopper"
+# calc_diff against the product of the kernel's own (dequantized) inputs past which a kernel is
+# wrong, not imprecise: a 10% relative error (a misplaced scale block or tile gives ~1).
+WRONG_KERNEL_DIFF = 1e-2
+TARGET_SHAPES = TRITON_SHAPES[:2]  # 8192^3 and 8192 x 11008 x 4096 (the targets' shapes)
+
+
+def hopper(ceil: dict) -> list[dict]:
+    """Every 16-bit kernel against cuBLAS at TRITON_SHAPES, both dtypes, with the configuration
+    the TMA kernel's autotuner picked."""
+    out = []
+    for shape in TRITON_SHAPES:
+        for dtype in DTYPES.values():
+            a, b = make_inputs(*shape, dtype, seed=2)
+            fns = {
+                "cuBLAS": lambda a=a, b=b: a @ b,
+                "triton": lambda a=a, b=b: triton_matmul.matmul(a, b),
+                "triton persistent": lambda a=a, b=b: triton_matmul.matmul_persistent(a, b),
+                "triton TMA": lambda a=a, b=b: tma.matmul_tma(a, b),
+                "gluon warp-specialized": lambda a=a, b=b: gluon_matmul.gluon_matmul(a, b),
+            }
+            for name, fn in fns.items():
+                if name != "cuBLAS":
+                    checked(name, fn(), a, b)
+            row = timed(fns, shape, dtype, ceil)
+            row["configs"] = {"triton TMA": tma.config_name(tma.matmul_tma_kernel.best_config)}
+            out.append(row)
+    return out
+
+
+def fp8(ceil: dict) -> list[dict]:
+    """At each shape (A (M, K) activations, W (N, K) weights, both bf16 standard normal, quantized
+    once before timing): cuBLAS bf16, cuBLAS fp8 per tensor, and the course's fp8 kernels. Each row
+    has its TFLOP/s, its ratios to both cuBLAS products, and its errors."""
+    f8 = triton_fp8_matmul
+    out = []
+    for M, N, K in TRITON_SHAPES:
+        a, w = make_inputs(M, N, K, torch.bfloat16, layout="nt", seed=4)  # w: b.T, (N, K)
+        w = w.T
+        (a8, sa), (w8, sw) = f8.quantize_per_tensor(a), f8.quantize_per_tensor(w)
+        (ab8, sab), (wb8, swb) = f8.quantize_activation(a), f8.quantize_weight(w)
+        per_tensor = (f8.dequantize(a8, sa, None), f8.dequantize(w8, sw, None))
+        blocked = (f8.dequantize(ab8, sab, 1), f8.dequantize(wb8, swb, f8.SCALE_BLOCK))
+        fns = {
+            "cuBLAS": lambda: a @ w.T,
+            "cuBLAS fp8 per-tensor": lambda: f8.fp8_matmul_scaled_mm(a8, w8, sa, sw),
+            "fp8 per-tensor, promoted every 128": lambda: f8.fp8_matmul_per_tensor(
+                a8, w8, sa, sw, promote_k=128
+            ),
+            "fp8 per-tensor, never promoted": lambda: f8.fp8_matmul_per_tensor(
+                a8, w8, sa, sw, promote_k=0
+            ),
+            "fp8 block-scaled": lambda: f8.fp8_matmul_block_scaled(ab8, sab, wb8, swb),
+        }
+        inputs = dict.fromkeys(fns, per_tensor) | {"fp8 block-scaled": blocked}
+        # The errors; a wrong kernel (scales or tiles misplaced: calc_diff near 1 against the
+        # product of its own inputs) raises before it is timed. How far each is from DeepGEMM's
+        # bound is a result, not a gate: the never-promoted product is here to miss it.
+        errors = {}
+        for name, fn in fns.items():
+            deq = (a.double(), w.double()) if name == "cuBLAS" else inputs[name]
+            errors[name] = f8.fp8_errors(fn(), deq, (a, w))
+            if not errors[name]["dequantized"]["calc_diff"] < WRONG_KERNEL_DIFF:
+                raise AssertionError(f"{name} at {(M, N, K)}: {errors[name]}")
+        timings = bench.benchmark(fns)
+        flops = reference.matmul_flops(M, N, K)
+        nbytes = M * K + N * K + 2 * M * N  # fp8 A and W read once, bf16 C written once
+        rows = {
+            name: {
+                **t.summary(),
+                "tflops": t.tflops(flops),
+                "gbps": t.gbps(nbytes),
+                "vs_cublas": bench.ratio(timings["cuBLAS"], t),
+                "vs_cublas_fp8": bench.ratio(timings["cuBLAS fp8 per-tensor"], t),
+                "errors": errors[name],
+            }
+            for name, t in timings.items()
+        }
+        autotuned = f8.fp8_matmul_kernel.cache  # {autotuner key: configuration}, key (M, N, K, ..)
+        out.append(
+            {
+                "shape": [M, N, K],
+                "dtype": "float8_e4m3fn",
+                # fp8 tensor cores multiply at twice the bf16 rate: the floor takes the
+                # measured bf16 matmul rate doubled
+                "floor_us": bench.floor_us(nbytes, flops / 2, ceil),
+                "impls": rows,
+                "configs": {
+                    str(key): str(c) for key, c in autotuned.items() if tuple(key[:3]) == (M, N, K)
+                },
+            }
+        )
+    return out
+
+
+SECTIONS = {"hopper": hopper, "fp8": fp8}
+
+
+def _impls(results, section, shape, dtype):
+    return next(
+        (
+            r["impls"]
+            for r in results.get(section, [])
+            if r["shape"] == list(shape) and r["dtype"] == dtype
+        ),
+        None,
+    )
+
+
+def performance_targets(results: dict) -> list[dict]:
+    """Triton TMA >= 1.0x cuBLAS and Gluon >= 1.05x at the two target shapes in bf16 and fp16;
+    fp8 block-scaled >= 1.0x cuBLAS's per-tensor fp8 with its error within DeepGEMM's bound."""
+    checks = []
+    for shape in TARGET_SHAPES:
+        name = "x".join(map(str, shape))
+        for dtype in ("bfloat16", "float16"):
+            impls = _impls(results, "hopper", shape, dtype)
+            if impls:
+                for impl, threshold in (("triton TMA", 1.0), ("gluon warp-specialized", 1.05)):
+                    checks.append(
+                        {
+                            "target": f"{impl}, {name} {dtype}: >= {threshold}x cuBLAS",
+                            "value": impls[impl]["vs_cublas"],
+                            "threshold": threshold,
+                        }
+                    )
+        impls = _impls(results, "fp8", shape, "float8_e4m3fn")
+        if impls:
+            block = impls["fp8 block-scaled"]
+            checks.append(
+                {
+                    "target": f"fp8 block-scaled, {name}: >= 1.0x cuBLAS fp8 per-tensor",
+                    "value": block["vs_cublas_fp8"],
+                    "threshold": 1.0,
+                }
+            )
+            checks.append(
+                {
+                    "target": f"fp8 block-scaled, {name}: calc_diff vs the bf16 inputs' product "
+                    "< DeepGEMM's 1e-3 (value: 1e-3 / calc_diff)",
+                    "value": triton_fp8_matmul.DEEPGEMM_DIFF_BOUND
+                    / max(block["errors"]["original"]["calc_diff"], 1e-30),
+                    "threshold": 1.0,
+                }
+            )
+    for c in checks:
+        c["pass"] = bool(c["value"] >= c["threshold"])
+    return checks
+
+
+def main(argv: list[str]) -> int:
+    wanted = argv or list(SECTIONS)
+    unknown = [s for s in wanted if s not in SECTIONS]
+    if unknown:
+        print(f"unknown sections {unknown}; known: {', '.join(SECTIONS)}")
+        return 1
+    if not runtime.ON_GPU:
+        print(bench.NOT_MEASURED)
+        return 1
+    runtime.require("wgmma", "kernels.matmul.benchmark_hopper")
+    ceil = bench.ceilings()
+    path = bench.RESULTS_DIR / runtime.gpu_info().slug / f"{RESULTS_NAME}.json"
+    results = json.loads(path.read_text()) if path.exists() else {}
+    results["fingerprint"] = runtime.fingerprint()
+    results["ceilings"] = {k: v for k, v in ceil.items() if k != "fingerprint"}
+    for section in wanted:
+        results[section] = SECTIONS[section](ceil)
+        print_section(section, results[section])
+    results["targets"] = performance_targets(results)
+    bench.save_results(RESULTS_NAME, results)
+    print()
+    print(bench.table(results["targets"], floatfmt=".3f"))
+    print(f"wrote {path}")
+    return 0 if all(c["pass"] for c in results["targets"]) else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
