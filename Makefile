@@ -1,5 +1,6 @@
 # The course's commands. Each target sets up .venv first (once, and again when the pins change).
-# PYTHON builds the venv; STACK picks the software stack (auto, gpu, cpu or system: tools/setup_env.py).
+# PYTHON builds the venv; STACK picks the software stack (auto, gpu, gpu-cu12, cpu or system:
+# tools/setup_env.py; auto reads the driver's CUDA version from nvidia-smi).
 PYTHON ?= python3
 STACK ?= auto
 # The optional parts of pyproject.toml to install (test: pytest, nbval, ruff; lab: JupyterLab; browser).
@@ -16,9 +17,10 @@ export BROWSER_TEST
 SLURM_TEST ?= 1
 ARTIFACTS := build/test-artifacts/browser
 
-.PHONY: setup grade lint test lab labs browser slurm refresh-gpu sandbox
+.PHONY: setup grade calibrate lint test lab labs browser slurm refresh-gpu sandbox
 
-$(STAMP): pyproject.toml constraints.txt constraints-gpu.txt constraints-cpu.txt tools/setup_env.py
+$(STAMP): pyproject.toml constraints.txt constraints-gpu.txt constraints-gpu-cu12.txt \
+		constraints-cpu.txt tools/setup_env.py
 	$(PYTHON) tools/setup_env.py --stack $(STACK) --venv $(VENV) --extras $(EXTRAS)
 	touch $(STAMP)
 
@@ -32,6 +34,11 @@ setup:
 grade: $(STAMP)
 	$(BIN)/python -m grading labs --out grading-reports
 	$(BIN)/python -m grading.student_report grading-reports
+
+# This GPU's expected rows, measured here (python -m grading calibrate): the reports then show them,
+# marked "measured on this machine", instead of the course's predicted rows. Needs a GPU.
+calibrate: $(STAMP)
+	$(BIN)/python -m grading calibrate
 
 # ruff (rules and line length in pyproject.toml) over the course's Python; the teaching code in
 # kernels/ and tools/ is also held to ruff's formatting.

@@ -415,6 +415,11 @@ def _say_where_code_runs(opts: Options) -> None:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["calibrate"]:  # this GPU's expected rows, measured here (grading/calibrate.py)
+        from grading import calibrate
+
+        return calibrate.main(argv[1:])
     parser = argparse.ArgumentParser(
         prog="python -m grading",
         description=__doc__,

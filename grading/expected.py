@@ -1,40 +1,59 @@
 """Expected-results tables: data/expected/<lab>.yaml, per GPU model.
 
 For each performance configuration of a lab, what the course's reference kernel and PyTorch took on
-a
-GPU model, and the times that reach the tiers (target: 70% of the reference's speed, excellent:
-80%).
-Rows come from measurements made by this project (`python -m grading solutions --write-expected` on
-the GPU, which grades the reference solutions and records what it timed, with the run's
-fingerprint);
-rows for GPUs not measured here say so.
+a GPU model, and the times that reach the tiers (target: 70% of the reference's speed, excellent:
+80%). A GPU's row comes from the first of these that has one, and its `status` says which:
+
+1. "measured on this machine": `python -m grading calibrate` on the student's own GPU, written to
+   grading-reports/calibrated/<lab>.yaml (not part of the repository; KERNELS_CALIBRATED_DIR moves
+   it);
+2. "measured": this project's runs (`python -m grading solutions --write-expected` on the GPU,
+   which grades the reference solutions and records what it timed, with the run's fingerprint);
+3. "predicted, not measured": data/expected/predicted/<lab>.yaml, from the GPU's published
+   bandwidth and peak rates and the efficiency the course's kernels reach on a measured GPU
+   (tools/predict_expected.py; the formula is in data/expected/README.md).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import yaml
 
 from kernels import runtime
 
-EXPECTED_DIR = Path(__file__).resolve().parents[1] / "data" / "expected"
+ROOT = Path(__file__).resolve().parents[1]
+EXPECTED_DIR = ROOT / "data" / "expected"
+PREDICTED_DIR = EXPECTED_DIR / "predicted"
+CALIBRATED_DIR = Path(
+    os.environ.get("KERNELS_CALIBRATED_DIR", ROOT / "grading-reports" / "calibrated")
+)
 TARGET, EXCELLENT = 0.7, 0.8
+MEASURED, CALIBRATED, PREDICTED = "measured", "measured on this machine", "predicted, not measured"
 
 
-def path(lab_id: str) -> Path:
-    return EXPECTED_DIR / f"{lab_id}.yaml"
+def path(lab_id: str, folder: Path = EXPECTED_DIR) -> Path:
+    return folder / f"{lab_id}.yaml"
+
+
+def _entry(table_path: Path, slug: str | None) -> dict | None:
+    if slug is None or not table_path.exists():
+        return None
+    table = yaml.safe_load(table_path.read_text()) or {}
+    return (table.get("gpus") or {}).get(slug)
 
 
 def load(lab_id: str, gpu_slug: str | None = None) -> dict | None:
-    """The table's entry for this GPU model (or `gpu_slug`), or None if the model has no row."""
-    p = path(lab_id)
-    if not p.exists():
-        return None
-    table = yaml.safe_load(p.read_text()) or {}
+    """This GPU model's (or `gpu_slug`'s) entry: calibrated here, else measured by the course,
+    else predicted; None if the model has none."""
     info = runtime.gpu_info()
     slug = gpu_slug or (info.slug if info else None)
-    return (table.get("gpus") or {}).get(slug)
+    for folder in (CALIBRATED_DIR, EXPECTED_DIR, PREDICTED_DIR):
+        entry = _entry(path(lab_id, folder), slug)
+        if entry is not None:
+            return entry
+    return None
 
 
 # The software a table's timings depend on, compared without local labels (2.11.0+cu130 = 2.11.0).
@@ -67,10 +86,17 @@ def row(entry: dict | None, config_id: str) -> dict | None:
 
 
 def write(
-    lab_id: str, title: str, function_results: list[dict], fingerprint: dict, source: str
+    lab_id: str,
+    title: str,
+    function_results: list[dict],
+    fingerprint: dict,
+    source: str,
+    folder: Path = EXPECTED_DIR,
+    status: str = MEASURED,
 ) -> Path:
-    """Record this GPU's row from a grading run of the reference solutions (GPU mode)."""
-    p = path(lab_id)
+    """Record this GPU's row from a grading run of the reference solutions (GPU mode), in the
+    repository's table or (`folder`, `status`) this machine's calibrated one."""
+    p = path(lab_id, folder)
     table = (yaml.safe_load(p.read_text()) if p.exists() else None) or {}
     table.setdefault("lab", lab_id)
     table.setdefault("title", title)
@@ -91,7 +117,7 @@ def write(
             }
     table.setdefault("gpus", {})[fingerprint["gpu_slug"]] = {
         "gpu": fingerprint["gpu"],
-        "status": "measured",
+        "status": status,
         "source": source,
         # str(): torch.__version__ is a str subclass that yaml.safe_dump refuses
         "fingerprint": {

@@ -8,12 +8,12 @@ from typing import Callable
 
 import torch
 
-from grading import watch
+from grading import devices, watch
 from grading.correctness import make_inputs, new_outputs, out_argument, references
 from grading.diagnosis import bad_mask
 from grading.results import PerfResult
 from grading.spec import Case, GradedFunction
-from kernels import bench
+from kernels import bench, runtime
 from kernels.testing import generator, poison_
 
 # Boundaries as a fraction of the course kernel's speed in the same run.
@@ -28,6 +28,21 @@ def tier(ratio_to_reference: float) -> str:
         if ratio_to_reference > threshold:
             return letter
     return "F"
+
+
+def floor_us(nbytes: float, flops: float, dtype: torch.dtype) -> float | None:
+    """The time below which no kernel can go on this GPU: bytes over its measured copy bandwidth,
+    flops over the fastest rate it has for `dtype` (grading/devices.py: a T4 has no bf16 tensor
+    cores, so its fp16 rate; a rate the GPU lacks would flag honest kernels). A GPU missing from
+    data/gpu_specs.yaml: its measured bf16 matmul rate where it has bf16, else bytes alone."""
+    ceil = bench.ceilings()
+    if ceil is None:
+        return None
+    rate = devices.fastest_tflops(runtime.gpu_info().slug, dtype)
+    if rate is None and runtime.has("bf16"):
+        rate = ceil["matmul_bf16_tflops"]
+    compute = flops / (rate * 1e12) if flops and rate else 0.0
+    return max(nbytes / (ceil["copy_gbps"] * 1e9), compute) * 1e6
 
 
 def timed_rounds(calls: dict[str, Callable[[], object]], before_round: Callable[[], None],
@@ -87,7 +102,7 @@ def measure(fn, spec: GradedFunction, config, seed: int, expected_rows: dict | N
     student_t = timings["student"]
     nbytes = spec.bytes_moved(*inputs, **kw)
     flops = spec.flops(*inputs, **kw) if spec.flops else 0.0
-    floor = bench.floor_us(nbytes=nbytes, flops=flops)
+    floor = floor_us(nbytes, flops, config.dtype)
     bad_rounds = [i for i, w in enumerate(wrong) if w]
     result = PerfResult(
         config=config.id,

@@ -21,7 +21,8 @@ from kernels.decoder import (
     triton_ops,
     triton_rope,
 )
-from kernels.decoder.model import LLAMA_1B, TINY, Decoder, DecoderConfig, DecoderWeights
+from kernels.decoder.config import LLAMA_1B, TINY, DecoderConfig
+from kernels.decoder.model import Decoder, DecoderWeights
 from kernels.testing import ULP, compare, generator, poison_, random_tensor
 
 DEVICE = runtime.DEVICE

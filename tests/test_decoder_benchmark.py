@@ -14,7 +14,7 @@ from transformers import LlamaForCausalLM
 
 from kernels import runtime
 from kernels.decoder import benchmark, hf_reference
-from kernels.decoder.model import TINY
+from kernels.decoder.config import TINY
 
 
 @pytest.fixture
@@ -88,7 +88,8 @@ def test_decode_rows_time_the_measured_choice_beside_cublas(tiny_benchmark, monk
     """The choice of projections is made per batch of DECODE and kept by the model; the sweep and
     the decode rows time a graph captured with it and one captured on cuBLAS only (one graph where
     the choice kept no GEMV), and the headline columns are the choice's."""
-    from kernels.decoder.model import PROJECTIONS, Decoder, DecoderWeights
+    from kernels.decoder.config import PROJECTIONS
+    from kernels.decoder.model import Decoder, DecoderWeights
 
     monkeypatch.setattr(benchmark, "SWEEP_CONTEXTS", (8, 16))
     monkeypatch.setattr(benchmark, "SWEEP_BATCHES", (1, 2, 4))

@@ -16,7 +16,8 @@ import triton
 
 from kernels import runtime
 from kernels.decoder import hf_reference, reference, triton_fused_gemv, triton_gemv, triton_ops
-from kernels.decoder.model import NORMED_PROJECTIONS, TINY, Decoder, DecoderWeights
+from kernels.decoder.config import NORMED_PROJECTIONS, TINY
+from kernels.decoder.model import Decoder, DecoderWeights
 from kernels.rmsnorm import triton_rmsnorm
 from kernels.testing import ULP, compare, generator, poison_, random_tensor
 

@@ -11,7 +11,8 @@ import torch
 
 from kernels import runtime
 from kernels.decoder import hf_reference, reference, triton_gemv
-from kernels.decoder.model import PROJECTIONS, TINY, Decoder, DecoderWeights
+from kernels.decoder.config import PROJECTIONS, TINY
+from kernels.decoder.model import Decoder, DecoderWeights
 from kernels.testing import generator, poison_, random_tensor
 
 DEVICE = runtime.DEVICE

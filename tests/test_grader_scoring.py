@@ -40,7 +40,7 @@ def test_the_report_says_when_the_stack_differs_from_the_expected_tables():
     newer = {**measured_with, "torch": "2.13.0+cu130", "triton": "3.9.0"}
     assert stack_differences("01_elementwise_add", newer) == {
         "torch": ("2.13.0+cu130", "2.11.0+cu130"), "triton": ("3.9.0", "3.6.0")}
-    graded = json.loads((ROOT / "data/results/h100-80gb-hbm3/grading-solutions-2026-11-25/"
+    graded = json.loads((ROOT / "data/results/h100-80gb-hbm3/grading/solutions-all-labs/"
                                  "report.json").read_text())
     assert "differs from the expected table" not in report.markdown(graded)
     text = report.markdown({**graded, "fingerprint": {**graded["fingerprint"], **newer}})

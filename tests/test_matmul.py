@@ -104,6 +104,8 @@ def test_cuda_steps_use_wide_loads_and_tensor_cores(tmp_path):
         assert instruction in body, f"matmul_mma_{suffix} issues no {instruction}"
         assert "LDSM.16.M88.4" in body and "LDSM.16.MT88.4" in body  # ldmatrix, plain and .trans
         assert "LDGSTS.E.BYPASS.128" in body  # cp.async.cg, 16 bytes
+        kmajor = mma[f"matmul_mma_kmajor_{suffix}"]  # B = W.T: no transposing ldmatrix
+        assert instruction in kmajor and "LDSM.16.MT88.4" not in kmajor
 
 
 # --------------------------------------------------------------------------------------------------
@@ -245,6 +247,15 @@ def assert_within_twice_the_tolerance_of_cublas(c, a, b):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mma_step_reads_weights_k_major(dtype):
+    """B = W.T with W's rows 16-byte aligned takes matmul_mma_kmajor: right at odd M and N."""
+    a, b = make_inputs(301, 203, 264, dtype, "nt", seed=12)
+    assert cupy_matmul().rows_are_16_byte_packs(b.T)
+    assert_exact(cupy_matmul().matmul(a, b, step="mma"), a, b)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("step", ["vectorized", "mma"])
 def test_cuda_steps_on_misaligned_rows(step):
     """A view starting one element into its buffer: no 16-byte loads, the element path instead."""
@@ -268,7 +279,9 @@ def test_mma_step_refuses_bf16_without_bf16_tensor_cores(monkeypatch):
 @pytest.mark.parametrize("config", triton_matmul.GPU_CONFIGS, ids=str)
 @pytest.mark.parametrize("kernel", [triton_matmul.matmul, triton_matmul.matmul_persistent])
 def test_every_triton_config_matches_fp64(kernel, config):
-    if config not in triton_matmul.fitting_configs():
+    persistent = kernel is triton_matmul.matmul_persistent
+    reserve = triton_matmul.PERSISTENT_EPILOGUE_BYTES if persistent else 0
+    if config not in triton_matmul.fitting_configs(reserve=reserve):
         pytest.skip("more shared memory than this GPU has per block")
     a, b = make_inputs(1000, 1031, 997, torch.bfloat16, "nt", seed=9)
     c = kernel(a, b, config=config)

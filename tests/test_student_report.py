@@ -8,7 +8,7 @@ from grading import student_report
 
 from .test_notebook_numbers import ROOT
 
-COMMITTED = ROOT / "data" / "results" / "h100-80gb-hbm3" / "grading-solutions"
+COMMITTED = ROOT / "data" / "results" / "h100-80gb-hbm3" / "grading" / "solutions-labs-01-06"
 
 
 def test_the_committed_h100_report_gives_a_page_and_a_plot(tmp_path):

@@ -92,7 +92,11 @@ def main() -> int:
         "--have", type=Path, required=True, help="the GPU machine's `pip list --format=freeze`"
     )
     parser.add_argument("--dest", type=Path, default=Path("wheels"))
-    parser.add_argument("--extras", default="test", help="pyproject extras (default: test)")
+    parser.add_argument(
+        "--extras",
+        default="test,cuda13",
+        help="pyproject extras (default: test,cuda13; cuda12 for CuPy's CUDA 12 wheel)",
+    )
     parser.add_argument("--python-version", default="3.12", help="the GPU machine's Python")
     args = parser.parse_args()
 

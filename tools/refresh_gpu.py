@@ -96,11 +96,11 @@ def main() -> int:
                     "solutions",
                     "--write-expected",
                     "--out",
-                    f"data/results/{slug}/grading-solutions",
+                    f"data/results/{slug}/grading/solutions-all-labs",
                 ],
                 log,
             )
-            labs_out = f"data/results/{slug}/grading-labs"
+            labs_out = f"data/results/{slug}/grading/labs-unsolved"
             ok &= run([python, "-m", "grading", "labs", "--out", labs_out], log)
         elif phase == "notebooks":
             notebooks = sorted(map(str, (ROOT / "notebooks").glob("*.ipynb")))

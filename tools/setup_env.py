@@ -1,19 +1,24 @@
 """Create .venv with the software stack that fits this machine, and say which one it chose.
 
-    python3 tools/setup_env.py [--stack auto|gpu|cpu|system] [--venv .venv] [--extras test,lab]
+    python3 tools/setup_env.py [--stack auto|gpu|gpu-cu12|cpu|system] [--venv .venv]
+                               [--extras test,lab] [--dry-run]
 
-(what `make setup` runs). Stacks:
+(what `make setup` runs; --dry-run only says which stack it would choose). Stacks:
 
-  gpu     an NVIDIA GPU is present: torch, Triton and CuPy at the versions every GPU result in this
-          repository was measured with (constraints-gpu.txt).
+  gpu     an NVIDIA GPU whose driver runs CUDA 13 (580 or newer): torch, Triton and CuPy at the
+          versions every GPU result in this repository was measured with (constraints-gpu.txt).
+  gpu-cu12  an NVIDIA GPU whose driver is older than 580 (Colab, Kaggle, many clusters): torch's
+          newest CUDA 12 wheel on PyPI, the Triton it pins and CuPy's CUDA 12 wheel
+          (constraints-gpu-cu12.txt). It needs driver 525.60.13 or newer; below that the CPU stack
+          is chosen, and this script says why.
   system  the Python running this script already imports a CUDA build of torch (a conda
           environment, a vendor container): the venv is layered over that Python's packages
           instead of installing a second copy, the course's other packages are added, and the
           versions that differ from the GPU-verified stack are listed with what that may change.
   cpu     no NVIDIA GPU: torch's CPU build and the Triton whose interpreter runs the kernels
           (constraints-cpu.txt). Timings are not measured in this mode.
-  auto    (default) system if this Python has a CUDA torch, else gpu if `nvidia-smi` lists a
-          GPU, else cpu.
+  auto    (default) system if this Python has a CUDA torch the course accepts, else gpu or
+          gpu-cu12 by the CUDA version the driver supports (`nvidia-smi`), else cpu.
 
 The choice is written to .venv/course-stack.json. pip's own settings apply as usual: an offline
 machine sets PIP_NO_INDEX=1 and PIP_FIND_LINKS=DIR.
@@ -32,9 +37,23 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_CONSTRAINTS = ROOT / "constraints.txt"
-STACK_CONSTRAINTS = {"gpu": ROOT / "constraints-gpu.txt", "cpu": ROOT / "constraints-cpu.txt"}
+STACK_CONSTRAINTS = {
+    "gpu": ROOT / "constraints-gpu.txt",
+    "gpu-cu12": ROOT / "constraints-gpu-cu12.txt",
+    "cpu": ROOT / "constraints-cpu.txt",
+}
+# The extra of pyproject.toml holding each stack's CuPy wheel: cupy-cuda13x or cupy-cuda12x (the CPU
+# stack keeps CuPy's CUDA 13 wheel, which imports without a GPU).
+CUPY_EXTRAS = {"gpu": "cuda13", "gpu-cu12": "cuda12", "cpu": "cuda13"}
 # The packages whose versions decide what the kernels compile to and how fast they run.
-STACK_PACKAGES = ("torch", "triton", "cupy-cuda13x")
+STACK_PACKAGES = ("torch", "triton", "cupy")
+CUPY_PACKAGES = ("cupy-cuda13x", "cupy-cuda12x")
+# The oldest driver of each GPU stack. CUDA 13 needs 580. The CUDA 12.8 stack runs on any CUDA 12
+# driver from 525.60.13 on, by CUDA's minor-version compatibility: torch's and CuPy's libraries
+# load, and the kernels are compiled to machine code (Triton 3.6 ships CUDA 12.8's ptxas; CuPy's
+# NVRTC writes cubins), never to PTX newer than the driver, which it could not compile.
+CUDA13_DRIVER = (580,)
+CUDA12_DRIVER = (525, 60, 13)
 # Pinned even over a system stack's own copy: the capstone is checked against this model code, so
 # every student's reference is the release the course was checked with.
 REFERENCE_PACKAGES = ("transformers",)
@@ -65,27 +84,74 @@ def installed_versions(python: str) -> dict[str, str]:
     return {normalize(name): version for name, version in found.items() if name}
 
 
-def has_cuda_torch(python: str) -> bool:
-    code = "import torch, sys; sys.exit(0 if torch.version.cuda else 1)"
-    return subprocess.run([python, "-c", code], capture_output=True).returncode == 0
+def cuda_torch_version(python: str) -> str | None:
+    """The version of the torch `python` imports where it is a CUDA build, else None."""
+    code = "import torch; print(torch.__version__ if torch.version.cuda else '')"
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    return (done.stdout.strip() or None) if done.returncode == 0 else None
 
 
-def has_nvidia_gpu() -> bool:
-    if shutil.which("nvidia-smi") is None:
-        return False
-    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
-    return listed.returncode == 0 and "GPU" in listed.stdout
+def course_torch_floor() -> str:
+    """The oldest torch pyproject.toml accepts."""
+    return re.search(r'"torch>=([\d.]+)', (ROOT / "pyproject.toml").read_text())[1]
+
+
+def _smi(*args: str) -> str | None:
+    try:
+        done = subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text))
+
+
+def nvidia_driver() -> tuple[str, str | None] | None:
+    """(driver version, the CUDA version it supports) as `nvidia-smi` prints them ("550.54.15",
+    "12.4"); None where it lists no NVIDIA GPU. The CUDA version is None if the header lacks it."""
+    if shutil.which("nvidia-smi") is None or "GPU" not in (_smi("-L") or ""):
+        return None
+    header = _smi() or ""
+    queried = (_smi("--query-gpu=driver_version", "--format=csv,noheader") or "").split()
+    in_header = re.search(r"Driver Version:\s*([\d.]+)", header)
+    cuda = re.search(r"CUDA Version:\s*([\d.]+)", header)
+    driver = queried[0] if queried else in_header[1] if in_header else "unknown"
+    return driver, cuda[1] if cuda else None
+
+
+def gpu_stack_for(driver: str, cuda: str | None) -> tuple[str, str]:
+    """(stack, why) for an NVIDIA driver: CUDA 13's stack from 580 (CUDA 13.0) on, CUDA 12's below,
+    the CPU stack below 525.60.13, where neither runs."""
+    seen = f"driver {driver}" + (f", CUDA {cuda}" if cuda else "")
+    driver_version, cuda_version = version_tuple(driver), version_tuple(cuda or "")
+    if cuda_version >= (13,) or driver_version >= CUDA13_DRIVER:
+        return "gpu", f"nvidia-smi: {seen}"
+    if driver_version >= CUDA12_DRIVER or (not driver_version and cuda_version >= (12,)):
+        return "gpu-cu12", f"nvidia-smi: {seen}, older than 580, which CUDA 13 needs"
+    oldest = ".".join(map(str, CUDA12_DRIVER))
+    return "cpu", (
+        f"nvidia-smi: {seen}; the course's GPU stacks need driver {oldest} or newer (580 for "
+        "the verified one), so this machine gets the CPU stack until the driver is updated"
+    )
 
 
 def choose_stack(requested: str) -> tuple[str, str]:
     """(stack, why) for this machine."""
     if requested != "auto":
         return requested, "asked for (STACK=...)"
-    if has_cuda_torch(sys.executable):
+    system_torch = cuda_torch_version(sys.executable)
+    floor = course_torch_floor()
+    if system_torch and version_tuple(system_torch.split("+")[0]) >= version_tuple(floor):
         return "system", f"{sys.executable} already imports a CUDA build of torch"
-    if has_nvidia_gpu():
-        return "gpu", "nvidia-smi lists an NVIDIA GPU"
-    return "cpu", "no NVIDIA GPU found (nvidia-smi lists none)"
+    found = nvidia_driver()
+    if found is None:
+        return "cpu", "no NVIDIA GPU found (nvidia-smi lists none)"
+    stack, why = gpu_stack_for(*found)
+    if system_torch:  # a platform's own torch (Colab's, a cluster module's) older than the course's
+        why += f"; this Python's torch {system_torch} is older than {floor}, so not layered over"
+    return stack, why
 
 
 def site_packages(python: str) -> list[str]:
@@ -132,26 +198,44 @@ def constraints_for(stack: str, python: Path, work: Path) -> list[Path]:
     return [filtered]
 
 
-def extras_for(requested: str) -> str:
+def system_cupy_extra(python: str) -> str:
+    """The CuPy wheel that matches the CUDA major version of `python`'s torch."""
+    code = "import torch; print(torch.version.cuda or '')"
+    cuda = subprocess.run([python, "-c", code], capture_output=True, text=True).stdout.strip()
+    return "cuda12" if cuda.startswith("12.") else "cuda13"
+
+
+def extras_for(requested: str, stack: str) -> str:
     """The optional parts of pyproject.toml to install: EXTRAS (default test, lab and browser;
-    the browser test's part is left out with BROWSER_TEST=0), plus nvcc as wheels where no CUDA
-    toolkit's nvcc is on PATH."""
+    the browser test's part is left out with BROWSER_TEST=0), the stack's CuPy wheel, plus nvcc as
+    wheels where no CUDA toolkit's nvcc is on PATH (CUDA 13's: not on the CUDA 12 stack, whose
+    CuPy would find its headers)."""
     extras = [e for e in requested.split(",") if e]
     if os.environ.get("BROWSER_TEST") == "0" and "browser" in extras:
         extras.remove("browser")
-    if shutil.which("nvcc") is None and "nvcc" not in extras:
+    if not {"cuda12", "cuda13"} & set(extras):
+        extras.append(CUPY_EXTRAS.get(stack) or system_cupy_extra(sys.executable))
+    if shutil.which("nvcc") is None and "nvcc" not in extras and stack != "gpu-cu12":
         extras.append("nvcc")
     return ",".join(extras)
+
+
+def stack_versions(python: Path) -> dict[str, str | None]:
+    """{torch, triton, cupy: installed version}, CuPy under whichever CUDA's wheel is there."""
+    installed = installed_versions(str(python))
+    cupy = next((installed[p] for p in CUPY_PACKAGES if p in installed), None)
+    return {"torch": installed.get("torch"), "triton": installed.get("triton"), "cupy": cupy}
 
 
 def differences_from_verified(python: Path) -> dict[str, dict[str, str]]:
     """{package: {"installed", "verified"}} for the stack packages whose versions differ from the
     GPU stack the results were measured with (a local label such as +cu130 is no difference)."""
-    verified = pinned_versions(STACK_CONSTRAINTS["gpu"]) | pinned_versions(SHARED_CONSTRAINTS)
-    installed = installed_versions(str(python))
+    pins = pinned_versions(STACK_CONSTRAINTS["gpu"]) | pinned_versions(SHARED_CONSTRAINTS)
+    verified = {"torch": pins["torch"], "triton": pins["triton"], "cupy": pins["cupy-cuda13x"]}
+    installed = stack_versions(python)
     differences = {}
     for package in STACK_PACKAGES:
-        have = installed.get(package, "missing").split("+")[0]
+        have = (installed[package] or "missing").split("+")[0]
         if have != verified[package]:
             differences[package] = {"installed": have, "verified": verified[package]}
     return differences
@@ -159,15 +243,20 @@ def differences_from_verified(python: Path) -> dict[str, dict[str, str]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--stack", default="auto", choices=["auto", "gpu", "cpu", "system"])
+    parser.add_argument(
+        "--stack", default="auto", choices=["auto", "gpu", "gpu-cu12", "cpu", "system"]
+    )
     parser.add_argument("--venv", default=str(ROOT / ".venv"), type=Path)
     parser.add_argument("--extras", default="test,lab,browser")
+    parser.add_argument("--dry-run", action="store_true", help="say which stack, install nothing")
     args = parser.parse_args()
 
     stack, why = choose_stack(args.stack)
     print(f"setup: the {stack} stack ({why})", flush=True)
+    if args.dry_run:
+        return 0
     python = create_venv(args.venv, stack)
-    extras = extras_for(args.extras)
+    extras = extras_for(args.extras, stack)
     constraints = constraints_for(stack, python, args.venv)
     pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     for path in constraints:
@@ -185,7 +274,7 @@ def main() -> int:
         "stack": stack,
         "why": why,
         "extras": extras,
-        "versions": {p: installed_versions(str(python)).get(p) for p in STACK_PACKAGES},
+        "versions": stack_versions(python),
         "differs_from_gpu_verified": differences,
     }
     (args.venv / "course-stack.json").write_text(json.dumps(record, indent=1) + "\n")
@@ -196,10 +285,14 @@ def main() -> int:
         print("setup: WARNING: these differ from the stack the expected tables were measured with:")
         for package, versions in differences.items():
             print(f"  {package} {versions['installed']} (verified: {versions['verified']})")
+        fix = (
+            "The verified stack needs driver 580 or newer."
+            if stack == "gpu-cu12"
+            else "`make setup STACK=gpu` installs the verified stack."
+        )
         print(
             "  Correctness checks still apply; your timings, the expected-table comparisons and "
-            "the kernels Triton generates may differ. `make setup STACK=gpu` installs the "
-            "verified stack."
+            f"the kernels Triton generates may differ. {fix}"
         )
     else:
         print("setup: the stack the expected tables and committed results were measured with.")

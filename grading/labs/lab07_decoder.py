@@ -243,7 +243,8 @@ def check_decode_step(decode_step) -> bool:
     the graph, replayed with the positions advancing in device memory, must give the same sequence.
     Prints PASS/FAIL lines; returns whether everything passed."""
     from kernels.decoder import hf_reference
-    from kernels.decoder.model import TINY, Decoder, DecoderWeights
+    from kernels.decoder.config import TINY
+    from kernels.decoder.model import Decoder, DecoderWeights
 
     device = runtime.DEVICE
     hf = hf_reference.random_llama(TINY, seed=11, device=device)

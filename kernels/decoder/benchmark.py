@@ -58,7 +58,8 @@ from kernels.decoder import (
     triton_ops,
     triton_rope,
 )
-from kernels.decoder.model import LLAMA_1B, PROJECTIONS, Decoder, DecoderWeights
+from kernels.decoder.config import LLAMA_1B, PROJECTIONS
+from kernels.decoder.model import Decoder, DecoderWeights
 from kernels.flash_attention import triton_decode, triton_flash
 from kernels.rmsnorm import triton_rmsnorm
 

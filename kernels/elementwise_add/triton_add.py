@@ -16,8 +16,9 @@ from kernels import runtime
 from kernels.validate import check_elementwise
 
 # On an H200 every BLOCK from 1024 to 8192 with 4 or 8 warps landed within 2% of torch.add at 64M
-# elements (data/results/h200/add_vectorized_variants_*.md; notebook 01 repeats the sweep). In CPU
-# mode the interpreter's cost grows with the number of programs, so it gets few, large blocks.
+# elements (data/results/h200/01_elementwise_add/vectorized-add-variants.md; notebook 01 repeats
+# the sweep). In CPU mode the interpreter's cost grows with the number of programs, so it gets few,
+# large blocks.
 BLOCK_SIZE = runtime.pick(gpu=4096, cpu=8192)
 NUM_WARPS = runtime.pick(gpu=8, cpu=1)
 

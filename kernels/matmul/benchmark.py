@@ -80,6 +80,10 @@ def cuda_steps(ceil: dict) -> list[dict]:
         for step in cupy_matmul.STEPS:
             checked(f"cuda {step}", cupy_matmul.matmul(a, b, step=step), a, b)
             fns[f"cuda {step}"] = lambda a=a, b=b, step=step: cupy_matmul.matmul(a, b, step=step)
+        # x @ W.T, nn.Linear's layout: matmul_mma_kmajor
+        w_t = make_inputs(*CUDA_SHAPE, dtype, layout="nt", seed=1)[1]
+        checked("cuda mma, B = W.T", cupy_matmul.matmul(a, w_t, step="mma"), a, w_t)
+        fns["cuda mma, B = W.T"] = lambda a=a, w_t=w_t: cupy_matmul.matmul(a, w_t, step="mma")
         out.append(timed(fns, CUDA_SHAPE, dtype, ceil))
     return out
 

@@ -11,7 +11,9 @@ through CuPy. The CUDA C is in the .cu files beside this one:
 
 Every step takes the same arguments: the operands' strides (a transposed operand is a view, never a
 copy) and whether each operand's rows can be read 16 bytes at a time. M, N and K need not be
-multiples of any tile: loads past the edges read zeros and stores are masked.
+multiples of any tile: loads past the edges read zeros and stores are masked. Step 5 has a second
+kernel for B = W.T (W (N, K) with contiguous rows, as nn.Linear stores it), which keeps B's tile
+k-major and reads it 16 bytes at a time along k.
 """
 
 from __future__ import annotations
@@ -64,7 +66,10 @@ def matmul(
         runtime.require("bf16", "matmul[mma] on bfloat16")
     out = torch.empty(M, N, dtype=a.dtype, device=a.device) if out is None else out
     spec = STEPS[step]
-    kernel = cuda.load_kernel(spec.source, f"{spec.kernel}_{SUFFIX[a.dtype]}")
+    name, vec_b = spec.kernel, rows_are_16_byte_packs(b)
+    if step == "mma" and rows_are_16_byte_packs(b.T):  # B = W.T, W's rows 16-byte packs
+        name, vec_b = "matmul_mma_kmajor", True
+    kernel = cuda.load_kernel(spec.source, f"{name}_{SUFFIX[a.dtype]}")
     grid = cuda.cdiv(M, spec.tile_m) * cuda.cdiv(N, spec.tile_n)
     args = (
         cuda.pointer(a),
@@ -72,7 +77,7 @@ def matmul(
         cuda.pointer(out),
         *map(np.int32, (M, N, K, *a.stride(), *b.stride(), out.stride(0))),
         np.int32(rows_are_16_byte_packs(a)),
-        np.int32(rows_are_16_byte_packs(b)),
+        np.int32(vec_b),
     )
     cuda.launch(kernel, grid, spec.threads, args, a.device)
     return out

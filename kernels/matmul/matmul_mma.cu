@@ -11,6 +11,11 @@
 // buffers: the next tile loads while the tensor cores work on this one. Rows of the tiles are
 // padded by 8 elements (16 bytes) so the 8 rows one ldmatrix reads fall in different banks.
 //
+// B comes two ways. Stored k by n (row-major B, "nn"), its tile is kept that way and ldmatrix.trans
+// turns it around. Stored n by k (B = W.T for an nn.Linear weight W, "nt": matmul_mma_kmajor), its
+// tile is kept n by k, which is already the instruction's layout: plain ldmatrix, and 16-byte
+// loads along k instead of the element-by-element path a transposed operand otherwise takes.
+//
 // Portable from sm_75 (fp16 only: Turing's instruction is m16n8k8, so a k16 step is two of them,
 // and it has no cp.async, so the tiles are loaded through registers) to sm_90, where wgmma, not
 // this instruction, reaches the tensor cores' full rate: see PERFORMANCE.md.
@@ -22,12 +27,13 @@ constexpr int WARP_M = 64, WARP_N = 32;      // each warp's tile of C
 constexpr int FRAG_M = WARP_M / 16;          // 4 m16 tiles per warp
 constexpr int FRAG_N = WARP_N / 8;           // 4 n8 tiles per warp
 constexpr int PAD = 8;                       // 16 bytes per row: conflict-free ldmatrix
-constexpr int A_STRIDE = MMA_BK + PAD;       // 40 elements (80 bytes) per row of the A tile
-constexpr int B_STRIDE = MMA_BN + PAD;       // 136 elements (272 bytes) per row of the B tile
+constexpr int K_STRIDE = MMA_BK + PAD;       // 40 elements (80 bytes) per row of a k-major tile
+constexpr int N_STRIDE = MMA_BN + PAD;       // 136 elements (272 bytes) per row of an n-major one
 
-template <typename T> struct MmaTiles {
-    alignas(16) T a[2][MMA_BM][A_STRIDE];    // 2 x 10 KB
-    alignas(16) T b[2][MMA_BK][B_STRIDE];    // 2 x 8.5 KB
+template <typename T, bool B_KMAJOR> struct MmaTiles {
+    alignas(16) T a[2][MMA_BM][K_STRIDE];    // 2 x 10 KB
+    // k by n (2 x 8.5 KB), or n by k (2 x 10 KB)
+    alignas(16) T b[2][B_KMAJOR ? MMA_BN : MMA_BK][B_KMAJOR ? K_STRIDE : N_STRIDE];
 };
 
 __device__ __forceinline__ unsigned shared_address(const void* p) {
@@ -51,8 +57,9 @@ __device__ __forceinline__ void pack_to_shared(T* dst, const T* p, int row, int 
     *reinterpret_cast<uint4*>(dst) = row_pack(p, row, col, rows, cols, s_row, s_col, vec).raw;
 }
 
-template <typename T>
-__device__ __forceinline__ void load_tiles(MmaTiles<T>& tiles, int stage, const T* a, const T* b,
+template <typename T, bool B_KMAJOR>
+__device__ __forceinline__ void load_tiles(MmaTiles<T, B_KMAJOR>& tiles, int stage, const T* a,
+                                           const T* b,
                                            int m0, int n0, int k0, int M, int N, int K, int sam,
                                            int sak, int sbk, int sbn, bool vec_a, bool vec_b) {
     constexpr int A_PACKS_PER_ROW = MMA_BK / 8, B_PACKS_PER_ROW = MMA_BN / 8;  // 4 and 16
@@ -61,10 +68,18 @@ __device__ __forceinline__ void load_tiles(MmaTiles<T>& tiles, int stage, const 
         const int row = p / A_PACKS_PER_ROW, k = (p % A_PACKS_PER_ROW) * 8;
         pack_to_shared(&tiles.a[stage][row][k], a, m0 + row, k0 + k, M, K, sam, sak, vec_a);
     }
+    if constexpr (B_KMAJOR) {  // packs along k of B's columns: rows of W
 #pragma unroll
-    for (int p = threadIdx.x; p < MMA_BK * B_PACKS_PER_ROW; p += MMA_THREADS) {
-        const int k = p / B_PACKS_PER_ROW, col = (p % B_PACKS_PER_ROW) * 8;
-        pack_to_shared(&tiles.b[stage][k][col], b, k0 + k, n0 + col, K, N, sbk, sbn, vec_b);
+        for (int p = threadIdx.x; p < MMA_BN * A_PACKS_PER_ROW; p += MMA_THREADS) {
+            const int n = p / A_PACKS_PER_ROW, k = (p % A_PACKS_PER_ROW) * 8;
+            pack_to_shared(&tiles.b[stage][n][k], b, n0 + n, k0 + k, N, K, sbn, sbk, vec_b);
+        }
+    } else {
+#pragma unroll
+        for (int p = threadIdx.x; p < MMA_BK * B_PACKS_PER_ROW; p += MMA_THREADS) {
+            const int k = p / B_PACKS_PER_ROW, col = (p % B_PACKS_PER_ROW) * 8;
+            pack_to_shared(&tiles.b[stage][k][col], b, k0 + k, n0 + col, K, N, sbk, sbn, vec_b);
+        }
     }
 #if __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -134,9 +149,9 @@ __device__ __forceinline__ void mma_16x8x16(float (&d)[4], const unsigned (&a)[4
 
 // One warp's 64 x 32 share of a 128 x 128 x 32 step: per 16 of K, 4 ldmatrix for A, 2 for B, and
 // 16 mma.
-template <typename T>
-__device__ __forceinline__ void warp_step(const MmaTiles<T>& tiles, int stage, int warp_m, int warp_n,
-                                          int lane, float (&acc)[FRAG_M][FRAG_N][4]) {
+template <typename T, bool B_KMAJOR>
+__device__ __forceinline__ void warp_step(const MmaTiles<T, B_KMAJOR>& tiles, int stage, int warp_m,
+                                          int warp_n, int lane, float (&acc)[FRAG_M][FRAG_N][4]) {
 #pragma unroll
     for (int kk = 0; kk < MMA_BK; kk += 16) {
         // A: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15)
@@ -146,14 +161,19 @@ __device__ __forceinline__ void warp_step(const MmaTiles<T>& tiles, int stage, i
         for (int i = 0; i < FRAG_M; ++i)
             ldmatrix_x4(a_frag[i],
                         &tiles.a[stage][warp_m * WARP_M + i * 16 + lane % 16][kk + (lane / 16) * 8]);
-        // B: matrices (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15), transposed:
-        // b0, b1 of two n8 tiles; lane l gives row k = l % 16 of column block l / 16.
+        // B: matrices (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15) are b0, b1
+        // of two n8 tiles. k by n, transposed: lane l gives row k = l % 16 of column block l / 16.
+        // n by k, as stored: lane l gives row n = (l / 16) * 8 + l % 8 of column block (l / 8) % 2.
         unsigned b_frag[FRAG_N][2];
 #pragma unroll
         for (int j = 0; j < FRAG_N; j += 2) {
             unsigned r[4];
-            ldmatrix_x4_trans(
-                r, &tiles.b[stage][kk + lane % 16][warp_n * WARP_N + j * 8 + (lane / 16) * 8]);
+            const int n = warp_n * WARP_N + j * 8;
+            if constexpr (B_KMAJOR)
+                ldmatrix_x4(r,
+                            &tiles.b[stage][n + (lane / 16) * 8 + lane % 8][kk + (lane / 8) % 2 * 8]);
+            else
+                ldmatrix_x4_trans(r, &tiles.b[stage][kk + lane % 16][n + (lane / 16) * 8]);
             b_frag[j][0] = r[0], b_frag[j][1] = r[1], b_frag[j + 1][0] = r[2], b_frag[j + 1][1] = r[3];
         }
 #pragma unroll
@@ -163,11 +183,13 @@ __device__ __forceinline__ void warp_step(const MmaTiles<T>& tiles, int stage, i
     }
 }
 
-template <typename T>
-__device__ __forceinline__ void matmul_mma(const T* __restrict__ a, const T* __restrict__ b,
-                                           T* __restrict__ c, int M, int N, int K, int sam, int sak,
-                                           int sbk, int sbn, int ldc, int vec_a, int vec_b) {
-    __shared__ MmaTiles<T> tiles;  // 37 KB: under the 48 KB a block gets without an opt-in
+template <typename T, bool B_KMAJOR>
+__device__ __forceinline__ void matmul_mma_tiles(const T* __restrict__ a, const T* __restrict__ b,
+                                                 T* __restrict__ c, int M, int N, int K, int sam,
+                                                 int sak, int sbk, int sbn, int ldc, int vec_a,
+                                                 int vec_b) {
+    // 37 or 40 KB: under the 48 KB a block gets without an opt-in
+    __shared__ MmaTiles<T, B_KMAJOR> tiles;
     int tile_m, tile_n;
     grouped_tile((M + MMA_BM - 1) / MMA_BM, (N + MMA_BN - 1) / MMA_BN, tile_m, tile_n);
     const int m0 = tile_m * MMA_BM, n0 = tile_n * MMA_BN;
@@ -203,4 +225,19 @@ __device__ __forceinline__ void matmul_mma(const T* __restrict__ a, const T* __r
             }
 }
 
+template <typename T>
+__device__ __forceinline__ void matmul_mma(const T* a, const T* b, T* c, int M, int N, int K, int sam,
+                                           int sak, int sbk, int sbn, int ldc, int vec_a, int vec_b) {
+    matmul_mma_tiles<T, false>(a, b, c, M, N, K, sam, sak, sbk, sbn, ldc, vec_a, vec_b);
+}
+
+// vec_b here: whether B's columns (W's rows) can be read 16 bytes at a time along k.
+template <typename T>
+__device__ __forceinline__ void matmul_mma_kmajor(const T* a, const T* b, T* c, int M, int N, int K,
+                                                  int sam, int sak, int sbk, int sbn, int ldc,
+                                                  int vec_a, int vec_b) {
+    matmul_mma_tiles<T, true>(a, b, c, M, N, K, sam, sak, sbk, sbn, ldc, vec_a, vec_b);
+}
+
 MATMUL_ENTRIES(matmul_mma, MMA_THREADS)
+MATMUL_ENTRIES(matmul_mma_kmajor, MMA_THREADS)
