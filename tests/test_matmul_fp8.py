@@ -43,12 +43,12 @@ def check_kernel_error(c, a_deq, w_deq):
     assert (error <= bound).all(), (error.flatten()[worst].item(), bound.flatten()[worst].item())
 
 
-def run_block_scaled(M, N, K, seed=0, config=None):
+def run_block_scaled(M, N, K, seed=0, kernel=fp8.fp8_matmul_block_scaled, **options):
     a, w = make_inputs(M, N, K, seed)
     a8, sa = fp8.quantize_activation(a)
     w8, sw = fp8.quantize_weight(w)
     out = poison_(torch.empty((M, N), dtype=torch.bfloat16, device=a.device))
-    c = fp8.fp8_matmul_block_scaled(a8, sa, w8, sw, out=out, config=config)
+    c = kernel(a8, sa, w8, sw, out=out, **options)
     assert c is out
     deq = (fp8.dequantize(a8, sa, 1), fp8.dequantize(w8, sw, fp8.SCALE_BLOCK))
     return c, deq, (a, w)
@@ -241,6 +241,28 @@ def test_promotion_does_not_lose_to_the_tensor_cores_own_sum():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("stages", [2, 4, 5])
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+def test_gluon_block_scaled_matches_fp64(shape, stages):
+    """The warp-specialized fp8 kernel (gluon_matmul.py), every ring depth it takes."""
+    from kernels.matmul.gluon_matmul import gluon_fp8_matmul_block_scaled
+
+    c, deq, original = run_block_scaled(*shape, kernel=gluon_fp8_matmul_block_scaled, stages=stages)
+    check_kernel_error(c, *deq)
+    errors = fp8.fp8_errors(c, deq, original)
+    assert errors["original"]["calc_diff"] < fp8.DEEPGEMM_DIFF_BOUND, errors
+
+
+@pytest.mark.cpu
+def test_gluon_block_scaled_refuses_off_sm_90():
+    from kernels.matmul.gluon_matmul import gluon_fp8_matmul_block_scaled
+
+    a, w = make_inputs(16, 32, 128)
+    with pytest.raises(runtime.FeatureMissing, match="gluon_fp8_matmul_block_scaled needs wgmma"):
+        gluon_fp8_matmul_block_scaled(*fp8.quantize_activation(a), *fp8.quantize_weight(w))
+
+
+@pytest.mark.gpu
 def test_each_configuration_matches_fp64():
     """Every configuration the pruner keeps, not only the one the autotuner picked."""
     budget = runtime.shared_memory_budget()
@@ -249,3 +271,10 @@ def test_each_configuration_matches_fp64():
         if fp8.fits(config, promoted=True) and fp8.shared_bytes(*tile[:2], tile[3]) <= budget:
             c, deq, _ = run_block_scaled(1000, 1016, 520, seed=6, config=config)
             check_kernel_error(c, *deq)
+
+
+def test_rows_tma_cannot_read_are_refused():
+    """e4m3 rows of 40 bytes (K = 40) are not on 16-byte boundaries."""
+    a, w = make_inputs(16, 32, 40)
+    with pytest.raises(ValueError, match="a8's rows are 40 elements apart.*16-byte boundary"):
+        fp8.fp8_matmul_block_scaled(*fp8.quantize_activation(a), *fp8.quantize_weight(w))

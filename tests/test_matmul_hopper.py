@@ -122,6 +122,8 @@ COMPILED = [
     ("gluon_matmul", {}),
     ("gluon_matmul", {"b_t": True, "dtype": "float16"}),
     ("gluon_matmul", {"stages": 2}),
+    ("gluon_matmul", {"block_scaled": True}),  # fp8 e4m3, 128 x 128 tiles, 4 stages
+    ("gluon_matmul", {"block_scaled": True, "stages": 5}),
 ]
 
 
@@ -158,7 +160,14 @@ def test_compiles_for_hopper_without_a_gpu(compiled_offline, module, options):
         consumer, producer = gluon_matmul.CONSUMER_REGS, gluon_matmul.PRODUCER_REGS
         assert {consumer, producer} <= set(made["register_budgets"])
         assert 128 * (2 * consumer + producer) <= 65536
-        assert made["shared_bytes"] >= gluon_matmul.shared_bytes(stages=options.get("stages", 3))
+        if options.get("block_scaled"):  # every product fp8, the ring of 128-byte rows
+            assert made["wgmma_fp8"] == made["wgmma"]
+            stages = options.get("stages", gluon_matmul.FP8_STAGES)
+            assert made["shared_bytes"] >= stages * 2 * 128 * 128 + 2 * 64 * 128 * 2
+        else:
+            assert made["wgmma_fp8"] == 0
+            stages = options.get("stages", gluon_matmul.STAGES)
+            assert made["shared_bytes"] >= gluon_matmul.shared_bytes(stages=stages)
     else:
         assert made["warps"] == 8
 
@@ -202,8 +211,8 @@ def test_each_tma_configuration_matches_fp64():
 @pytest.mark.cpu
 def test_benchmark_targets_state_the_ratio_and_its_threshold():
     """The targets read the rows the sections write: a Gluon kernel at 1.04x cuBLAS misses its
-    1.05x, a TMA kernel at 1.0x meets its 1.0x, and the fp8 error target fails past DeepGEMM's
-    bound."""
+    1.05x, a TMA kernel at 1.0x meets its 1.0x; the fp8 targets take the faster block-scaled
+    kernel, and its error fails past DeepGEMM's bound."""
     from kernels.matmul import benchmark_hopper
 
     def row(shape, dtype, impls):
@@ -212,9 +221,11 @@ def test_benchmark_targets_state_the_ratio_and_its_threshold():
     shape = benchmark_hopper.TARGET_SHAPES[0]
     hopper = {"triton TMA": {"vs_cublas": 1.0}, "gluon warp-specialized": {"vs_cublas": 1.04}}
     block = {"vs_cublas_fp8": 1.1, "errors": {"original": {"calc_diff": 2e-3}}}
+    slower = {"vs_cublas_fp8": 0.9, "errors": {"original": {"calc_diff": 1e-4}}}
+    fp8_rows = {"fp8 block-scaled": block, "gluon fp8 block-scaled": slower}
     results = {
         "hopper": [row(shape, "bfloat16", hopper)],
-        "fp8": [row(shape, "float8_e4m3fn", {"fp8 block-scaled": block})],
+        "fp8": [row(shape, "float8_e4m3fn", fp8_rows)],
     }
     checks = {c["target"]: c for c in benchmark_hopper.performance_targets(results)}
     name = "x".join(map(str, shape))
@@ -224,3 +235,19 @@ def test_benchmark_targets_state_the_ratio_and_its_threshold():
     error = [c for t, c in checks.items() if "calc_diff" in t]
     assert len(error) == 1 and not error[0]["pass"] and error[0]["value"] == pytest.approx(0.5)
     assert len(checks) == 4  # float16 and the second shape have no rows: no targets
+
+
+def test_each_kernel_names_the_feature_it_needs():
+    """REQUIRES is what the wrappers pass to runtime.require and what a compile check across
+    architectures reads: TMA (sm_90+), wgmma (sm_90 only), fp8 (sm_89+)."""
+    from kernels.matmul import gluon_matmul, triton_fp8_matmul, triton_matmul_tma
+
+    needs = {m.__name__: m.REQUIRES for m in (triton_matmul_tma, gluon_matmul, triton_fp8_matmul)}
+    assert set(needs.values()) <= set(runtime.FEATURE_GPUS)
+    only = {
+        name: [p.arch for p in runtime.GPU_PROFILES.values() if p.has(feature)]
+        for name, feature in needs.items()
+    }
+    assert set(only["kernels.matmul.gluon_matmul"]) == {"sm_90"}
+    assert "sm_89" in only["kernels.matmul.triton_fp8_matmul"]
+    assert "sm_89" not in only["kernels.matmul.triton_matmul_tma"]

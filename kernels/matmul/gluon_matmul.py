@@ -27,11 +27,17 @@ a thread. `setmaxnreg` gives each consumer thread CONSUMER_REGS = 232 and the pr
 232 + 128 x 40 = 64,512 of the SM's 65,536. Shared memory per stage: A 128 x 64 and B 64 x 256 in
 16-bit, 48 KiB; 3 stages and the 2 x 64 x 256 x 2 = 64 KiB epilogue buffer are 208 of 227 KiB.
 
-Scope: fp16 and bf16; A row-major (its rows may be strided: any row stride on a 16-byte boundary),
-B row-major (K, N) or the transpose of a row-major (N, K) weight (`b = W.T`, nn.Linear's layout);
-any M, N, K whose row strides are 16-byte aligned (TMA's rule). Needs wgmma (sm_90: H100, H200):
-`gluon_matmul` raises FeatureMissing anywhere else, before any compilation; the portable kernels
-are `triton_matmul.py`'s.
+The fp8 mode (`gluon_fp8_matmul_block_scaled`): the same warps on e4m3 operands with DeepGEMM's
+1 x 128 / 128 x 128 scales (`triton_fp8_matmul.py` makes them). Tiles are 128 x 128 and K steps
+128 deep, one scale block: each consumer's product of a K step starts from zero on the tensor
+cores, then is multiplied by its scales and added into fp32 registers (the promotion), while the
+other warpgroup's product runs.
+
+Scope: fp16 and bf16 (and e4m3 in the fp8 mode, W as (N, K)); A row-major (its rows may be
+strided: any row stride on a 16-byte boundary), B row-major (K, N) or the transpose of a row-major
+(N, K) weight (`b = W.T`, nn.Linear's layout); any M, N, K whose row strides are 16-byte aligned
+(TMA's rule). Needs wgmma (sm_90: H100, H200): both wrappers raise FeatureMissing anywhere else,
+before any compilation; the portable kernels are `triton_matmul.py`'s.
 """
 
 from __future__ import annotations
@@ -52,9 +58,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from kernels import runtime
+from kernels.matmul import triton_fp8_matmul
 from kernels.matmul.reference import check_matmul_args
 from kernels.matmul.triton_matmul_tma import tma_view
 
+# The feature this kernel needs (runtime.FEATURE_GPUS): wgmma and setmaxnreg, sm_90 only.
+REQUIRES = "wgmma"
 WG_M = gl.constexpr(64)  # output rows per consumer warpgroup (one wgmma M)
 NUM_WG = 2  # consumer warpgroups: BLOCK_M = 128
 BLOCK_N = 256  # one wgmma N: the largest the instruction takes
@@ -65,7 +74,16 @@ GROUP_M = 8  # row tiles that walk the column tiles together (L2 reuse of B)
 CONSUMER_REGS = 232
 PRODUCER_REGS = 40
 SHARED_BYTES = 227 * 1024
-GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+# The fp8 block-scaled mode: 128 x 128 tiles (a K step's product and the fp32 total are two
+# 64 x 128 accumulators, 128 registers a thread), 128-deep K steps (one scale block, 128 bytes of
+# e4m3). A stage is 16 + 16 KiB; 4 stages and the 32 KiB epilogue buffer are 160 KiB.
+FP8_BLOCK_N = 128
+FP8_STAGES = 4
+GL_DTYPES = {
+    torch.float16: gl.float16,
+    torch.bfloat16: gl.bfloat16,
+    torch.float8_e4m3fn: gl.float8e4nv,
+}
 # TMA copies: `async_load` / `async_store` in newer releases, the long names before.
 tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
@@ -133,30 +151,39 @@ def _consumer(
     empty,
     c_desc,
     c_smem,
+    a_scale_ptr,
+    w_scale_ptr,
     M,
     N,
     K,
     B_T: gl.constexpr,
     GROUP_M: gl.constexpr,
+    BLOCK_SCALED: gl.constexpr,
 ):
     """One warpgroup: rows WG * 64 .. WG * 64 + 63 of each of the CTA's tiles, accumulated by
-    wgmma from the ring, stored by TMA."""
+    wgmma from the ring, stored by TMA. BLOCK_SCALED (fp8): each K step's product (one 128-deep
+    scale block) starts from zero, then is scaled and added into the fp32 accumulator."""
     STAGES: gl.constexpr = empty.shape[0]
     NUM_WG: gl.constexpr = a_smem.shape[0] // STAGES
     BLOCK_K: gl.constexpr = a_smem.shape[2]
     BLOCK_N: gl.constexpr = c_smem.shape[2]
-    # The wgmma accumulator: the 4 warps stacked along M, instruction m64 x n(BLOCK_N) x k16.
+    # The wgmma accumulator: the 4 warps stacked along M, instruction m64 x n(BLOCK_N) x k(32
+    # bytes of the inputs: 16 for 16-bit, 32 for fp8).
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
+        version=[3, 0],
+        warps_per_cta=[4, 1],
+        instr_shape=[16, BLOCK_N, 256 // a_smem.dtype.primitive_bitwidth],
     )
     num_pid_m = gl.cdiv(M, NUM_WG * WG_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
     k_steps = gl.cdiv(K, BLOCK_K)
     staging = c_smem.index(WG)
+    zero = gl.zeros([WG_M, BLOCK_N], gl.float32, layout=acc_layout)
     it = 0  # K steps consumed so far, over all tiles, as the producer counts them
     for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
         pid_m, pid_n = _tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
-        acc = gl.zeros([WG_M, BLOCK_N], gl.float32, layout=acc_layout)
+        m0 = (pid_m * NUM_WG + WG) * WG_M
+        acc = zero
         for ki in range(k_steps):
             slot = it % STAGES
             mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
@@ -164,32 +191,56 @@ def _consumer(
                 b = b_smem.index(slot).permute((1, 0))  # (BLOCK_K, BLOCK_N) view of (N, K) rows
             else:
                 b = b_smem.index(slot)
-            acc = warpgroup_mma(a_smem.index(slot * NUM_WG + WG), b, acc, is_async=True)
-            # Products retire in issue order: with one left in flight, the step before is done
-            # and its slot can be refilled.
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-            if ki > 0:
-                mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)
+            a = a_smem.index(slot * NUM_WG + WG)
+            if BLOCK_SCALED:
+                part = warpgroup_mma(a, b, zero, use_acc=False, is_async=True)
+                part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+                mbarrier.arrive(empty.index(slot), count=1)
+                acc = _promote(acc, part, a_scale_ptr, w_scale_ptr, m0, pid_n, ki, M, N, k_steps)
+            else:
+                acc = warpgroup_mma(a, b, acc, is_async=True)
+                # Products retire in issue order: with one left in flight, the step before is
+                # done and its slot can be refilled.
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                if ki > 0:
+                    mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)
             it += 1
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)
+        if not BLOCK_SCALED:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)
         # The epilogue: the last tile's copy must have read the staging buffer before it is
         # overwritten (by now long done: a whole tile of products ran since).
         tma.store_wait(0)
         staging.store(acc.to(c_desc.dtype))
         fence_async_shared()  # the threads' shared-memory writes, before the copy reads them
-        tma_store(c_desc, [(pid_m * NUM_WG + WG) * WG_M, pid_n * BLOCK_N], staging)
+        tma_store(c_desc, [m0, pid_n * BLOCK_N], staging)
     tma.store_wait(0)
 
 
 @gluon.jit
-def _consumer_0(args, B_T: gl.constexpr, GROUP_M: gl.constexpr):
-    _consumer(0, *args, B_T, GROUP_M)
+def _promote(acc, part, a_scale_ptr, w_scale_ptr, m0, pid_n, ki, M, N, k_steps):
+    """acc + part x (the 64 rows' 1 x 128 activation scales) x (each column's 128 x 128 weight
+    scale) of K block ki, in fp32 registers: the promotion. Activation scales are K-block-major
+    ((K / 128, M) viewed as (M, K / 128)), weight scales (N / 128, K / 128) row-major."""
+    layout: gl.constexpr = acc.type.layout
+    BLOCK_N: gl.constexpr = acc.shape[1]
+    rows = m0 + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, layout))
+    sa = gl.load(a_scale_ptr + ki * M + rows, mask=rows < M, other=0.0)
+    col_blocks = (pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))) // 128
+    sw = gl.load(
+        w_scale_ptr + col_blocks * k_steps + ki, mask=col_blocks < gl.cdiv(N, 128), other=0.0
+    )
+    return acc + part * (gl.expand_dims(sa, 1) * gl.expand_dims(sw, 0))
 
 
 @gluon.jit
-def _consumer_1(args, B_T: gl.constexpr, GROUP_M: gl.constexpr):
-    _consumer(1, *args, B_T, GROUP_M)
+def _consumer_0(args, B_T: gl.constexpr, GROUP_M: gl.constexpr, BLOCK_SCALED: gl.constexpr):
+    _consumer(0, *args, B_T, GROUP_M, BLOCK_SCALED)
+
+
+@gluon.jit
+def _consumer_1(args, B_T: gl.constexpr, GROUP_M: gl.constexpr, BLOCK_SCALED: gl.constexpr):
+    _consumer(1, *args, B_T, GROUP_M, BLOCK_SCALED)
 
 
 @gluon.jit
@@ -197,12 +248,15 @@ def gluon_matmul_kernel(
     a_desc,
     b_desc,
     c_desc,
+    a_scale_ptr,  # BLOCK_SCALED only (else unread): A's 1 x 128 scales, K-block-major
+    w_scale_ptr,  # BLOCK_SCALED only: the weight's 128 x 128 scales, row-major
     M,
     N,
     K,
     B_T: gl.constexpr,
     STAGES: gl.constexpr,
     GROUP_M: gl.constexpr,
+    BLOCK_SCALED: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
@@ -228,11 +282,11 @@ def gluon_matmul_kernel(
     # The kernel's own 4 warps are consumer 0; a second warpgroup is consumer 1; one warp loads.
     # The flags go as arguments of their own: a constexpr inside a tuple reaches the partition
     # as a runtime value.
-    args = (a_smem, b_smem, ready, empty, c_desc, c_smem, M, N, K)
+    args = (a_smem, b_smem, ready, empty, c_desc, c_smem, a_scale_ptr, w_scale_ptr, M, N, K)
     gl.warp_specialize(
         [
-            (_consumer_0, (args, B_T, GROUP_M)),
-            (_consumer_1, (args, B_T, GROUP_M)),
+            (_consumer_0, (args, B_T, GROUP_M, BLOCK_SCALED)),
+            (_consumer_1, (args, B_T, GROUP_M, BLOCK_SCALED)),
             (_producer, (a_desc, b_desc, a_smem, b_smem, ready, empty, M, N, K, B_T, GROUP_M)),
         ],
         [4, 1],
@@ -240,18 +294,17 @@ def gluon_matmul_kernel(
     )
 
 
-def _descriptors(a, b_view, b_t: bool, c, block_n: int):
-    """Gluon TMA descriptors over A (64 x BLOCK_K tiles), B or its (N, K) buffer, and C (64 x
+def _descriptors(a, b_view, b_t: bool, c, block_n: int, block_k: int = BLOCK_K):
+    """Gluon TMA descriptors over A (64 x block_k tiles), B or its (N, K) buffer, and C (64 x
     block_n), each in the default swizzled shared-memory layout of its tile."""
-    dtype = GL_DTYPES[a.dtype]
 
     def desc(t, block):
-        layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
+        layout = gl.NVMMASharedLayout.get_default_for(block, GL_DTYPES[t.dtype])
         return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
 
     return (
-        desc(a, [WG_M.value, BLOCK_K]),
-        desc(b_view, [block_n, BLOCK_K] if b_t else [BLOCK_K, block_n]),
+        desc(a, [WG_M.value, block_k]),
+        desc(b_view, [block_n, block_k] if b_t else [block_k, block_n]),
         desc(c, [WG_M.value, block_n]),
     )
 
@@ -282,6 +335,25 @@ def check_gluon_args(a, b, out=None, stages: int = STAGES):
     return M, N, K, a_view, b_view, b_t, c
 
 
+def _launch(descs, scales, M, N, K, *, b_t, stages, group_m, block_scaled, block_n, device):
+    tiles = triton.cdiv(M, NUM_WG * WG_M.value) * triton.cdiv(N, block_n)
+    grid = (min(tiles, _sm_count(device.index or 0)),)
+    gluon_matmul_kernel[grid](
+        *descs,
+        *scales,
+        M,
+        N,
+        K,
+        B_T=b_t,
+        STAGES=stages,
+        GROUP_M=group_m,
+        BLOCK_SCALED=block_scaled,
+        CONSUMER_REGS=CONSUMER_REGS,
+        PRODUCER_REGS=PRODUCER_REGS,
+        num_warps=4,
+    )
+
+
 def gluon_matmul(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -294,43 +366,82 @@ def gluon_matmul(
     contiguous, receives C if given. `stages`: the ring's depth (2 or 3: 4 does not fit beside
     the epilogue buffer); `group_m`: row tiles per group of the tile order. FeatureMissing on
     anything but sm_90, before any compilation."""
-    runtime.require("wgmma", "gluon_matmul")
+    runtime.require(REQUIRES, "gluon_matmul")
     M, N, K, a_view, b_view, b_t, c = check_gluon_args(a, b, out, stages)
-    a_desc, b_desc, c_desc = _descriptors(a_view, b_view, b_t, c, BLOCK_N)
-    tiles = triton.cdiv(M, NUM_WG * WG_M.value) * triton.cdiv(N, BLOCK_N)
-    grid = (min(tiles, _sm_count(a.device.index or 0)),)
-    gluon_matmul_kernel[grid](
-        a_desc,
-        b_desc,
-        c_desc,
+    descs = _descriptors(a_view, b_view, b_t, c, BLOCK_N)
+    _launch(
+        descs,
+        (c, c),
         M,
         N,
         K,
-        B_T=b_t,
-        STAGES=stages,
-        GROUP_M=group_m,
-        CONSUMER_REGS=CONSUMER_REGS,
-        PRODUCER_REGS=PRODUCER_REGS,
-        num_warps=4,
+        b_t=b_t,
+        stages=stages,
+        group_m=group_m,
+        block_scaled=False,
+        block_n=BLOCK_N,
+        device=a.device,
+    )
+    return c
+
+
+def gluon_fp8_matmul_block_scaled(
+    a8, a_scales, w8, w_scales, *, out=None, stages: int = FP8_STAGES, group_m: int = GROUP_M
+) -> torch.Tensor:
+    """C (M, N) bf16 = A @ W.T from e4m3 a8 (M, K) with its 1 x 128 scales and w8 (N, K) with
+    its 128 x 128 scales (`triton_fp8_matmul.quantize_activation` / `quantize_weight`), by the
+    warp-specialized kernel: 128 x 128 tiles, each 128-deep K step's wgmma product promoted into
+    fp32 registers with its scales (DeepGEMM's scheme). FeatureMissing off sm_90."""
+    op = "gluon_fp8_matmul_block_scaled"
+    runtime.require(REQUIRES, op)
+    if stages not in range(2, 6):
+        raise ValueError(f"{op}: stages {stages}; supported: 2 to 5")
+    M, N, K = triton_fp8_matmul.check_fp8_args(op, a8, w8, a_scales, w_scales, block_scaled=True)
+    c = triton_fp8_matmul.output(op, out, M, N, a8.device)
+    descs = _descriptors(a8, w8, True, c, FP8_BLOCK_N, triton_fp8_matmul.SCALE_BLOCK)
+    _launch(
+        descs,
+        (a_scales, w_scales),
+        M,
+        N,
+        K,
+        b_t=True,
+        stages=stages,
+        group_m=group_m,
+        block_scaled=True,
+        block_n=FP8_BLOCK_N,
+        device=a8.device,
     )
     return c
 
 
 def compile_for(
-    arch: str = "sm_90", dtype: str = "bfloat16", b_t: bool = False, stages: int = STAGES
+    arch: str = "sm_90",
+    dtype: str = "bfloat16",
+    b_t: bool = False,
+    stages: int | None = None,
+    block_scaled: bool = False,
 ):
     """The kernel compiled for `arch` without a GPU (`offline.compile_offline` runs this in a
-    process of its own). FeatureMissing for any arch but sm_90, before compiling."""
+    process of its own); `block_scaled`: the fp8 kernel (e4m3 in, bf16 out, `dtype` unused).
+    FeatureMissing for any arch but sm_90, before compiling."""
     from kernels.matmul.offline import compile_triton, descriptor_type
 
-    runtime.require("wgmma", "gluon_matmul")
-    torch_dtype = getattr(torch, dtype)
-    buffer = torch.empty((64, 64), dtype=torch_dtype)
-    descs = _descriptors(buffer, buffer, b_t, buffer, BLOCK_N)
+    runtime.require(REQUIRES, "gluon_matmul")
+    if block_scaled:
+        inputs = torch.empty((128, 128), dtype=triton_fp8_matmul.FP8)
+        c = torch.empty((64, 64), dtype=torch.bfloat16)
+        descs = _descriptors(inputs, inputs, True, c, FP8_BLOCK_N, triton_fp8_matmul.SCALE_BLOCK)
+        b_t, stages = True, stages or FP8_STAGES
+    else:
+        buffer = torch.empty((64, 64), dtype=getattr(torch, dtype))
+        descs = _descriptors(buffer, buffer, b_t, buffer, BLOCK_N)
+        stages = stages or STAGES
     constants = {
         "B_T": b_t,
         "STAGES": stages,
         "GROUP_M": GROUP_M,
+        "BLOCK_SCALED": block_scaled,
         "CONSUMER_REGS": CONSUMER_REGS,
         "PRODUCER_REGS": PRODUCER_REGS,
     }
@@ -338,6 +449,8 @@ def compile_for(
         "a_desc": descriptor_type(descs[0]),
         "b_desc": descriptor_type(descs[1]),
         "c_desc": descriptor_type(descs[2]),
+        "a_scale_ptr": "*fp32",
+        "w_scale_ptr": "*fp32",
         "M": "i32",
         "N": "i32",
         "K": "i32",

@@ -50,6 +50,8 @@ from kernels.matmul.triton_matmul import GROUP_M, sm_programs, tile_coordinates
 from kernels.matmul.triton_matmul_tma import descriptor, launch, tma_view
 from kernels.runtime import UPCAST
 
+# The feature this kernel needs (runtime.FEATURE_GPUS): fp8 tensor cores, sm_89 and newer.
+REQUIRES = "fp8"
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # the largest finite e4m3 value
 SCALE_BLOCK = 128  # DeepGEMM's granularity: 1 x 128 activation runs, 128 x 128 weight blocks
@@ -77,7 +79,6 @@ GPU_TILES = [
 # fp32 accumulator registers a thread may hold (of 255) without spilling, measured offline on
 # sm_90: 128 (one 128 x 256 accumulator at 8 warps, or two 128 x 128 ones) fits, 256 does not.
 ACC_REGS = 128
-SHARED_BYTES = 227 * 1024
 
 
 # --------------------------------------------------------------------------------------------------
@@ -247,7 +248,7 @@ def fp8_matmul_kernel(
         c_desc.store([m0, n0 + BLOCK_N // 2], right.to(c_desc.dtype))
 
 
-def _check(op: str, a8, w8, a_scale, w_scale, block_scaled: bool) -> tuple[int, int, int]:
+def check_fp8_args(op: str, a8, w8, a_scale, w_scale, block_scaled: bool) -> tuple[int, int, int]:
     """(M, N, K), or a TypeError/ValueError saying what is wrong with the operands."""
     for name, t in (("a8", a8), ("w8", w8), ("a_scale", a_scale), ("w_scale", w_scale)):
         if not isinstance(t, torch.Tensor):
@@ -293,21 +294,27 @@ def _check(op: str, a8, w8, a_scale, w_scale, block_scaled: bool) -> tuple[int, 
                 f"{op}: {name} must have strides {strides} (as the quantizer makes "
                 f"it), got {t.stride()}"
             )
+    for name, t in (("a8", a8), ("w8", w8)):
+        tma_view(t, name, op)  # rows 16-byte aligned: K a multiple of 16
     return M, N, K
 
 
-def _launch(op, a8, w8, a_scale, w_scale, *, scaling: int, promote_k: int, out, config):
-    runtime.require("fp8", op)
-    M, N, K = _check(op, a8, w8, a_scale, w_scale, scaling == BLOCK_SCALED)
-    a_view, _ = tma_view(a8, "a8", op)
-    w_view, _ = tma_view(w8, "w8", op)
-    c = torch.empty((M, N), dtype=torch.bfloat16, device=a8.device) if out is None else out
+def output(op: str, out, M: int, N: int, device) -> torch.Tensor:
+    """C: `out` checked (contiguous (M, N) bf16, TMA-aligned), or a new one."""
+    c = torch.empty((M, N), dtype=torch.bfloat16, device=device) if out is None else out
     if c.shape != (M, N) or c.dtype != torch.bfloat16 or not c.is_contiguous():
         raise ValueError(f"{op}: out must be a contiguous ({M}, {N}) bfloat16 tensor")
     tma_view(c, "out", op)
+    return c
+
+
+def _launch(op, a8, w8, a_scale, w_scale, *, scaling: int, promote_k: int, out, config):
+    runtime.require(REQUIRES, op)
+    M, N, K = check_fp8_args(op, a8, w8, a_scale, w_scale, scaling == BLOCK_SCALED)
+    c = output(op, out, M, N, a8.device)
     args = dict(
-        a_desc=descriptor(a_view),
-        w_desc=descriptor(w_view),
+        a_desc=descriptor(a8),
+        w_desc=descriptor(w8),
         c_desc=descriptor(c),
         a_scale_ptr=a_scale,
         w_scale_ptr=w_scale,
@@ -422,7 +429,7 @@ def compile_for(
     without fp8, before compiling."""
     from kernels.matmul.offline import compile_triton, descriptor_type
 
-    runtime.require("fp8", "fp8_matmul")
+    runtime.require(REQUIRES, "fp8_matmul")
     bm, bn, warps, stages = GPU_TILES[tile]
     fp8 = torch.empty((64, 64), dtype=FP8)
     bf16 = torch.empty((64, 64), dtype=torch.bfloat16)

@@ -49,6 +49,9 @@ from kernels.runtime import UPCAST
 # 128 x 256 with 8 warps is cuBLAS's tile for these shapes: two consumer warpgroups of 64 x 256
 # fp32 accumulators, 128 registers a thread. A stage of A and B is (128 + 256) x 64 x 2 bytes =
 # 48 KiB; three stages and a halved epilogue buffer (128 x 128 x 2 = 32 KiB) are 176 KiB.
+# The feature this kernel needs (runtime.FEATURE_GPUS): TMA, sm_90 and newer; its tiles are
+# sm_90's, and on a GPU with less shared memory the autotuner keeps those that fit.
+REQUIRES = "tma"
 GPU_TILES = [
     (128, 256, 64, 8, 3, True, True),
     (128, 256, 64, 8, 4, True, True),
@@ -57,7 +60,6 @@ GPU_TILES = [
     (128, 128, 64, 8, 4, False, True),
     (128, 128, 64, 4, 4, False, True),
 ]
-SHARED_BYTES = 227 * 1024  # what one CTA may have on sm_90
 
 
 def set_block_shapes(nargs):
@@ -94,7 +96,8 @@ def shared_bytes(bm: int, bn: int, bk: int, stages: int, subtile: bool, itemsize
 def _configs() -> list[triton.Config]:
     if not runtime.ON_GPU:  # the interpreter: one small configuration (it cannot time several)
         return [tile_config(32, 32, 32, 1, 1, True, False)]
-    return [tile_config(*t) for t in GPU_TILES if shared_bytes(*t[:3], t[4], t[5]) <= SHARED_BYTES]
+    budget = runtime.shared_memory_budget()
+    return [tile_config(*t) for t in GPU_TILES if shared_bytes(*t[:3], t[4], t[5]) <= budget]
 
 
 @triton.autotune(configs=_configs(), key=["M", "N", "K", "A_T", "B_T"])
@@ -196,7 +199,7 @@ def matmul_tma(
     contiguous, receives C if given. `config` (one of `candidate_configs()`) runs that
     configuration instead of the autotuned one. FeatureMissing on a GPU without TMA (sm_90+)."""
     if runtime.features() is not None:  # the interpreter emulates descriptors on the CPU
-        runtime.require("tma", "matmul_tma")
+        runtime.require(REQUIRES, "matmul_tma")
     M, N, K = check_matmul_args(a, b, out, op="matmul_tma")
     a_view, a_t = tma_view(a, "a", "matmul_tma")
     b_view, b_t = tma_view(b, "b", "matmul_tma")
@@ -256,7 +259,7 @@ def compile_for(
     before compiling."""
     from kernels.matmul.offline import compile_triton, descriptor_type
 
-    runtime.require("tma", "matmul_tma")
+    runtime.require(REQUIRES, "matmul_tma")
 
     bm, bn, bk, warps, stages, subtile, flatten = GPU_TILES[tile]
     torch_dtype = getattr(torch, dtype)
