@@ -7,6 +7,7 @@ LAB_MODULES = {
     "00_profiling": "grading.labs.lab00_profiling",
     "01_elementwise_add": "grading.labs.lab01_elementwise_add",
     "02_rmsnorm": "grading.labs.lab02_rmsnorm",
+    "02b_matmul": "grading.labs.lab02b_matmul",
     "03_flash_attention": "grading.labs.lab03_flash_attention",
     "04_mixed_precision": "grading.labs.lab04_mixed_precision",
     "05_memory_profiling": "grading.labs.lab05_memory_profiling",
