@@ -1,8 +1,8 @@
 """The warp-specialized Gluon forward (kernels/flash_attention/gluon_flash.py) against the float64
 reference, on the same edge cases as the Triton kernel, and compiled for sm_90 without a GPU.
 
-The CPU test compiles in a subprocess (`gluon_flash.compile_offline`): this process runs the Triton
-interpreter (CPU mode), which cannot compile Gluon.
+The CPU test compiles in a subprocess (`gluon_offline.compile_offline_many`): this process runs
+the Triton interpreter (CPU mode), which cannot compile Gluon.
 """
 
 import pytest
@@ -165,9 +165,9 @@ def test_the_polynomial_exponential_is_within_its_stated_error():
 @pytest.fixture(scope="module")
 def compiled_offline():
     """Every COMPILED variant, compiled in one process (torch and Triton imported once)."""
-    from kernels.flash_attention import gluon_flash
+    from kernels.flash_attention import gluon_offline
 
-    return gluon_flash.compile_offline_many(COMPILED)
+    return gluon_offline.compile_offline_many(COMPILED, "kernels.flash_attention.gluon_flash")
 
 
 @pytest.mark.cpu

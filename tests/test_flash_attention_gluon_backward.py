@@ -124,9 +124,9 @@ COMPILED = [(128, "float16", True, {}), (128, "bfloat16", False, {}), (64, "floa
 
 @pytest.fixture(scope="module")
 def compiled_offline():
-    from kernels.flash_attention import gluon_flash
+    from kernels.flash_attention import gluon_offline
 
-    return gluon_flash.compile_offline_many(
+    return gluon_offline.compile_offline_many(
         COMPILED, "kernels.flash_attention.gluon_flash_backward"
     )
 

@@ -67,11 +67,10 @@ from kernels.flash_attention.gluon_flash import (
     SHARED_BYTES,
     accumulator_layout,
     check_tma_tensors,
-    compile_sm90,
-    descriptor_type,
     row_descriptors,
     tma_load,
 )
+from kernels.flash_attention.gluon_offline import compile_sm90, descriptor_type
 from kernels.flash_attention.triton_flash import (
     LOG2E,
     backward_row_terms,
@@ -347,8 +346,8 @@ def gluon_attention_backward(do, q, k, v, out, lse, causal: bool = False,
 
 def compile_for_hopper(head_dim: int = 128, dtype: torch.dtype = torch.float16,
                        causal: bool = False, stages: int = DEFAULT_STAGES):  # fmt: skip
-    """The backward compiled for sm_90 without a GPU (the CPU test; `gluon_flash.compile_sm90`;
-    `gluon_flash.compile_offline_many` with this module's name runs it in a fresh process and
+    """The backward compiled for sm_90 without a GPU (the CPU test; `gluon_offline.compile_sm90`;
+    `gluon_offline.compile_offline_many` with this module's name runs it in a fresh process and
     reads ptxas's report)."""
     rows = torch.empty((1, head_dim), dtype=dtype)
     q_type, k_type = (descriptor_type(row_descriptors((rows,), block, head_dim,
