@@ -576,7 +576,10 @@ def main(argv: list[str]) -> int:
     sections = [s for s in argv if s in SECTIONS] or list(SECTIONS)
     unknown = [s for s in argv if s not in SECTIONS]
     if unknown:
-        print(f"unknown sections {unknown}; choose from {SECTIONS}")
+        print(
+            f"unknown sections {unknown}; choose from {SECTIONS} (host, gluon, gluon_backward and "
+            "flash_attn_cute: python -m kernels.flash_attention.benchmark_<name>)"
+        )
         return 1
     ceilings = bench.ceilings()
     path = RESULTS_DIR / runtime.gpu_info().slug / "03_flash_attention.json"
