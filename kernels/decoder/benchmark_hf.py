@@ -8,8 +8,7 @@ benchmark.prefill_times).
 benchmark.py runs it in a process of its own (a fault here cannot touch our numbers, and
 torch.compile's CUDA-graph pools stay out of ours) and merges its rows into 07_decoder.json:
 
-    python -m kernels.decoder.benchmark_hf PATH [--quick]     -> PATH (JSON: decode, prefill,
-                                                                 memory, errors)
+    python -m kernels.decoder.benchmark_hf PATH [--quick]   -> PATH: decode, prefill, memory, errors
 """
 
 from __future__ import annotations
