@@ -458,19 +458,19 @@ def test_benchmark_helpers_run_on_the_tiny_model(monkeypatch):
     """The benchmark's parts that need no GPU (HF's eager step, our prefill, the host-time split,
     merging the two processes' rows, the targets) run on the tiny model: a GPU run is not the first
     place a typo in them shows."""
-    from kernels.decoder import benchmark
+    from kernels.decoder import benchmark, benchmark_hf
 
     monkeypatch.setattr(benchmark, "CONFIG", TINY)
     monkeypatch.setattr(benchmark, "DTYPE", torch.float32)
     monkeypatch.setattr(benchmark, "STEPS", 2)
     monkeypatch.setattr(benchmark, "ROUNDS", 1)
-    monkeypatch.setattr(benchmark, "COMPILE_BUDGET_S", -1)  # no torch.compile here
+    monkeypatch.setattr(benchmark_hf, "COMPILE_BUDGET_S", -1)  # no torch.compile here
     hf = hf_reference.random_llama(TINY, seed=13, device=runtime.DEVICE)  # where the benchmark runs
     model = Decoder(DecoderWeights.from_hf(hf), max_batch=2, max_seq=32)
-    theirs = benchmark.decode_hf(hf, 2, 9, [0.0])
+    theirs = benchmark_hf.decode_hf(hf, 2, 9, [0.0])
     assert theirs["HF eager ms"] > 0 and "not measured" in theirs["HF static compiled"]
     ours = benchmark.prefill_ours(model, 1, 8, {"matmul_bf16_tflops": 1.0})
-    merged = benchmark.merge([ours], [benchmark.prefill_hf(hf, 1, 8)], ("batch", "tokens"))
+    merged = benchmark.merge([ours], [benchmark_hf.prefill_hf(hf, 1, 8)], ("batch", "tokens"))
     assert merged[0]["ours vs HF eager"] > 0
     host = benchmark.host_breakdown(model, batch=1, context=8, steps=1)
     assert host["calls per step"]["rope_append"] == TINY.n_layers

@@ -1,4 +1,4 @@
-"""The decoder benchmark's Hugging Face half (kernels/decoder/benchmark.py, its child process) on
+"""The decoder benchmark's Hugging Face half (kernels/decoder/benchmark_hf.py, its child process) on
 the tiny model: every part of the child runs, with the static-cache step called eagerly (the same
 cache, positions and resets as the compiled step, without torch.compile).
 
@@ -13,7 +13,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from kernels import runtime
-from kernels.decoder import benchmark, hf_reference
+from kernels.decoder import benchmark, benchmark_hf, hf_reference
 from kernels.decoder.config import TINY
 
 
@@ -38,7 +38,7 @@ def test_hf_child_runs_every_part(tiny_benchmark, tmp_path):
     """The child's decode (eager and static, every configuration, several timed rounds), prefill and
     memory parts all finish with no error recorded."""
     path = tmp_path / "hf.json"
-    assert benchmark.hf_child(str(path), quick=False) == 0
+    assert benchmark_hf.hf_child(str(path), quick=False) == 0
     out = json.loads(path.read_text())
     assert out["errors"] == {}
     assert [(r["batch"], r["context"]) for r in out["decode"]] == list(benchmark.DECODE)
@@ -53,7 +53,7 @@ def test_static_steps_match_dynamic_steps_after_every_reset(tiny_benchmark):
     masked) picks the same tokens as the eager DynamicCache step, round after round, and the static
     cache's write position is back at the context."""
     hf = hf_reference.random_llama(TINY, seed=21, device=runtime.DEVICE)
-    steps = benchmark.HFSteps(hf, 3, 9, compiled=True)
+    steps = benchmark_hf.HFSteps(hf, 3, 9, compiled=True)
     for _ in range(4):  # 4 rounds of 4 steps: 16 > 2 * STEPS, the cache's headroom
         steps.reset_dynamic()
         steps.reset_static()

@@ -1,8 +1,8 @@
 """The warp-specialized Gluon forward (kernels/flash_attention/gluon_flash.py) against the float64
 reference, on the same edge cases as the Triton kernel, and compiled for sm_90 without a GPU.
 
-The CPU test compiles in a subprocess (`gluon_flash.compile_offline`): this process runs the Triton
-interpreter (CPU mode), which cannot compile Gluon.
+The CPU test compiles in a subprocess (`gluon_offline.compile_offline_many`): this process runs
+the Triton interpreter (CPU mode), which cannot compile Gluon.
 """
 
 import pytest
@@ -165,9 +165,9 @@ def test_the_polynomial_exponential_is_within_its_stated_error():
 @pytest.fixture(scope="module")
 def compiled_offline():
     """Every COMPILED variant, compiled in one process (torch and Triton imported once)."""
-    from kernels.flash_attention import gluon_flash
+    from kernels.flash_attention import gluon_offline
 
-    return gluon_flash.compile_offline_many(COMPILED)
+    return gluon_offline.compile_offline_many(COMPILED, "kernels.flash_attention.gluon_flash")
 
 
 @pytest.mark.cpu
@@ -318,14 +318,14 @@ def test_gluon_rejects_what_it_does_not_cover():
 def test_gluon_targets_state_the_ratio_and_its_threshold():
     """The targets table once printed Gluon / cuDNN divided by the threshold next to a threshold
     of 1.0: 0.945x at D = 128 read as 0.994 against ">= 0.95 x cuDNN". It states the ratio now."""
-    from kernels.flash_attention import benchmark
+    from kernels.flash_attention import benchmark_gluon
 
     def row(shape, ratio):
         impls = {"ours (Gluon)": {"fwd_vs_cudnn": ratio}}
         return {"shape": shape, "dtype": "float16", "causal": False, "impls": impls}
 
     rows = [row([32, 32, 4096, 128], 0.945), row([16, 16, 2048, 64], 1.01)]
-    checks = benchmark.performance_targets({"gluon": rows}, copy_gbps=3000.0)
+    checks = benchmark_gluon.targets(rows)
     got = [(c["target"], c["value"], c["threshold"], c["pass"]) for c in checks]
     assert got == [
         ("fwd (32, 32, 4096, 128) float16: Gluon >= 0.95 x cuDNN", 0.945, 0.95, False),
@@ -334,21 +334,21 @@ def test_gluon_targets_state_the_ratio_and_its_threshold():
 
 
 def test_the_flash_attn_cute_comparison_says_what_to_install(monkeypatch):
-    """The benchmark section that times FlashAttention's CuTe DSL kernels beside the course's needs
-    a package the course does not install: without it the section stops before touching a GPU and
+    """The benchmark that times FlashAttention's CuTe DSL kernels beside the course's needs
+    a package the course does not install: without it the benchmark stops before touching a GPU and
     names the pinned install line, and the committed run it would write records those versions."""
     import json
     import sys
 
     from kernels.bench import RESULTS_DIR
-    from kernels.flash_attention import benchmark
+    from kernels.flash_attention import benchmark, benchmark_flash_attn_cute
 
     monkeypatch.setitem(sys.modules, "flash_attn", None)  # as if not installed: the import fails
     with pytest.raises(RuntimeError, match=r"pip install flash-attn-4==4\.0\.0b36 "):
-        benchmark.flash_attn_cute_reference()
+        benchmark_flash_attn_cute.flash_attn_cute_reference()
     path = RESULTS_DIR / "h100-80gb-hbm3" / "03_flash_attention_flash_attn_cute.json"
     saved = json.loads(path.read_text())["flash_attn_cute"]
-    pins = dict(pin.split("==") for pin in benchmark.FLASH_ATTN_CUTE_PINS.split())
+    pins = dict(pin.split("==") for pin in benchmark_flash_attn_cute.FLASH_ATTN_CUTE_PINS.split())
     assert saved["versions"]["flash-attn-4"] == pins["flash-attn-4"]
     assert saved["versions"]["nvidia-cutlass-dsl"] == pins["nvidia-cutlass-dsl[cu13]"]
     cases = {(tuple(r["shape"]), r["dtype"], r["causal"]) for r in saved["forward"]}

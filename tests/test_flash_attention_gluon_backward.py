@@ -124,9 +124,9 @@ COMPILED = [(128, "float16", True, {}), (128, "bfloat16", False, {}), (64, "floa
 
 @pytest.fixture(scope="module")
 def compiled_offline():
-    from kernels.flash_attention import gluon_flash
+    from kernels.flash_attention import gluon_offline
 
-    return gluon_flash.compile_offline_many(
+    return gluon_offline.compile_offline_many(
         COMPILED, "kernels.flash_attention.gluon_flash_backward"
     )
 
@@ -158,7 +158,7 @@ def test_gluon_backward_compiles_for_hopper_without_a_gpu(compiled_offline, vari
 def test_backward_target_is_checked_at_the_large_shape_only():
     """The benchmark's checks: Gluon >= 0.8 x cuDNN for the backward at (32, 32, 4096, 128), the
     ratio stated as measured; the (16, 16, 2048, 64) rows are informational."""
-    from kernels.flash_attention import benchmark
+    from kernels.flash_attention import benchmark_gluon_backward
 
     def row(shape, ratio, causal):
         impls = {"ours (Gluon)": {"bwd_vs_cudnn": ratio}}
@@ -166,7 +166,7 @@ def test_backward_target_is_checked_at_the_large_shape_only():
 
     rows = [row([32, 32, 4096, 128], 0.64, False), row([32, 32, 4096, 128], 0.81, True),
             row([16, 16, 2048, 64], 0.7, False)]  # fmt: skip
-    checks = benchmark.performance_targets({"gluon_backward": rows}, copy_gbps=0.0)
+    checks = benchmark_gluon_backward.targets(rows)
     got = [(c["target"], c["value"], c["threshold"], c["pass"]) for c in checks]
     assert got == [
         ("bwd (32, 32, 4096, 128) float16: Gluon >= 0.8 x cuDNN", 0.64, 0.8, False),
@@ -175,7 +175,7 @@ def test_backward_target_is_checked_at_the_large_shape_only():
 
 
 def test_rates_name_the_direction_and_divide_by_cudnn():
-    """`benchmark.rates`, shared by the forward and backward sections: milliseconds, TFLOP/s and
+    """`benchmark.rates`, shared by the forward and backward benchmarks: milliseconds, TFLOP/s and
     the ratio to cuDNN (the median of per-repetition ratios: 0.75, 1.5 and 0.5 here)."""
     from kernels import bench
     from kernels.flash_attention import benchmark

@@ -26,12 +26,12 @@ Ours first, in this process:
   eager, batch 1's choice) and of a prefill (torch.profiler), the peak memory of batch 32 at a
   4096-token context.
 
-Then Hugging Face's LlamaForCausalLM, in a child process (a fault there cannot touch our numbers,
-and torch.compile's CUDA-graph pools stay out of ours): eager with a DynamicCache, and a StaticCache
-with the forward compiled as `generate` compiles it (`get_compiled_call`: torch.compile mode
-"reduce-overhead"; compile time recorded, later compiles skipped past COMPILE_BUDGET_S), its
-prefill (eager, SDPA) and its peak memory with a static cache. Both sides time the same way; the
-parent merges the rows and states the targets (ours: the decode step with the measured choice).
+Then Hugging Face's LlamaForCausalLM, in a child process (benchmark_hf.py: a fault there cannot
+touch our numbers, and torch.compile's CUDA-graph pools stay out of ours): eager with a
+DynamicCache, and a StaticCache with the forward compiled as `generate` compiles it, its prefill
+and its peak memory with a static cache. Both sides time the same way (wall_per_call_ms,
+prefill_times); this process merges the rows and states the targets (ours: the decode step with the
+measured choice).
 """
 
 from __future__ import annotations
@@ -70,7 +70,6 @@ PREFILL = ((1, 2048), (8, 512))
 MEMORY = (32, 4096)
 STEPS = 16  # decode steps per timed loop
 ROUNDS = 5
-COMPILE_BUDGET_S = 150  # HF static-cache compiles beyond this are skipped (and the row says so)
 MAX_SEQ = 4096 + 2 * STEPS + 16
 SWEEP_CONTEXTS = (128, 512, 1024, 2048, 4096)
 SWEEP_BATCHES = (1, 2, 4, 8, 16, 32)
@@ -78,7 +77,8 @@ HF_TIMEOUT_S = 300  # the Hugging Face child process (mostly torch.compile)
 DEVICE = runtime.DEVICE  # "cuda"; the CPU runs pieces of this file on a tiny model in tests
 
 
-def _sync() -> None:
+def sync() -> None:
+    """Wait for the GPU (nothing to wait for on the CPU)."""
     if runtime.ON_GPU:
         torch.cuda.synchronize()
 
@@ -111,87 +111,13 @@ def wall_per_call_ms(fns: dict, before: dict, calls: int | None = None, rounds: 
     for r in range(rounds):
         for name, fn in fns.items():
             before[name]()
-            _sync()
+            sync()
             t0 = time.perf_counter()
             for _ in range(calls):
                 fn()
-            _sync()
+            sync()
             times[name].append((time.perf_counter() - t0) * 1e3 / calls)
     return {name: statistics.median(t) for name, t in times.items()}
-
-
-def set_static_length(cache, length: int) -> None:
-    """Move a transformers StaticCache's write position to `length`, in place (the compiled step's
-    CUDA graphs hold these tensors' addresses). A static layer of transformers 5 appends at its own
-    counter (`cumulative_length`, a tensor it advances by every call) and takes no cache_position:
-    rewinding only the positions we pass would let every step of every timed round append past the
-    last one, off the end of the cache (on a GPU, a device-side assert in index_copy_)."""
-    for layer in cache.layers:
-        layer.cumulative_length.fill_(length)
-
-
-class HFSteps:
-    """Hugging Face's decode steps at a fixed context: eager with a DynamicCache, and compiled with
-    a StaticCache (as `generate(cache_implementation="static")` does). Each reset takes a cache back
-    to `context` tokens, so a round of at most 2 * STEPS steps stays inside the static cache."""
-
-    def __init__(self, hf, batch: int, context: int, compiled: bool):
-        from transformers import DynamicCache, StaticCache
-
-        self.hf, self.batch, self.context = hf, batch, context
-        prompt = torch.randint(0, CONFIG.vocab_size, (batch, context), device=DEVICE)
-        self.token = torch.randint(0, CONFIG.vocab_size, (batch, 1), device=DEVICE)
-        with torch.no_grad():
-            self.dynamic = DynamicCache(config=hf.config)
-            hf(input_ids=prompt, past_key_values=self.dynamic, use_cache=True, logits_to_keep=1)
-        self.compile_s = None
-        if compiled:
-            from transformers import CompileConfig
-
-            self.static = StaticCache(config=hf.config, max_cache_len=context + 2 * STEPS)
-            with torch.no_grad():
-                hf(
-                    input_ids=prompt,
-                    past_key_values=self.static,
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
-            self.position = torch.full((1,), context, dtype=torch.int64, device=DEVICE)
-            self.compiled = hf.get_compiled_call(CompileConfig())
-            t0 = time.perf_counter()
-            for _ in range(3):  # compile, then the CUDA-graph recordings of reduce-overhead
-                self.static_step()
-                self.reset_static()
-            _sync()
-            self.compile_s = time.perf_counter() - t0
-
-    @torch.no_grad()
-    def eager_step(self):
-        logits = self.hf(
-            input_ids=self.token, past_key_values=self.dynamic, use_cache=True, logits_to_keep=1
-        ).logits
-        return torch.argmax(logits[:, -1], -1)
-
-    def reset_dynamic(self):
-        extra = self.dynamic.get_seq_length() - self.context
-        if extra:
-            self.dynamic.crop(-extra)
-
-    @torch.no_grad()
-    def static_step(self):
-        logits = self.compiled(
-            input_ids=self.token,
-            past_key_values=self.static,
-            use_cache=True,
-            logits_to_keep=1,
-            position_ids=self.position.view(1, 1).expand(self.batch, 1),
-        ).logits
-        self.position += 1
-        return torch.argmax(logits[:, -1], -1)
-
-    def reset_static(self):
-        self.position.fill_(self.context)
-        set_static_length(self.static, self.context)
 
 
 def graph_for(model: Decoder, batch: int):
@@ -335,27 +261,6 @@ def decode_eager(model: Decoder, batch: int, context: int) -> dict:
     return {"batch": batch, "context": context, "ours (eager) ms": ms["ours (eager)"]}
 
 
-def decode_hf(hf, batch: int, context: int, spent: list) -> dict:
-    """HF eager and (within the compile budget) HF static compiled, per token; `spent` carries the
-    compile seconds used so far."""
-    compiled = spent[0] < COMPILE_BUDGET_S
-    steps = HFSteps(hf, batch, context, compiled)
-    spent[0] += steps.compile_s or 0.0
-    fns, before = {"HF eager": steps.eager_step}, {"HF eager": steps.reset_dynamic}
-    if compiled:
-        fns["HF static compiled"] = steps.static_step
-        before["HF static compiled"] = steps.reset_static
-    row = {
-        "batch": batch,
-        "context": context,
-        "HF static compile s": steps.compile_s,
-        **{f"{k} ms": v for k, v in wall_per_call_ms(fns, before).items()},
-    }
-    if not compiled:
-        row["HF static compiled"] = "not measured: the run's compile budget was spent"
-    return row
-
-
 def prefill_times(fn) -> tuple[float, float]:
     """(latency, GPU time) of a prefill in ms: the median of single calls synchronized on both
     sides (what the first token waits for, the host's launches included), and of device events
@@ -384,17 +289,6 @@ def prefill_ours(model: Decoder, batch: int, tokens: int, ceilings: dict) -> dic
         "ours % of floor": 100 * floor_ms / ms,
         "ours TFLOP/s": flops / ms / 1e9,
     }
-
-
-def prefill_hf(hf, batch: int, tokens: int) -> dict:
-    prompt = torch.randint(0, CONFIG.vocab_size, (batch, tokens), device=DEVICE)
-
-    @torch.no_grad()
-    def hf_prefill():
-        return hf(input_ids=prompt, use_cache=True, logits_to_keep=1).logits
-
-    ms, gpu_ms = prefill_times(hf_prefill)
-    return {"batch": batch, "tokens": tokens, "HF eager ms": ms, "HF eager GPU ms": gpu_ms}
 
 
 WRAPPERS = {
@@ -437,13 +331,13 @@ def host_breakdown(model: Decoder, batch: int = 1, context: int = 512, steps: in
     model.cache.length = context
     for _ in range(3):
         triton_ops.argmax(model.decode_step(tokens))
-    _sync()
+    sync()
     t0 = time.perf_counter()
     for _ in range(steps):
         model.cache.length = context
         triton_ops.argmax(model.decode_step(tokens))
     host_us = (time.perf_counter() - t0) / steps * 1e6  # the GPU keeps up: this is the host's time
-    _sync()
+    sync()
     for name, (module, attr) in WRAPPERS.items():
         originals[name] = getattr(module, attr)
         setattr(module, attr, timed(name, originals[name]))
@@ -453,7 +347,7 @@ def host_breakdown(model: Decoder, batch: int = 1, context: int = 512, steps: in
             model.cache.length = context
             triton_ops.argmax(model.decode_step(tokens))
         timed_us = (time.perf_counter() - t0) / steps * 1e6
-        _sync()
+        sync()
     finally:
         for name, (module, attr) in WRAPPERS.items():
             setattr(module, attr, originals[name])
@@ -476,10 +370,10 @@ def kernel_breakdown(fn, label: str) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile
 
     fn()
-    _sync()
+    sync()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
-        _sync()
+        sync()
     rows = []
     for e in prof.key_averages():
         us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
@@ -488,7 +382,8 @@ def kernel_breakdown(fn, label: str) -> list[dict]:
     return sorted(rows, key=lambda r: -r["us"])
 
 
-def _footprint(tensors) -> int:
+def footprint(tensors) -> int:
+    """Bytes of the distinct storages among `tensors`."""
     seen, total = set(), 0
     for t in tensors:
         if t.data_ptr() not in seen:
@@ -500,7 +395,7 @@ def _footprint(tensors) -> int:
 def memory_ours(model: Decoder, batch: int, context: int) -> dict:
     """Weights + cache + the transient peak of one graph replay at (batch, context)."""
     w = model.w
-    weights = _footprint(
+    weights = footprint(
         [w.embed, w.norm, w.lm_head]
         + [
             t
@@ -517,11 +412,11 @@ def memory_ours(model: Decoder, batch: int, context: int) -> dict:
     )
     step = graph_for(model, batch)
     step.start(torch.zeros(batch, dtype=torch.int64, device=DEVICE), context)
-    _sync()
+    sync()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     step.replay()
-    _sync()
+    sync()
     transient = torch.cuda.max_memory_allocated() - base
     cache = model.cache.nbytes()
     gib = 2**30
@@ -532,41 +427,6 @@ def memory_ours(model: Decoder, batch: int, context: int) -> dict:
         "ours cache GiB": cache / gib,
         "ours step transient GiB": transient / gib,
         "ours total GiB": (weights + cache + transient) / gib,
-    }
-
-
-def memory_hf(hf, batch: int, context: int) -> dict:
-    """Weights + static cache + the transient peak of one eager step with that cache (the cache
-    `generate(cache_implementation="static")` allocates for this context)."""
-    from transformers import StaticCache
-
-    weights = _footprint(list(hf.parameters()))
-    cache = StaticCache(config=hf.config, max_cache_len=context + 2 * STEPS + 16)
-    token = torch.zeros(batch, 1, dtype=torch.int64, device=DEVICE)
-    with torch.no_grad():
-        for position in (0, context):  # the first call allocates the cache's tensors
-            set_static_length(cache, position)
-            _sync()
-            base = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            hf(
-                input_ids=token,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-                position_ids=torch.full((batch, 1), position, dtype=torch.int64, device=DEVICE),
-            )
-            _sync()
-    transient = torch.cuda.max_memory_allocated() - base
-    nbytes = sum(
-        t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values)
-    )
-    gib = 2**30
-    return {
-        "HF weights GiB": weights / gib,
-        "HF static cache GiB": nbytes / gib,
-        "HF step transient GiB": transient / gib,
-        "HF total GiB": (weights + nbytes + transient) / gib,
     }
 
 
@@ -691,34 +551,10 @@ def lab_kernels(ceilings: dict) -> list[dict]:
     return rows
 
 
-def hf_child(path: str, quick: bool) -> int:
-    """The Hugging Face half of the run, in its own process: rows written to `path` as JSON."""
-    hf = hf_reference.random_llama(CONFIG, seed=0, dtype=DTYPE, device=DEVICE)
-    out, spent = {"errors": {}}, [0.0]
-    parts = {
-        "decode": lambda: [
-            decode_hf(hf, b, c, spent) for b, c in (DECODE[:1] if quick else DECODE)
-        ],
-        "prefill": lambda: [prefill_hf(hf, b, t) for b, t in (PREFILL[:1] if quick else PREFILL)],
-        "memory": lambda: None if quick else memory_hf(hf, *MEMORY),
-    }
-    for key, fn in parts.items():
-        try:
-            out[key] = fn()
-        except Exception as exc:  # noqa: BLE001 - record and go on with the next part
-            # with where it was raised: a device-side assert names no op in its message
-            where = "".join(traceback.format_exc().splitlines(keepends=True)[-12:])
-            out[key], out["errors"][key] = None, f"{type(exc).__name__}: {exc}\n{where}"
-        print(f"HF {key}: {out[key]}", flush=True)
-        with open(path, "w") as f:
-            json.dump(out, f)
-    return 0
-
-
 def run_hf_child(quick: bool, timeout_s: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "hf.json")
-        cmd = [sys.executable, "-m", "kernels.decoder.benchmark", "--hf-child", path]
+        cmd = [sys.executable, "-m", "kernels.decoder.benchmark_hf", path]
         cmd += ["--quick"] if quick else []
         try:
             proc = subprocess.run(cmd, timeout=timeout_s, capture_output=True, text=True)
@@ -738,8 +574,6 @@ def main() -> int:
         return 1
     args = sys.argv[1:]
     quick = "--quick" in args
-    if "--hf-child" in args:
-        return hf_child(args[args.index("--hf-child") + 1], quick)
     name = "07_decoder_quick" if quick else "07_decoder"
     t_start = time.perf_counter()
     ceilings = bench.ceilings()
@@ -774,8 +608,6 @@ def main() -> int:
             else:
                 print(key, value, flush=True)
         except Exception as exc:  # noqa: BLE001 - one failed part must not lose the others
-            import traceback
-
             traceback.print_exc()
             results[key] = None
             results["errors"][key] = f"{type(exc).__name__}: {exc}"

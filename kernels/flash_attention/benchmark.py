@@ -1,15 +1,17 @@
-"""Benchmarks of the attention kernels: the measurements behind notebook 03 and data/results/<gpu>/.
+"""Benchmarks of the Triton attention kernels: the measurements behind notebook 03 and
+data/results/<gpu>/, and the helpers the other attention benchmarks share.
 
-Run on a GPU: `python -m kernels.flash_attention.benchmark` writes
-data/results/<gpu>/03_flash_attention.json with the environment fingerprint and prints the course's
-performance targets. A first run compiles about 110 Triton kernels while autotuning (a second or two
-each, cached on disk afterwards): budget 4-6 minutes, or split it: `python -m
-kernels.flash_attention.benchmark targets`, then `... sweep memory decode decode_splits` (a run of
-some sections updates them in the existing JSON). Four sections have files of their own,
-03_flash_attention_<section>.json: `... host` (the host time of an eager call beside SDPA's, and
-where it goes), `... gluon` (the warp-specialized Gluon forward beside the Triton kernel and
-cuDNN), `... gluon_backward` (the Gluon backward beside the Triton backward and cuDNN's) and
-`... flash_attn_cute` (FlashAttention's own CuTe DSL kernels, where installed).
+    python -m kernels.flash_attention.benchmark     -> data/results/<gpu>/03_flash_attention.json
+
+Prints the course's performance targets. A first run compiles about 110 Triton kernels while
+autotuning (a second or two each, cached on disk afterwards): budget 4-6 minutes, or split it:
+`python -m kernels.flash_attention.benchmark targets`, then `... sweep memory decode decode_splits`
+(a run of some sections updates them in the existing JSON). The benchmarks with files of their own,
+data/results/<gpu>/03_flash_attention_<name>.json, are modules of their own: benchmark_host.py (the
+host time of an eager call beside SDPA's, and where it goes), benchmark_gluon.py (the
+warp-specialized Gluon forward beside the Triton kernel and cuDNN), benchmark_gluon_backward.py
+(the Gluon backward beside the Triton backward and cuDNN's) and benchmark_flash_attn_cute.py
+(FlashAttention's own CuTe DSL kernels, where installed).
 
 Counting (as FlashAttention's papers do): forward 4 * B * H * Nq * Nk * D flops (two matrix
 products), backward 2.5 times that (five products: the recomputed S, dV, dP, dQ, dK), both halved
@@ -25,7 +27,6 @@ CUDNN_ATTENTION (cuDNN's fused attention), and the naive version where it fits i
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import sys
@@ -36,7 +37,7 @@ import torch.nn.functional as F
 
 from kernels import bench, runtime
 from kernels.bench import RESULTS_DIR
-from kernels.flash_attention import fast_launch, reference, triton_decode, triton_flash
+from kernels.flash_attention import reference, triton_decode, triton_flash
 from kernels.testing import generator, random_tensor
 
 TARGET_SHAPES = [(16, 16, 2048, 64), (32, 32, 4096, 128)]  # (B, H, N, D): the course's two targets
@@ -66,7 +67,8 @@ def attention_flops(b, h, n_q, n_k, d, causal, backward=False) -> float:
     return flops / 2 if causal else flops
 
 
-def _sdpa(backend):
+def sdpa_backend(backend):
+    """SDPA as (q, k, v, causal) -> out, with `backend` forced."""
     from torch.nn.attention import sdpa_kernel
 
     def run(q, k, v, causal):
@@ -86,8 +88,8 @@ def implementations() -> dict:
         "ours (TMA)": lambda q, k, v, causal: triton_flash.flash_attention_forward(
             q, k, v, causal, tma=True
         )[0],
-        "sdpa flash": _sdpa(SDPBackend.FLASH_ATTENTION),
-        "sdpa cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION),
+        "sdpa flash": sdpa_backend(SDPBackend.FLASH_ATTENTION),
+        "sdpa cudnn": sdpa_backend(SDPBackend.CUDNN_ATTENTION),
         "naive": lambda q, k, v, causal: reference.naive_attention(q, k, v, causal=causal),
     }
 
@@ -110,6 +112,29 @@ def make_inputs(b, h, n, d, dtype, seed=0, requires_grad=False, h_kv=None, n_q=N
     k = random_tensor((b, h_kv or h, n, d), dtype, "cuda", g)
     v = random_tensor((b, h_kv or h, n, d), dtype, "cuda", g)
     return [t.requires_grad_(requires_grad) for t in (q, k, v)]
+
+
+def runs(fn) -> bool:
+    """Whether `fn` runs (called once, synchronized); why not is printed."""
+    try:
+        fn()
+        torch.cuda.synchronize()
+        return True
+    except Exception as exc:  # noqa: BLE001 - a backend may refuse a shape: report it, go on
+        print(f"  skipped: {type(exc).__name__}: {str(exc)[:160]}")
+        return False
+
+
+def rates(timings: dict, flops: float, direction: str) -> dict:
+    """{name: ms, TFLOP/s and the ratio to cuDNN (where it ran)} from one interleaved run;
+    `direction` ("fwd" or "bwd") prefixes the keys."""
+    impls = {}
+    for name, t in timings.items():
+        impls[name] = {f"{direction}_ms": t.median_us / 1e3,
+                       f"{direction}_tflops": t.tflops(flops)}  # fmt: skip
+        if "sdpa cudnn" in timings:
+            impls[name][f"{direction}_vs_cudnn"] = bench.ratio(timings["sdpa cudnn"], t)
+    return impls
 
 
 def _bind(impls: dict, *args) -> dict:
@@ -417,350 +442,6 @@ def decode_split_sweep(
     return rows
 
 
-HOST_CALLS = 200  # calls issued back to back without a sync, for the host time per call
-
-
-def _issue_us(fn, calls: int = HOST_CALLS) -> float:
-    """Host time per call: `calls` calls issued back to back (few enough that the launch queue never
-    fills, so the host never waits for the GPU), then one sync outside the clock."""
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return elapsed / calls * 1e6
-
-
-def _ordinary_launch(fn):
-    """`fn` with every Triton launch taking Triton's ordinary path (no cached launches)."""
-
-    def run():
-        fast_launch.ENABLED = False
-        try:
-            return fn()
-        finally:
-            fast_launch.ENABLED = True
-
-    return run
-
-
-def host_profile(fn, calls: int = 500, top: int = 12) -> list[dict]:
-    """Where the host time of `fn` goes: cProfile over `calls` eager calls, the `top` functions by
-    their own time (microseconds per call)."""
-    import cProfile
-    import pstats
-
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(calls):
-        fn()
-    profiler.disable()
-    torch.cuda.synchronize()
-    stats = pstats.Stats(profiler).stats
-    rows = [
-        {"function": f"{path.split('/')[-1]}:{line} {name}", "own_us": tt / calls * 1e6,
-         "cumulative_us": ct / calls * 1e6, "calls_per_call": nc / calls}
-        for (path, line, name), (_, nc, tt, ct, _) in stats.items()
-    ]  # fmt: skip
-    return sorted(rows, key=lambda r: -r["own_us"])[:top]
-
-
-def host_time(iters: int = 2000) -> dict:
-    """Eager host cost per call of the attention wrappers beside SDPA's, for the same call: the host
-    time (calls issued back to back, no sync), the wall time of `iters` back-to-back calls
-    (`bench.host_loop_us`: what an eager loop pays, max(host, GPU) once the queue is full), and the
-    GPU time (device events). "ordinary launch" is the same wrapper with Triton's own launch
-    path."""
-    from torch.nn.attention import SDPBackend
-
-    b, hq, hkv, d = DECODE_SHAPE
-    q, k, v = make_inputs(b, hq, 4096, d, torch.float16, h_kv=hkv, n_q=1)
-    pq, pk, pv = make_inputs(1, 16, 512, 64, torch.float16)
-    gq, gk, gv = make_inputs(1, 16, 512, 64, torch.float16, seed=1, requires_grad=True)
-    flash, cudnn = _sdpa(SDPBackend.FLASH_ATTENTION), _sdpa(SDPBackend.CUDNN_ATTENTION)
-    cases = {
-        "decode (1, 32:8, 1, 4096, 128)": {
-            "ours": lambda: triton_decode.flash_decode(q, k, v),
-            "sdpa (enable_gqa)": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
-        },
-        "prefill (1, 16, 512, 64) causal, no grad": {
-            "ours": lambda: triton_flash.flash_attention(pq, pk, pv, causal=True),
-            "sdpa": lambda: F.scaled_dot_product_attention(pq, pk, pv, is_causal=True),
-            "sdpa flash (backend forced)": lambda: flash(pq, pk, pv, True),
-            "sdpa cudnn (backend forced)": lambda: cudnn(pq, pk, pv, True),
-        },
-        "prefill (1, 16, 512, 64) causal, requires_grad (forward)": {
-            "ours": lambda: triton_flash.flash_attention(gq, gk, gv, causal=True),
-            "sdpa": lambda: F.scaled_dot_product_attention(gq, gk, gv, is_causal=True),
-        },
-    }
-    rows, profiles = [], {}
-    for case, fns in cases.items():
-        fns = {**fns, "ours (ordinary launch)": _ordinary_launch(fns["ours"])}
-        fns = {n: f for n, f in fns.items() if _runs(f)}
-        gpu = bench.benchmark(fns, target_ms=50.0)
-        for name, fn in fns.items():
-            rows.append({"case": case, "impl": name, "host_us": _issue_us(fn),
-                         "wall_us": bench.host_loop_us(fn, iters=iters),
-                         "gpu_us": gpu[name].median_us})  # fmt: skip
-        profiles[case] = host_profile(fns["ours"])
-        profiles[case + ", ordinary launch"] = host_profile(fns["ours (ordinary launch)"])
-    return {"rows": rows, "profiles": profiles}
-
-
-def _runs(fn) -> bool:
-    try:
-        fn()
-        torch.cuda.synchronize()
-        return True
-    except Exception as exc:  # noqa: BLE001 - a backend may refuse a shape: report it, go on
-        print(f"  skipped: {type(exc).__name__}: {str(exc)[:160]}")
-        return False
-
-
-def rates(timings: dict, flops: float, direction: str) -> dict:
-    """{name: ms, TFLOP/s and the ratio to cuDNN (where it ran)} from one interleaved run;
-    `direction` ("fwd" or "bwd") prefixes the keys."""
-    impls = {}
-    for name, t in timings.items():
-        impls[name] = {f"{direction}_ms": t.median_us / 1e3,
-                       f"{direction}_tflops": t.tflops(flops)}  # fmt: skip
-        if "sdpa cudnn" in timings:
-            impls[name][f"{direction}_vs_cudnn"] = bench.ratio(timings["sdpa cudnn"], t)
-    return impls
-
-
-# The Gluon schedules timed beside the default (gluon_flash's docstring and DEFAULT_SCHEDULE): the
-# default with one of its choices set either way (where one way is the default, "ours (Gluon)" is
-# it), then combinations of warpgroups, overlap and grid, which keep the case's turns and ring depth
-# (so "2 warpgroups" has the turns at D = 64 and none at D = 128, as the defaults there).
-PERSISTENT_OVERLAP = {"warpgroups": 2, "overlap": True, "persistent": True}
-GLUON_SCHEDULES = {
-    "ping-pong": {"pingpong": True},
-    "no ping-pong": {"pingpong": False},
-    "2 stages": {"stages": 2},
-    "3 stages": {"stages": 3},
-    "2 warpgroups": {"warpgroups": 2, "overlap": False, "persistent": False},
-    "S overlap": {"warpgroups": 2, "overlap": True, "persistent": False},
-    "3 warpgroups": {"warpgroups": 3, "overlap": False, "persistent": False},
-    "3 warpgroups, S overlap": {"warpgroups": 3, "overlap": True, "persistent": False},
-    "persistent": {"warpgroups": 2, "overlap": False, "persistent": True},
-    "persistent, S overlap": PERSISTENT_OVERLAP,
-    "exp2 1 in 8 by polynomial": {"poly_exp2": 8},
-    "O from registers": {"tma_store": False},
-    # on the persistent grid without O's TMA copy too: the copy is staged in a second Q buffer
-    "one Q buffer": {"q_buffers": 1},
-    # the persistent grid with S overlap, Q loaded a tile ahead; 2 stages leave Q room at D = 128
-    "two Q buffers": {**PERSISTENT_OVERLAP, "stages": 2, "q_buffers": 2},
-    "snake": {"tile_plan": False},  # the persistent grid's tiles in the snake, not by the plan
-}
-
-
-def gluon_forward(dtypes=DTYPES, target_ms: float = 150.0) -> list[dict]:
-    """Forward only, at the target shapes: the warp-specialized Gluon kernel beside the Triton
-    kernel, FlashAttention-2 and cuDNN (SDPA), interleaved; and the largest difference between the
-    Gluon and cuDNN outputs (both fp16/bf16 roundings of the same attention)."""
-    from torch.nn.attention import SDPBackend
-
-    from kernels.flash_attention import gluon_flash
-
-    flash, cudnn = _sdpa(SDPBackend.FLASH_ATTENTION), _sdpa(SDPBackend.CUDNN_ATTENTION)
-    rows = []
-    for shape in TARGET_SHAPES:
-        for dtype in dtypes:
-            for causal in (False, True):
-                b, h, n, d = shape
-                q, k, v = make_inputs(b, h, n, d, dtype)
-                fns = {
-                    "ours (Triton)": lambda: triton_flash.flash_attention_forward(q, k, v, causal),
-                    "ours (Gluon)": lambda: gluon_flash.gluon_attention_forward(q, k, v, causal),
-                }
-                default, same_as_default = gluon_flash.resolve_schedule(d, causal), []
-                for name, schedule in GLUON_SCHEDULES.items():
-                    try:
-                        same = gluon_flash.resolve_schedule(d, causal, **schedule) == default
-                    except ValueError:  # 3 warpgroups at D = 128: the kernel has no such schedule
-                        continue
-                    if same:  # a default schedule is timed once, as "ours (Gluon)"
-                        same_as_default.append(f"ours (Gluon, {name})")
-                    else:
-                        fns[f"ours (Gluon, {name})"] = functools.partial(
-                            gluon_flash.gluon_attention_forward, q, k, v, causal, **schedule
-                        )
-                fns["sdpa flash"] = lambda: flash(q, k, v, causal)
-                fns["sdpa cudnn"] = lambda: cudnn(q, k, v, causal)
-                with torch.no_grad():
-                    fns = {name: fn for name, fn in fns.items() if _runs(fn)}
-                    timings = bench.benchmark(fns, target_ms=target_ms)
-                    if "ours (Gluon)" in fns and "sdpa cudnn" in fns:
-                        diff = (
-                            fns["ours (Gluon)"]()[0].float() - fns["sdpa cudnn"]().float()
-                        ).abs()
-                        max_diff = diff.max().item()
-                    else:
-                        max_diff = None
-                impls = rates(timings, attention_flops(b, h, n, n, d, causal), "fwd")
-                rows.append({**case_keys(shape, dtype, causal), "impls": impls,
-                             "gluon_default": gluon_flash.DEFAULT_SCHEDULE[d, causal],
-                             "gluon_default_is": same_as_default,
-                             "max_abs_diff_gluon_vs_cudnn": max_diff})  # fmt: skip
-                print(f"  {shape} {dtype} causal={causal}: "
-                      + ", ".join(f"{k} {v['fwd_tflops']:.0f}" for k, v in impls.items()),
-                      flush=True)  # fmt: skip
-    return rows
-
-
-def gluon_backward(dtypes=DTYPES, target_ms: float = 100.0) -> list[dict]:
-    """Backward only, at the target shapes: the Gluon backward (also with a ring of 3 for Q and
-    dO) beside the Triton backward (both from the same forward's out and lse), FlashAttention-2
-    and cuDNN (SDPA, differentiating one forward graph again and again), interleaved; and the
-    largest difference between the Gluon and cuDNN gradients."""
-    from torch.nn.attention import SDPBackend
-
-    from kernels.flash_attention import gluon_flash_backward
-
-    rows = []
-    for shape in TARGET_SHAPES:
-        for dtype in dtypes:
-            for causal in (False, True):
-                b, h, n, d = shape
-                q, k, v = make_inputs(b, h, n, d, dtype, requires_grad=True)
-                do = random_tensor(q.shape, dtype, "cuda", generator(1, "cuda"))
-                with torch.no_grad():
-                    out, lse = triton_flash.flash_attention_forward(q, k, v, causal)
-                fns = {
-                    "ours (Gluon)": functools.partial(gluon_flash_backward.gluon_attention_backward,
-                                                      do, q, k, v, out, lse, causal),
-                    "ours (Gluon, 3 stages)": functools.partial(
-                        gluon_flash_backward.gluon_attention_backward, do, q, k, v, out, lse,
-                        causal, stages=3),
-                    "ours (Triton)": functools.partial(triton_flash.flash_attention_backward, do,
-                                                       q, k, v, out, lse, causal, 1 / math.sqrt(d)),
-                }  # fmt: skip
-                for name, backend in (("sdpa flash", SDPBackend.FLASH_ATTENTION),
-                                      ("sdpa cudnn", SDPBackend.CUDNN_ATTENTION)):  # fmt: skip
-                    o = _sdpa(backend)(q, k, v, causal)
-                    fns[name] = functools.partial(torch.autograd.grad, o, (q, k, v), do,
-                                                  retain_graph=True)  # fmt: skip
-                fns = {name: fn for name, fn in fns.items() if _runs(fn)}
-                if "ours (Gluon)" in fns and "sdpa cudnn" in fns:
-                    pairs = zip(fns["ours (Gluon)"](), fns["sdpa cudnn"]())
-                    max_diff = [(a.float() - b_.float()).abs().max().item() for a, b_ in pairs]
-                else:
-                    max_diff = None
-                timings = bench.benchmark(fns, target_ms=target_ms)
-                impls = rates(timings, attention_flops(b, h, n, n, d, causal, backward=True),
-                              "bwd")  # fmt: skip
-                rows.append({**case_keys(shape, dtype, causal), "impls": impls,
-                             "max_abs_diff_gluon_vs_cudnn_dq_dk_dv": max_diff})  # fmt: skip
-                print(f"  {shape} {dtype} causal={causal}: "
-                      + ", ".join(f"{k} {v['bwd_tflops']:.0f}" for k, v in impls.items()),
-                      flush=True)  # fmt: skip
-                del fns, q, k, v, do, out, lse
-    return rows
-
-
-# FlashAttention's own Hopper kernels, written in NVIDIA's CuTe DSL (the FlashAttention-3 schedule:
-# a TMA producer warp, consumer warpgroups in turns, each softmax beside its own P V), from the PyPI
-# package `flash-attn-4` (import name flash_attn.cute). Not part of the course's environment: the
-# section below needs it installed, and reports the versions it ran with.
-FLASH_ATTN_CUTE_PINS = "flash-attn-4==4.0.0b36 nvidia-cutlass-dsl[cu13]==4.7.1"
-
-
-def flash_attn_cute_reference(dtypes=DTYPES, target_ms: float = 150.0) -> dict:
-    """The course's kernels beside FlashAttention's CuTe DSL kernels and cuDNN at the target shapes,
-    interleaved in one process: forward (Gluon, Triton) and backward (Triton). FlashAttention takes
-    (batch, seqlen, heads, dim): it gets its own contiguous copies of the same inputs. First, each
-    forward against the float64 reference at odd lengths (max |error|, FlashAttention's beside
-    cuDNN's)."""
-    from importlib.metadata import version
-
-    from torch.nn.attention import SDPBackend
-
-    from kernels.flash_attention import gluon_flash
-
-    try:
-        from flash_attn.cute import interface as fa
-    except ImportError as exc:
-        needs = f"FlashAttention's CuTe DSL kernels: pip install {FLASH_ATTN_CUTE_PINS}"
-        raise RuntimeError(f"this section needs {needs}") from exc
-    cudnn = _sdpa(SDPBackend.CUDNN_ATTENTION)
-
-    def bshd(t):
-        return t.detach().transpose(1, 2).contiguous()
-
-    def fa_forward(q, k, v, causal):  # (b, n, h, d) in and out
-        return fa._flash_attn_fwd(q, k, v, causal=causal)[0]
-
-    errors = []
-    for shape in [(2, 3, 1000, 64), (1, 4, 777, 128), (2, 2, 333, 96)]:
-        for dtype in dtypes:
-            for causal in (False, True):
-                q, k, v = make_inputs(*shape, dtype, seed=7)
-                want, _ = reference.attention_fp64(q, k, v, causal=causal)
-                got = {
-                    "flash-attn cute": fa_forward(bshd(q), bshd(k), bshd(v), causal).transpose(
-                        1, 2
-                    ),
-                    "sdpa cudnn": cudnn(q, k, v, causal),
-                }
-                errors.append(case_keys(shape, dtype, causal))
-                for name, out in got.items():
-                    errors[-1][f"max_abs_err {name}"] = (out.double() - want).abs().max().item()
-    forward, backward = [], []
-    for shape in TARGET_SHAPES:
-        for dtype in dtypes:
-            for causal in (False, True):
-                b, h, n, d = shape
-                q, k, v = make_inputs(b, h, n, d, dtype, requires_grad=True)
-                qs, ks, vs = (bshd(t).requires_grad_(True) for t in (q, k, v))
-                fns = {
-                    "ours (Gluon)": lambda: gluon_flash.gluon_attention_forward(q, k, v, causal),
-                    "ours (Triton)": lambda: triton_flash.flash_attention_forward(q, k, v, causal),
-                    "flash-attn cute": lambda: fa_forward(qs, ks, vs, causal),
-                    "sdpa cudnn": lambda: cudnn(q, k, v, causal),
-                }
-                with torch.no_grad():
-                    fns = {name: fn for name, fn in fns.items() if _runs(fn)}
-                    timings = bench.benchmark(fns, target_ms=target_ms)
-                flops = attention_flops(b, h, n, n, d, causal)
-                forward.append(
-                    {**case_keys(shape, dtype, causal), "impls": rates(timings, flops, "fwd")}
-                )
-                # Backward alone: one forward graph each, differentiated again and again.
-                do = random_tensor(q.shape, dtype, "cuda", generator(1, "cuda"))
-                graphs = {
-                    "ours (Triton)": (triton_flash.flash_attention(q, k, v, causal), (q, k, v), do),
-                    "flash-attn cute": (
-                        fa.flash_attn_func(qs, ks, vs, causal=causal)[0],
-                        (qs, ks, vs),
-                        bshd(do),
-                    ),
-                    "sdpa cudnn": (cudnn(q, k, v, causal), (q, k, v), do),
-                }
-                fns = {
-                    name: functools.partial(
-                        torch.autograd.grad, out, inputs, grad, retain_graph=True
-                    )
-                    for name, (out, inputs, grad) in graphs.items()
-                }
-                timings = bench.benchmark(fns, target_ms=target_ms)
-                flops = attention_flops(b, h, n, n, d, causal, backward=True)
-                backward.append(
-                    {**case_keys(shape, dtype, causal), "impls": rates(timings, flops, "bwd")}
-                )
-                print(f"  {shape} {dtype} causal={causal}: forward {forward[-1]['impls']}; "
-                      f"backward {backward[-1]['impls']}", flush=True)  # fmt: skip
-    versions = {name: version(name) for name in ("flash-attn-4", "nvidia-cutlass-dsl")}
-    return {
-        "versions": versions,
-        "errors_vs_fp64": errors,
-        "forward": forward,
-        "backward": backward,
-    }
-
-
 def autotune_choices() -> dict:
     """The configuration the autotuner picked for each key it saw (BLOCK_M, BLOCK_N, warps,
     stages)."""
@@ -779,11 +460,21 @@ def autotune_choices() -> dict:
     return out
 
 
-def performance_targets(results: dict, copy_gbps: float) -> list[dict]:
+def case_label(row: dict) -> str:
+    """A case in words: "(16, 16, 2048, 64) float16 causal"."""
+    return f"{tuple(row['shape'])} {row['dtype']}{' causal' if row['causal'] else ''}"
+
+
+def passed(checks: list[dict]) -> list[dict]:
+    """The checks, each with "pass": whether its value reaches its threshold."""
+    return [{**c, "pass": bool(c["value"] >= c["threshold"])} for c in checks]
+
+
+def performance_targets(results: dict) -> list[dict]:
     checks = []
     for row in results.get("targets", []):
         impls = row["impls"]
-        label = f"{tuple(row['shape'])} {row['dtype']}{' causal' if row['causal'] else ''}"
+        label = case_label(row)
         ours = impls.get("ours", {})
         # targets for the default paths; the TMA forward and the atomic-dQ backward are reported
         # beside them
@@ -835,66 +526,60 @@ def performance_targets(results: dict, copy_gbps: float) -> list[dict]:
                     "threshold": 0.7,
                 }
             )
-    for row in results.get("gluon", []):
-        gluon = row["impls"].get("ours (Gluon)", {})
-        if "fwd_vs_cudnn" in gluon:
-            threshold = 1.0 if row["shape"] == [16, 16, 2048, 64] else 0.95
-            label = f"{tuple(row['shape'])} {row['dtype']}{' causal' if row['causal'] else ''}"
-            target = f"fwd {label}: Gluon >= {threshold} x cuDNN"
-            checks.append(
-                {"target": target, "value": gluon["fwd_vs_cudnn"], "threshold": threshold}
+    return passed(checks)
+
+
+def print_checks(checks: list[dict]) -> None:
+    if checks:
+        print(
+            bench.table(
+                [{k: c[k] for k in ("target", "value", "threshold", "pass")} for c in checks],
+                floatfmt=".3f",
             )
-    for row in results.get("gluon_backward", []):
-        gluon = row["impls"].get("ours (Gluon)", {})
-        if "bwd_vs_cudnn" in gluon and row["shape"] == [32, 32, 4096, 128]:
-            label = f"{tuple(row['shape'])} {row['dtype']}{' causal' if row['causal'] else ''}"
-            checks.append({"target": f"bwd {label}: Gluon >= 0.8 x cuDNN",
-                           "value": gluon["bwd_vs_cudnn"], "threshold": 0.8})  # fmt: skip
-    host = results.get("host", {}).get("rows", [])
-    for case in sorted({r["case"] for r in host}):
-        impls = {r["impl"]: r for r in host if r["case"] == case}
-        sdpa = impls.get("sdpa (enable_gqa)") or impls.get("sdpa")
-        if sdpa and "ours" in impls:
-            value = sdpa["host_us"] / impls["ours"]["host_us"]
-            target = f"host time per call, {case}: ours <= SDPA"
-            checks.append({"target": target, "value": value, "threshold": 1.0})
-    for c in checks:
-        c["pass"] = bool(c["value"] >= c["threshold"])
-    return checks
+        )
+
+
+def print_cases(rows: list[dict], note) -> None:
+    """A table of the implementations for each case, headed by the case and `note(row)`."""
+    for row in rows:
+        print(f"\n{tuple(row['shape'])} {row['dtype']} causal={row['causal']} ({note(row)})")
+        print(bench.table([{"impl": k, **v} for k, v in row["impls"].items()], floatfmt=".3f"))
+
+
+def run_to_own_file(name: str, measure, targets, show) -> int:
+    """Run a benchmark that has a file of its own: data/results/<gpu>/03_flash_attention_<name>.json
+    holds {"fingerprint", name: what `measure()` returns, "seconds", "checks": `targets` of it};
+    prints the checks and `show`s the measurement. Exit status 0 when every check passes, 2 when
+    one fails, 1 without a GPU."""
+    if not runtime.ON_GPU:
+        print(bench.NOT_MEASURED)
+        return 1
+    t0 = time.perf_counter()
+    print(f"{name} ...", flush=True)
+    results = {"fingerprint": runtime.fingerprint(), name: measure()}
+    results["seconds"] = time.perf_counter() - t0
+    results["checks"] = targets(results[name])
+    path = bench.save_results(f"03_flash_attention_{name}", results)
+    print_checks(results["checks"])
+    show(results[name])
+    print(f"wrote {path}")
+    return 0 if all(c["pass"] for c in results["checks"]) else 2
 
 
 SECTIONS = ("targets", "sweep", "memory", "decode", "decode_splits")
-# Sections stored in files of their own: data/results/<gpu>/03_flash_attention_<section>.json
-OWN_FILE_SECTIONS = {
-    "host": host_time,
-    "gluon": gluon_forward,
-    "gluon_backward": gluon_backward,
-    "flash_attn_cute": flash_attn_cute_reference,
-}
-
-
-def run_own_file_section(section: str) -> int:
-    t0 = time.perf_counter()
-    print(f"{section} ...", flush=True)
-    results = {"fingerprint": runtime.fingerprint(), section: OWN_FILE_SECTIONS[section]()}
-    results["seconds"] = time.perf_counter() - t0
-    results["checks"] = performance_targets(results, copy_gbps=0.0)
-    path = bench.save_results(f"03_flash_attention_{section}", results)
-    report(results)
-    print(f"wrote {path}")
-    return 0 if all(c["pass"] for c in results["checks"]) else 2
 
 
 def main(argv: list[str]) -> int:
     if not runtime.ON_GPU:
         print(bench.NOT_MEASURED)
         return 1
-    if argv and all(s in OWN_FILE_SECTIONS for s in argv):
-        return max(run_own_file_section(s) for s in argv)
     sections = [s for s in argv if s in SECTIONS] or list(SECTIONS)
     unknown = [s for s in argv if s not in SECTIONS]
     if unknown:
-        print(f"unknown sections {unknown}; choose from {SECTIONS}")
+        print(
+            f"unknown sections {unknown}; choose from {SECTIONS} (host, gluon, gluon_backward and "
+            "flash_attn_cute: python -m kernels.flash_attention.benchmark_<name>)"
+        )
         return 1
     ceilings = bench.ceilings()
     path = RESULTS_DIR / runtime.gpu_info().slug / "03_flash_attention.json"
@@ -916,7 +601,6 @@ def main(argv: list[str]) -> int:
         "memory": memory,
         "decode": lambda: decode(copy_gbps=ceilings["copy_gbps"]),
         "decode_splits": decode_split_sweep,
-        "host": host_time,
     }
     for section in sections:
         t0 = time.perf_counter()
@@ -927,7 +611,7 @@ def main(argv: list[str]) -> int:
     results.setdefault("autotune", {}).update(
         {f"{k} ({'+'.join(sections)})": v for k, v in autotune_choices().items()}
     )
-    results["checks"] = performance_targets(results, ceilings["copy_gbps"])
+    results["checks"] = performance_targets(results)
     path = bench.save_results("03_flash_attention", results)
     report(results)
     print(f"wrote {path}")
@@ -935,16 +619,7 @@ def main(argv: list[str]) -> int:
 
 
 def report(results: dict) -> None:
-    if results.get("checks"):
-        print(
-            bench.table(
-                [
-                    {k: c[k] for k in ("target", "value", "threshold", "pass")}
-                    for c in results["checks"]
-                ],
-                floatfmt=".3f",
-            )
-        )
+    print_checks(results.get("checks"))
     for row in results.get("targets", []):
         print(
             f"\n{tuple(row['shape'])} {row['dtype']} causal={row['causal']}  "
@@ -983,38 +658,6 @@ def report(results: dict) -> None:
             + ", ".join(f"{r['config']} {r['gbps']:.0f}" for r in rows[:4])
             + f" GB/s ... worst {rows[-1]['config']} {rows[-1]['gbps']:.0f}"
         )
-    for row in results.get("gluon", []):
-        print(
-            f"\n{tuple(row['shape'])} {row['dtype']} causal={row['causal']} (forward; max |Gluon "
-            f"- cuDNN| = {row['max_abs_diff_gluon_vs_cudnn']})"
-        )
-        print(bench.table([{"impl": k, **v} for k, v in row["impls"].items()], floatfmt=".3f"))
-    for row in results.get("gluon_backward", []):
-        print(
-            f"\n{tuple(row['shape'])} {row['dtype']} causal={row['causal']} (backward; max |Gluon "
-            f"- cuDNN| of dq, dk, dv = {row['max_abs_diff_gluon_vs_cudnn_dq_dk_dv']})"
-        )
-        print(bench.table([{"impl": k, **v} for k, v in row["impls"].items()], floatfmt=".3f"))
-    cute = results.get("flash_attn_cute")
-    if cute:
-        print(
-            f"\nFlashAttention's CuTe DSL kernels {cute['versions']}: max |error| against float64"
-        )
-        print(bench.table(cute["errors_vs_fp64"], floatfmt=".2e"))
-        for direction, key in (("forward", "fwd"), ("backward", "bwd")):
-            print(f"\n{direction}: TFLOP/s (ratio to cuDNN)")
-            rows = []
-            for r in cute[direction]:
-                rows.append({"case": f"{tuple(r['shape'])} {r['dtype']}" + " causal" * r["causal"]})
-                for name, v in r["impls"].items():
-                    rows[-1][name] = f"{v[key + '_tflops']:.0f} ({v[key + '_vs_cudnn']:.3f})"
-            print(bench.table(rows))
-    if results.get("host"):
-        print("\nhost cost per eager call (us)")
-        print(bench.table(results["host"]["rows"], floatfmt=".1f"))
-        for case, rows in results["host"]["profiles"].items():
-            print(f"\nwhere the host time goes, {case} (us per call)")
-            print(bench.table(rows, floatfmt=".2f"))
     if results.get("autotune"):
         print("\nautotuner choices:", json.dumps(results["autotune"], indent=1))
     if isinstance(results.get("seconds"), dict):

@@ -926,32 +926,13 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     return out, lse
 
 
-def compile_sm90(kernel, signature: dict, constants: dict):
-    """Compile a Gluon kernel for sm_90 without a GPU: `signature` maps every parameter, in order,
-    to its type string (a descriptor's from `descriptor_type`), `constants` the constexpr ones to
-    their values. The front end, the layouts, the warp specialization and ptxas all run; returns
-    the compiled kernel (its .asm has the PTX)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    names = list(signature)
-    constexprs = {(names.index(n),): value for n, value in constants.items()}
-    source = GluonASTSource(kernel, signature, constexprs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-
-
-def descriptor_type(desc) -> str:
-    """A descriptor's type string in a kernel signature; Triton 3.6 has no __mangle__ method."""
-    from triton.runtime.jit import mangle_type
-
-    return desc.__mangle__() if hasattr(desc, "__mangle__") else mangle_type(desc)
-
-
 def compile_for_hopper(head_dim: int = 128, dtype: torch.dtype = torch.float16,
                        causal: bool = False, **schedule):  # fmt: skip
-    """The forward compiled for sm_90 without a GPU (the CPU test; `compile_sm90`).
+    """The forward compiled for sm_90 without a GPU (the CPU test; `gluon_offline.compile_sm90`).
     `schedule`: pingpong, stages, warpgroups, overlap, persistent, poly_exp2, q_buffers,
     tma_store and tile_plan, as `gluon_attention_forward` takes them."""
+    from kernels.flash_attention.gluon_offline import compile_sm90, descriptor_type
+
     variant = resolve_schedule(head_dim, causal, **schedule)
     rows = torch.empty((1, head_dim), dtype=dtype)
     q_desc, kv_desc = (row_descriptors((rows,), block, head_dim, GL_DTYPES[dtype])[0]
@@ -967,27 +948,6 @@ def compile_for_hopper(head_dim: int = 128, dtype: torch.dtype = torch.float16,
     return compile_sm90(gluon_fwd_kernel, signature, {"CAUSAL": causal, **variant})
 
 
-_OFFLINE = """
-import json, os, re, sys
-os.environ["KERNELS_COMPILE_ONLY"] = "1"  # compile for real: nothing here launches a kernel
-os.environ.pop("TRITON_INTERPRET", None)
-os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"  # ptxas -v: registers and spills, printed to stdout
-os.environ["TRITON_ALWAYS_COMPILE"] = "1"  # so ptxas runs (and reports) even when cached
-import importlib
-import torch
-module = importlib.import_module(sys.argv[2])
-for head_dim, dtype, causal, schedule in json.loads(sys.argv[1]):
-    kernel = module.compile_for_hopper(head_dim, getattr(torch, dtype), causal, **schedule)
-    sys.stdout.flush()
-    ptx = kernel.asm["ptx"]
-    regs = sorted({int(n) for n in re.findall(r"setmaxnreg[.a-z0-9]*\\s+(\\d+)", ptx)})
-    print(json.dumps({"warps": kernel.metadata.num_warps, "shared_bytes": kernel.metadata.shared,
-                      "wgmma": ptx.count("wgmma.mma_async"), "setmaxnreg": ptx.count("setmaxnreg"),
-                      "register_budgets": regs, "tma_copies": ptx.count("cp.async.bulk.tensor")}),
-          flush=True)
-"""
-
-
 def compile_offline(head_dim: int = 128, dtype: str = "float16", causal: bool = True,
                     **schedule) -> dict:  # fmt: skip
     """`compile_for_hopper` in a fresh process (a process running Triton's interpreter cannot
@@ -995,31 +955,6 @@ def compile_offline(head_dim: int = 128, dtype: str = "float16", causal: bool = 
     TMA instructions, `setmaxnreg` instructions and the register counts they set,
     `register_budgets`), and from ptxas's report the registers a thread at launch and the bytes
     spilled to local memory."""
-    return compile_offline_many([(head_dim, dtype, causal, schedule)])[0]
+    from kernels.flash_attention.gluon_offline import compile_offline_many
 
-
-def compile_offline_many(variants: list, module: str = __name__) -> list[dict]:
-    """`compile_offline` for each (head_dim, dtype name, causal, schedule) in `variants`, in one
-    process: torch and Triton are imported once instead of once a variant. `module` names the
-    module whose `compile_for_hopper` compiles them (the backward's has one too)."""
-    import json
-    import re
-    import subprocess
-    import sys
-
-    done = subprocess.run([sys.executable, "-c", _OFFLINE, json.dumps(variants), module],
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
-    if done.returncode != 0:  # the error, without the binding's reference-leak report after it
-        error = done.stderr.split("nanobind: leaked")[0]
-        raise RuntimeError("compiling for sm_90 failed:\n" + error[-3000:])
-    made, ptxas = [], ""
-    for line in done.stdout.splitlines():
-        if not line.startswith("{"):  # ptxas's report on the variant compiled next
-            ptxas += line + "\n"
-            continue
-        one = json.loads(line)
-        one["registers"] = max(map(int, re.findall(r"Used (\d+) registers", ptxas)), default=None)
-        one["spill_bytes"] = sum(map(int, re.findall(r"(\d+) bytes spill (?:stores|loads)", ptxas)))
-        made.append(one)
-        ptxas = ""
-    return made
+    return compile_offline_many([(head_dim, dtype, causal, schedule)], __name__)[0]

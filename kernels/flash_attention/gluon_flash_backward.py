@@ -37,10 +37,10 @@ loop, S^T and dP^T 32 each, P^T and dS^T as 16-bit pairs 16 each, the dQ share 6
 240 a thread gets, and ptxas spills about 4 KB a thread (32 bytes at D = 64 causal). Shared
 memory: K and V 64 KiB, each ring slot (Q and dO) 32 KiB, dS^T 2 x 16 KiB.
 
-Measured (PERFORMANCE.md, "A Gluon backward"; `python -m kernels.flash_attention.benchmark
-gluon_backward`): correct on an H100 and an H200; at 0.53-0.79x cuDNN, about the Triton
-backward's rate (faster at D = 64, slower at D = 128 causal), short of the 0.8x of cuDNN aimed
-for at D = 128.
+Measured (PERFORMANCE.md, "A Gluon backward"; `python -m
+kernels.flash_attention.benchmark_gluon_backward`): correct on an H100 and an H200; at 0.53-0.79x
+cuDNN, about the Triton backward's rate (faster at D = 64, slower at D = 128 causal), short of the
+0.8x of cuDNN aimed for at D = 128.
 
 Scope: head_dim 64 and 128, fp16 and bf16, causal (bottom-right aligned, as `reference.py`) or
 not, grouped-query attention, any lengths; q, k, v, out and dout contiguous (B, H, N, D). Rows of
@@ -67,11 +67,10 @@ from kernels.flash_attention.gluon_flash import (
     SHARED_BYTES,
     accumulator_layout,
     check_tma_tensors,
-    compile_sm90,
-    descriptor_type,
     row_descriptors,
     tma_load,
 )
+from kernels.flash_attention.gluon_offline import compile_sm90, descriptor_type
 from kernels.flash_attention.triton_flash import (
     LOG2E,
     backward_row_terms,
@@ -347,8 +346,8 @@ def gluon_attention_backward(do, q, k, v, out, lse, causal: bool = False,
 
 def compile_for_hopper(head_dim: int = 128, dtype: torch.dtype = torch.float16,
                        causal: bool = False, stages: int = DEFAULT_STAGES):  # fmt: skip
-    """The backward compiled for sm_90 without a GPU (the CPU test; `gluon_flash.compile_sm90`;
-    `gluon_flash.compile_offline_many` with this module's name runs it in a fresh process and
+    """The backward compiled for sm_90 without a GPU (the CPU test; `gluon_offline.compile_sm90`;
+    `gluon_offline.compile_offline_many` with this module's name runs it in a fresh process and
     reads ptxas's report)."""
     rows = torch.empty((1, head_dim), dtype=dtype)
     q_type, k_type = (descriptor_type(row_descriptors((rows,), block, head_dim,
