@@ -4,7 +4,8 @@
     make refresh-gpu PHASES="bench grade"  # some of them (each phase fits a 10-minute slot)
 
 For an instructor with a GPU model the tables lack (or after a driver or software change):
-  bench      python -m kernels.<topic>.benchmark for every topic -> data/results/<gpu>/<lab>.json
+  bench      python -m kernels.<topic>.benchmark for every topic, and the benchmarks in files of
+             their own (OWN_FILE_BENCHMARKS) -> data/results/<gpu>/*.json
   grade      grade solutions/ with performance and write this GPU's rows of data/expected/, then
              grade the untouched labs/ (which must score zero)
   notebooks  execute every lecture and solution notebook in place: the outputs that are committed
@@ -34,7 +35,18 @@ TOPICS = (
     "memory_profiling",
     "moe",
     "decoder",
+    "matmul",
 )
+# Benchmarks in files of their own beside a topic's benchmark.py, with the device feature each needs
+# (kernels.runtime.has); any other benchmark_*.py is a helper that its benchmark.py starts.
+OWN_FILE_BENCHMARKS = {
+    "flash_attention.benchmark_host": None,
+    "flash_attention.benchmark_gluon": "wgmma",
+    "flash_attention.benchmark_gluon_backward": "wgmma",
+    "decoder.benchmark_gemv": None,
+    "decoder.benchmark_fused_gemv": None,
+    "matmul.benchmark_hopper": "wgmma",
+}
 PHASES = ("bench", "grade", "notebooks")
 
 
@@ -87,6 +99,11 @@ def main() -> int:
             for topic in TOPICS:
                 if (ROOT / "kernels" / topic / "benchmark.py").is_file():
                     ok &= run([python, "-m", f"kernels.{topic}.benchmark"], log)
+            for module, feature in OWN_FILE_BENCHMARKS.items():
+                if feature is None or runtime.has(feature):
+                    ok &= run([python, "-m", f"kernels.{module}"], log)
+                else:
+                    print(f"skipping kernels.{module}: this GPU lacks {feature}", flush=True)
         elif phase == "grade":
             ok &= run(
                 [
