@@ -230,3 +230,20 @@ def test_the_opening_must_match_the_setup_cell():
     assert origin_problems(_opened("No word on it.", cpu))
     assert not origin_problems(_opened(said_h100, h100))
     assert not origin_problems(_opened(said_cpu, cpu))
+
+
+GLOSSARY_LINK = re.compile(r"\]\(README\.md#([\w-]+)\)")
+
+
+def test_glossary_links_land_on_a_term():
+    readme = (ROOT / "notebooks" / "README.md").read_text()
+    anchors = set(re.findall(r'<a id="([\w-]+)"></a>', readme))
+    linked = {}
+    for path in NOTEBOOKS:
+        for cell in json.loads(path.read_text())["cells"]:
+            for term in GLOSSARY_LINK.findall("".join(cell["source"])):
+                linked.setdefault(term, path.name)
+    first_uses = {"cta", "tma", "ulp", "warpgroup", "wgmma", "occupancy", "sector", "sm", "l2"}
+    assert first_uses <= set(linked), first_uses - set(linked)
+    missing = {term: name for term, name in linked.items() if term not in anchors}
+    assert not missing, f"links to glossary terms notebooks/README.md does not define: {missing}"
