@@ -25,6 +25,10 @@ import sys
 # Where a masked load without other= ran since the last `clear`: "file:line", in the order seen.
 _SITES: dict[str, None] = {}
 _INT_OF_SIZE: dict = {}
+# One entry per `tl.load` being built: whether it gave `other=`. Triton's semantic layer passes
+# `other.handle if other else None` to the builder, so an `other=0.0` arrives as None, like no
+# `other` at all: the question is asked one level up, where the two still differ.
+_OTHER_GIVEN: list[bool] = []
 
 
 def clear() -> None:
@@ -91,13 +95,25 @@ def install() -> None:
 
     _INT_OF_SIZE.update({2: torch.int16, 4: torch.int32, 8: torch.int64})
 
+    from triton.language.semantic import TritonSemantic
+
     builder = interpreter.InterpreterBuilder
     masked_load = builder.create_masked_load
     if getattr(masked_load, "poisons", False):
         return
+    semantic_load = TritonSemantic.load
+
+    def load_noting_other(self, ptr, mask, other, *rest):
+        _OTHER_GIVEN.append(other is not None)
+        try:
+            return semantic_load(self, ptr, mask, other, *rest)
+        finally:
+            _OTHER_GIVEN.pop()
 
     def poisoned_masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
-        if other is not None or bool(np.all(mask.data)):
+        # Only a tl.load without other= (not an atomic or a descriptor load), with a lane masked.
+        unfilled = other is None and _OTHER_GIVEN and not _OTHER_GIVEN[-1]
+        if not unfilled or bool(np.all(mask.data)):
             return masked_load(self, ptrs, mask, other, cache_policy, is_volatile)
         dtype_tt = ptrs.get_element_ty()
         dtype_np = interpreter._get_np_dtype(dtype_tt)
@@ -112,3 +128,4 @@ def install() -> None:
 
     poisoned_masked_load.poisons = True
     builder.create_masked_load = poisoned_masked_load
+    TritonSemantic.load = load_noting_other

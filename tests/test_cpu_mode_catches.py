@@ -148,3 +148,20 @@ def test_a_poisoned_nan_is_told_from_an_unwritten_one():
         assert interpreter_poison.computed_nans(y) == 0  # never written
         _row_sum[(1,)](x.to(dtype), y, 100, BLOCK=128, OTHER=False)
         assert interpreter_poison.computed_nans(y) == 1, dtype
+
+
+@triton.jit
+def _copy_scalar_with_zero_other(x_ptr, y_ptr, n):
+    i = tl.program_id(0)
+    x = tl.load(x_ptr + i, mask=i < n, other=0.0)  # a scalar other=0.0 is still an other=
+    tl.store(y_ptr + i, x)
+
+
+@pytest.mark.cpu
+def test_other_zero_is_not_taken_for_no_other():
+    x = random_tensor((100,), torch.float32, "cpu", torch.Generator().manual_seed(2))
+    y = torch.empty(128)
+    interpreter_poison.clear()
+    _copy_scalar_with_zero_other[(128,)](x, y, 100)
+    assert torch.equal(y[:100], x) and (y[100:] == 0).all()
+    assert interpreter_poison.unfilled_loads() == []
