@@ -165,6 +165,24 @@ def check(lab_id: str, name: str, fn, *, seed: int | None = None) -> None:
     for line in correctness_lines(lab.function(name), result):
         print(line)
     print(_status_line(result))
+    source = getattr(fn, "__globals__", {}).get(f"{name}_source")
+    if result.status == "needs a GPU" and not runtime.ON_GPU and callable(source):
+        _compile_without_a_gpu(name, source)
+
+
+def _compile_without_a_gpu(name: str, source) -> None:
+    """CPU mode: the lab's CUDA C (its `<name>_source()`) compiled by nvcc, never run."""
+    from kernels import nvcc_report
+
+    try:
+        code = source()
+    except NotImplementedError:
+        print(f"{name}: {name}_source() is not written yet: nothing to compile")
+        return
+    except Exception as exc:  # noqa: BLE001 - a student's function may raise anything
+        print(f"{name}: {name}_source() raised {type(exc).__name__}: {exc}")
+        return
+    print(nvcc_report.feedback(name, code))
 
 
 def check_performance(lab_id: str, name: str, fn, *, seed: int | None = None) -> None:

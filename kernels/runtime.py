@@ -71,9 +71,10 @@ if not ON_GPU and not COMPILE_ONLY:
             "Restart the kernel and run `import kernels` before `import triton`."
         )
     os.environ["TRITON_INTERPRET"] = "1"
-    from kernels import interpreter_speedup
+    from kernels import interpreter_poison, interpreter_speedup
 
     interpreter_speedup.install()
+    interpreter_poison.install()  # masked lanes read without other= are NaN, not zeros
 
 # Triton's CPU interpreter computes tl.dot on bfloat16 tiles wrongly. So in CPU mode the Triton
 # kernels that call tl.dot take UPCAST=True and convert their tiles to float32 first (after the

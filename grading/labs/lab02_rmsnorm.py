@@ -106,6 +106,22 @@ def _fused_bytes(x, residual, w, eps=EPS):
     )  # read x, residual; write y, h
 
 
+def _mean_over_block(oname, result, want, bad, x, w, eps=EPS) -> str:
+    """Every row off by one factor, sqrt(BLOCK / width), and only where the width is not a power
+    of two: the mean of the squares was divided by the block, not by the width."""
+    width = x.shape[-1]
+    block = 1 << max(0, width - 1).bit_length()
+    if block == width or not bool(bad.any()):
+        return ""
+    ratio = result.double() / want.double()
+    ratio = ratio[torch.isfinite(ratio) & (want.abs() > 1e-3)]
+    if not ratio.numel() or abs(float(ratio.median()) - (block / width) ** 0.5) > 0.01:
+        return ""
+    return (f"every y is {float(ratio.median()):.4f}x too large, the square root of "
+            f"{block}/{width}, and only widths that are not powers of two fail (here {width}): "
+            f"is the mean of the squares divided by BLOCK instead of the width?")
+
+
 def _rmsnorm_function(name, backend, course_kernel, points, description, hint):
     return GradedFunction(
         name=name,
@@ -124,6 +140,7 @@ def _rmsnorm_function(name, backend, course_kernel, points, description, hint):
         hint=hint,
         input_names=("x", "w"),
         draw_cases=draw_cases,
+        diagnose=_mean_over_block,
     )
 
 

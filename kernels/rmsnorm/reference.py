@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels import runtime
 from kernels.testing import TINY, ULP
 
 
@@ -21,9 +22,13 @@ def tolerance(dtype: torch.dtype) -> tuple[float, float]:
 
 
 def fused_tolerance(dtype: torch.dtype) -> tuple[float, float]:
-    """(atol, rtol) of the fused add's y against `fused_add_rms_norm_fp64`: y is normalized from h,
-    which was itself rounded to the dtype, so two roundings."""
-    return TINY[dtype], 2 * ULP[dtype] + 2.0**-16
+    """(atol, rtol) of the fused add's y against `fused_add_rms_norm_fp64`, which normalizes h
+    rounded to the dtype (as the model stores it): y is one rounding from it, half an ulp, plus
+    float32's error summing the squares. A kernel that normalizes h before rounding it is up to a
+    second half ulp off, and fails. In CPU mode Triton's interpreter truncates float32 -> bfloat16
+    instead of rounding it, both h and y: up to an ulp each, so two are allowed there."""
+    truncated = dtype == torch.bfloat16 and not runtime.ON_GPU
+    return TINY[dtype], (2 * ULP[dtype] if truncated else ULP[dtype] / 2) + 2.0**-16
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
