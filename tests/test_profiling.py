@@ -283,4 +283,5 @@ def test_profile_step_marks_the_phases():
     prof = trace.profile_step(cfg, 1, 8, warmup=1)
     names = {e.name for e in prof.events()}
     assert {"forward", "backward", "optimizer", "training step"} <= names
-    assert "aten::mm" in trace.key_averages_table(prof)
+    # Every row: which ops lead by host time depends on how busy the machine is.
+    assert "aten::mm" in trace.key_averages_table(prof, rows=len(prof.key_averages()))
