@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from grading import classroom
+from grading import classroom, shards
 from tests.slurm_cluster import SlurmCluster, missing_programs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,19 +72,19 @@ def test_single_run_grades_the_class_as_built(single_run):
 
 def test_shards_are_balanced_and_stable():
     counts = {f"student{i:03d}": 1 + i % 6 for i in range(300)}
-    shards = classroom.assign_shards(counts, 8)
-    load = [sum(counts[s] for s in counts if shards[s] == k) for k in range(8)]
+    cut = shards.assign_shards(counts, 8)
+    load = [sum(counts[s] for s in counts if cut[s] == k) for k in range(8)]
     assert max(load) - min(load) <= 2 * max(counts.values())
-    assert classroom.assign_shards(dict(reversed(counts.items())), 8) == shards  # order-free
+    assert shards.assign_shards(dict(reversed(counts.items())), 8) == cut  # order-free
     newcomer = {**counts, "late_joiner": 6}
-    moved = [s for s in counts if classroom.assign_shards(newcomer, 8)[s] != shards[s]]
+    moved = [s for s in counts if shards.assign_shards(newcomer, 8)[s] != cut[s]]
     assert len(moved) <= 7 * 6  # only students near the 7 cut points, by at most 6 labs each
 
 
 @pytest.mark.parametrize("text", ["3/3", "-1/2", "1", "a/b", "0/0"])
 def test_bad_shard_is_refused(text):
     with pytest.raises(Exception, match="--shard"):
-        classroom.parse_shard(text)
+        shards.parse_shard(text)
 
 
 def test_shards_together_equal_one_run(single_run, tmp_path):
