@@ -37,7 +37,8 @@ from grading import report as report_mod
 from grading.integrity import content_hash, grader_version
 from grading.labs import LAB_MODULES
 from grading.notebooks import lab_id_of, source_path_for
-from grading.runner import STOP, Options, grade_lab, interrupted_lab, options_dict
+from grading.protocol import STOP, Options
+from grading.runner import grade_lab, interrupted_lab, options_dict
 from grading.shards import (
     assign_shards,
     now,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from grading import sandbox
-from grading.runner import (
+from grading.protocol import (
     WALL_FACTOR,
     Options,
     WorkerGone,
