@@ -497,6 +497,8 @@ def main(argv=None) -> int:
         argv = sys.argv[1:] if argv is None else list(argv)
         os.execve(sys.executable, [sys.executable, "-m", "grading", *argv], env)
     sandbox = args.sandbox or ("require" if args.submissions else "auto")
+    args.out.mkdir(parents=True, exist_ok=True)  # hidden from the workers from the start
+    private = [args.out] + ([args.submissions] if args.submissions else [])
     opts = Options(
         cpu=args.cpu,
         perf=not args.no_perf,
@@ -508,6 +510,7 @@ def main(argv=None) -> int:
         output_limit_mib=args.output_limit_mib,
         sandbox=sandbox,
         kernel_audit=not args.no_kernel_audit,
+        private=tuple(str(p.resolve()) for p in private),
     )
     _say_where_code_runs(opts)
     cpu_mode = args.cpu or not runtime.ON_GPU

@@ -21,11 +21,13 @@ The worker is stopped (killed with everything it started) when:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
 import select
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -34,6 +36,7 @@ from pathlib import Path
 
 EXIT_CONTEXT_LOST = 75  # the worker's exit status after it reported {"context_lost": ...}
 REPO = Path(__file__).resolve().parents[1]
+RECORD_SLACK = 16 * 2**20  # bytes a record may hold beyond copies of its call's tensors
 POLL_S = 0.1
 WALL_FACTOR = 10.0  # a step may take this many times its CPU-time limit in wall-clock time
 STOP = threading.Event()  # set on Ctrl-C / SIGTERM: workers are killed, their labs interrupted
@@ -56,6 +59,9 @@ class Options:
     # Start the audit's worker when a lab's grading starts (kernel_audit.EarlyStart): only where
     # labs are graded one at a time, since it holds the audit lock for the whole lab.
     early_audit: bool = True
+    # Folders the student's code never sees (shown empty in the sandbox): the report folder, whose
+    # partial report holds every lab's secret seed, and a class's submissions.
+    private: tuple[str, ...] = ()
 
     def worker_args(self) -> list[str]:
         args = ["--memory-gib", str(self.memory_gib),
@@ -210,13 +216,17 @@ def _kill(proc: subprocess.Popen) -> None:
             pass
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """Unsandboxed fallback: the worker gets SIGKILL when the grader dies (Linux)."""
+def _die_with_parent(parent: int) -> None:  # pragma: no cover - runs in the child before exec
+    """The worker, or bwrap around it, gets SIGKILL when the grader dies (Linux), set before it
+    starts: bwrap's own --die-with-parent comes a moment later, and a grader killed in that moment
+    left a sandbox running, adopted by init. A parent already gone is caught by its PID."""
     try:
         import ctypes
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
-        pass
+        return
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 class WorkerProcess:
@@ -239,12 +249,14 @@ class WorkerProcess:
             info_r, info_w = os.pipe()
             fds.append(info_w)
             cmd = sb.wrap(cmd + ["--requests", str(req_r), "--replies", str(rep_w)], str(cwd),
-                          gpu=not opts.cpu and _on_gpu(), info_fd=info_w)
+                          gpu=not opts.cpu and _on_gpu(), info_fd=info_w, hidden=opts.private,
+                          tmpfs_bytes=int(opts.memory_gib * 2**30))
         else:
             cmd = cmd + ["--requests", str(req_r), "--replies", str(rep_w)]
         self.proc = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                     pass_fds=fds, preexec_fn=None if sandbox else _die_with_parent)
+                                     pass_fds=fds,
+                                     preexec_fn=functools.partial(_die_with_parent, os.getpid()))
         for fd in fds:
             os.close(fd)
         self.pid = self.proc.pid
@@ -339,6 +351,10 @@ class WorkerProcess:
             self._stop("output")
         else:
             rss = tree_rss_bytes(self.pid)
+            if rss is not None and self.sandboxed:  # its /tmp and /dev/shm are memory too
+                from grading.sandbox import tmpfs_bytes_used
+
+                rss += tmpfs_bytes_used(self.pid)
             if rss is not None and rss > self.attempt.memory_cap:
                 self._stop("memory")
         if self.attempt.stopped:
@@ -447,6 +463,7 @@ class WorkerCaller:
         self.worker, self.folder, self.name = worker, folder, name
         self.spec = None
         self.sent = 0
+        self.sent_bytes = 0  # the last inputs sent: a record holds a few copies of them at most
 
     def _send(self, tensors: tuple) -> str:
         import torch
@@ -458,7 +475,13 @@ class WorkerCaller:
         fd = os.open(self.folder / name, flags, 0o644)
         with os.fdopen(fd, "wb") as f:
             torch.save(tuple(t.detach() for t in tensors), f)
+        self.sent_bytes = sum(t.numel() * t.element_size() for t in tensors)
         return name
+
+    def record_limit(self) -> int:
+        """The largest record an honest call can produce: its results, the inputs and outputs
+        after it, the guard bands, a snapshot, each about the size of the inputs."""
+        return RECORD_SLACK + 8 * self.sent_bytes
 
     def _record(self, reply: dict, spec, with_out: bool):
         from grading.correctness import CallRecord
@@ -468,7 +491,8 @@ class WorkerCaller:
             raise NotImplementedError
         if "context_lost" in reply:
             raise ContextLostInWorker(str(reply["context_lost"]))
-        return read_record(self.folder, reply.get("record"), spec, CallRecord, Watched, with_out)
+        return read_record(self.folder, reply.get("record"), spec, CallRecord, Watched, with_out,
+                           self.record_limit())
 
     def begin_case(self, spec, case, inputs) -> None:
         self.spec, self.case = spec, case
@@ -498,21 +522,11 @@ class WorkerCaller:
     def run_group(self, job: dict, inputs: tuple):
         """A process group's run in the worker (`GradedFunction.run_group`): its answer, read as
         data only; the spec's `grade_group` checks every field before judging it."""
-        import torch
-
         reply = self.worker.request({"op": "group", "name": self.name, "job": job,
                                      "inputs": self._send(inputs)})
         if reply.get("not_implemented"):
             raise NotImplementedError
-        name = reply.get("record")
-        if not isinstance(name, str) or "/" in name or not name.endswith(".pt"):
-            raise WorkerReplyError(f"a record named {name!r}")
-        try:
-            fd = os.open(self.folder / name, os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd, "rb") as f:
-                return torch.load(f, weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - whatever is wrong with it, it is not a record
-            raise WorkerReplyError(f"an unreadable record ({type(exc).__name__}: {exc})") from exc
+        return load_worker_file(self.folder, reply.get("record"), self.record_limit())
 
     def measure(self, spec, config, seed: int, rows):
         from grading.results import PerfResult
@@ -529,17 +543,42 @@ class ContextLostInWorker(Exception):
     """The worker's CUDA context is lost (it exits); the message names the case."""
 
 
-def read_record(folder: Path, name, spec, record_cls, watched_cls, with_out: bool):
-    """A worker's CallRecord file, read as data only (`weights_only`: no code runs), each field
-    checked for its type: anything else is the student's code writing to the grader's files."""
+def load_worker_file(folder: Path, name, limit: int):
+    """A file the worker wrote, loaded as data only (`weights_only`: no code runs). Only a regular
+    file of at most `limit` bytes, named as the protocol names them, in the worker's folder: a
+    pipe would block this process (it is opened without waiting, then refused), a link could
+    point anywhere, and a huge file would fill this process's memory."""
+    import io
+
     import torch
 
     if not isinstance(name, str) or "/" in name or not name.endswith(".pt"):
         raise WorkerReplyError(f"a record named {name!r}")
     try:
-        fd = os.open(folder / name, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as f:
-            data = torch.load(f, weights_only=True)
+        fd = os.open(folder / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise WorkerReplyError(f"a record that cannot be opened ({exc.strerror})") from exc
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise WorkerReplyError(f"a record {name!r} that is not a regular file")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise WorkerReplyError(f"a record of more than {limit} bytes, more than the call's "
+                               f"inputs and outputs can fill")
+    try:
+        return torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - whatever is wrong with it, it is not a record
+        raise WorkerReplyError(f"an unreadable record ({type(exc).__name__}: {exc})") from exc
+
+
+def read_record(folder: Path, name, spec, record_cls, watched_cls, with_out: bool, limit: int):
+    """A worker's CallRecord file (`load_worker_file`), each field checked for its type: anything
+    else is the student's code writing to the grader's files."""
+    import torch
+
+    data = load_worker_file(folder, name, limit)
+    try:
         watched = watched_cls(**data.pop("watched"))
         record = record_cls(**data, watched=watched)
     except Exception as exc:  # noqa: BLE001 - whatever is wrong with it, it is not a record
