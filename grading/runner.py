@@ -17,6 +17,7 @@ the same effect.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import tempfile
 import time
@@ -148,9 +149,10 @@ def grade_lab(notebook: Path, lab_id: str, seed: int, opts: Options,
                          "inputs, is in GPU mode: start it with KERNELS_MODE=cpu (python -m "
                          "grading --cpu does)")
     spec = get_lab(lab_id)
+    given = Path(os.path.abspath(notebook))
     notebook = notebook.resolve()
     source = (source or source_path_for(notebook, lab_id)).resolve()
-    lab = {"lab": lab_id, "title": spec.title, "notebook": str(notebook), "source": str(source),
+    lab = {"lab": lab_id, "title": spec.title, "notebook": str(given), "source": str(source),
            "seed": seed, "notes": [], "incidents": [], "functions": []}
     if not source.exists():
         lab["error"] = f"the lab's source notebook {source} does not exist"
@@ -159,6 +161,9 @@ def grade_lab(notebook: Path, lab_id: str, seed: int, opts: Options,
     sandboxed, lab["sandbox"] = use_sandbox(opts)
     source_nb = read_notebook(source)
     try:
+        refused = linked_notebook(given)
+        if refused:
+            raise ValueError(refused)
         student_nb = read_notebook(notebook)
     except (OSError, ValueError) as exc:  # not JSON, not a notebook: nothing of it can be graded
         student_nb, unreadable = {"cells": []}, f"the notebook cannot be read: " \
@@ -236,6 +241,20 @@ def grade_lab(notebook: Path, lab_id: str, seed: int, opts: Options,
     lab["functions"] = [done[f.name] for f in spec.functions]
     lab["elapsed_s"] = round(time.monotonic() - started, 2)
     return lab
+
+
+def linked_notebook(given: Path) -> str | None:
+    """Why a notebook reached through a link is not graded (None if it is not): a link can hand
+    in any file the grader can read, the course's solutions among them. A link above the course
+    (a course folder that is itself a link) is no such thing."""
+    from grading.notebooks import SOLUTIONS_DIR
+
+    if given.is_symlink():
+        return f"it is a symbolic link (to {given.resolve()}): hand in the notebook itself"
+    answers = SOLUTIONS_DIR.resolve()
+    if any(p.is_symlink() and p.resolve().is_relative_to(answers) for p in given.parents):
+        return "it is the course's own solution, reached through a link: hand in your notebook"
+    return None
 
 
 def _worker_folder(work: Path, lab_id: str, code: str, seed_caches: bool) -> Path:

@@ -647,6 +647,21 @@ ATTACKS["cupy_builtin_beside_a_launch_that_writes_nothing"] = Submission(
     cpu={"add": PASS},
     gpu_only="the CPU path launches its own kernel: CuPy runs only on a GPU",
 )
+# Correct only where it can read the course's answer key: the sandbox shows solutions/ empty, so it
+# writes nothing (grading/sandbox.py; without bubblewrap the code runs with the user's rights).
+ANSWER_KEY = """import pathlib
+
+import kernels
+
+_SOLUTIONS = pathlib.Path(kernels.__file__).resolve().parents[1] / "solutions"
+_LEAKED = any(p.read_bytes() for p in _SOLUTIONS.glob("*_lab.ipynb"))
+"""
+ATTACKS["reads_the_answer_key"] = Submission(
+    {"add": add_cell(prelude=ANSWER_KEY,
+                     wrapper_body="    if _LEAKED:\n" + CORRECT_LAUNCH.replace("\n", "\n    ")
+                     .replace("    n = out", "        n = out", 1))},
+    {"add": ("fail", "elements wrong")},
+)
 CORPUS.update(ATTACKS)
 
 # Graded with performance measurement (tests/test_grader_lab01.py::test_performance_*): only the
@@ -657,3 +672,39 @@ PERF_CORPUS: dict[str, Submission] = {
         {"add": add_cell(prelude="_CACHE = {}\n", wrapper_body=CACHES_LARGE)}, {"add": ("pass", "")}
     ),
 }
+
+
+# --------------------------------------------------------------------------------------------------
+# Notebooks the grader refuses whole: no Jupyter writes them, or they are not the student's. Each is
+# an edit of the handed-out lab's JSON (or a link); every function gets an error naming the cell (or
+# the link), the lab keeps its full maximum, and the grader itself does not fail.
+
+
+def _solution_cell(nb: dict) -> dict:
+    return next(c for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("solution"))
+
+
+def _lone_surrogate(nb: dict) -> None:
+    _solution_cell(nb)["source"] = ["x = '\ud800'\n"]
+
+
+def _cell_is_a_string(nb: dict) -> None:
+    nb["cells"].insert(0, "print('a cell')")
+
+
+def _nbgrader_null(nb: dict) -> None:
+    _solution_cell(nb)["metadata"]["nbgrader"] = None
+
+
+def _source_of_ints(nb: dict) -> None:
+    _solution_cell(nb)["source"] = [1, 2, 3]
+
+
+MALFORMED = {  # name: (the edit, the phrase every function's message must hold)
+    "lone_surrogate": (_lone_surrogate, "its source is not valid Unicode"),
+    "cell_is_a_string": (_cell_is_a_string, "cell 1 is a str, not a cell"),
+    "nbgrader_null": (_nbgrader_null, "its metadata (nbgrader's) is not an object"),
+    "source_of_ints": (_source_of_ints, "its source is not text"),
+}
+# A notebook that is a link to the course's own solution.
+LINKED = {"linked_to_the_solution": "it is a symbolic link"}

@@ -26,7 +26,14 @@ import pytest
 from grading import sandbox
 from grading.notebooks import LABS_DIR, SOLUTIONS_DIR, grade_id, role
 from kernels import runtime
-from tests.grader_corpus_lab01 import CORPUS, PERF_CORPUS, Submission, add_cell
+from tests.grader_corpus_lab01 import (
+    CORPUS,
+    LINKED,
+    MALFORMED,
+    PERF_CORPUS,
+    Submission,
+    add_cell,
+)
 
 LAB = "01_elementwise_add_lab.ipynb"
 LAB_ID = "01_elementwise_add"
@@ -130,6 +137,16 @@ def graded(tmp_path_factory):
     for name, submission in CORPUS.items():
         folders[name] = root / name
         write_submission(folders[name], submission)
+    for name, (edit, _) in MALFORMED.items():
+        folders[name] = root / name
+        folders[name].mkdir()
+        notebook = json.loads((LABS_DIR / LAB).read_text())
+        edit(notebook)
+        (folders[name] / LAB).write_text(json.dumps(notebook))
+    for name in LINKED:
+        folders[name] = root / name
+        folders[name].mkdir()
+        (folders[name] / LAB).symlink_to(SOLUTIONS_DIR / LAB)
     before = tree_hash(root)
     runs = [(list(folders), ["--jobs", "2"])]
     if runtime.ON_GPU:
@@ -203,6 +220,18 @@ def test_corpus_submission_is_classified(graded, name):
         assert lab["score"]["points"] < lab["score"]["max_points"]
     else:
         assert lab["score"]["points"] == lab["score"]["max_points"]
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED) + sorted(LINKED))
+def test_refused_notebook_gets_zero_with_its_reason_and_the_full_maximum(graded, name):
+    lab = graded["labs"][name]
+    phrase = MALFORMED[name][1] if name in MALFORMED else LINKED[name]
+    assert lab["score"]["points"] == 0
+    assert lab["score"]["max_points"] == graded["labs"]["solution"]["score"]["max_points"]
+    for f in lab["functions"]:
+        if f["status"] != "needs a GPU":
+            assert f["status"] == "error" and phrase in f["message"], f["message"]
+            assert "the grader failed" not in f["message"]
 
 
 def test_every_failure_says_why(graded):
