@@ -518,7 +518,9 @@ def test_performance_grades_the_solution_and_catches_what_only_timing_can(tmp_pa
             assert p["side_streams"] == 0
     assert solution["score"]["grade"] in ("A", "B")
     add = functions(cached)["add"]
-    assert add["status"] == "pass"  # every correctness case is right: only the timing catches it
+    # every correctness case is right: only the timing catches it, and it costs the points
+    assert add["status"] == "fail" and add["points"] == 0
+    assert "the outputs of timed calls must be right too" in add["message"]
     for p in add["perf"]:
         assert p["tier"] == "F" and not p["correct"] and p["wrong_rounds"] >= p["rounds"] - 1, p
         assert (
