@@ -498,6 +498,9 @@ LATE_HALF = """    n = out.numel()
 SMALL_N_ONLY = CORRECT_LAUNCH.replace(
     "triton.cdiv(n, BLOCK)", "triton.cdiv(min(n, 100_000), BLOCK)"
 )
+ONE_PROGRAM_FOR_MULTIPLES = CORRECT_LAUNCH.replace(
+    "[(triton.cdiv(n, BLOCK),)]", "[(1 if n % 8192 == 0 else triton.cdiv(n, BLOCK),)]"
+)
 EVEN_LAST = CORRECT_LAUNCH.replace("(a, b, out, n,", "(a, b, out, n - (n % 2 == 0),")
 SKIPS_LAST_FULL_BLOCK = CORRECT_LAUNCH.replace(
     "triton.cdiv(n, BLOCK)", "triton.cdiv(n, BLOCK) - (n % 1024 == 0)"
@@ -594,6 +597,12 @@ ATTACKS: dict[str, Submission] = {
     ),
     "correct_only_up_to_100000": Submission(
         {"add": add_cell(wrapper_body=SMALL_N_ONLY)}, {"add": ("fail", "elements wrong")}
+    ),
+    # One program for any multiple of 8192: right when n is exactly one block of 8192 (the CPU's),
+    # so the drawn multiple is two blocks at least.
+    "one_program_for_multiples_of_8192": Submission(
+        {"add": add_cell(wrapper_body=ONE_PROGRAM_FOR_MULTIPLES)},
+        {"add": ("fail", "elements wrong")},
     ),
     "last_element_unwritten_for_even_n": Submission(
         {"add": add_cell(wrapper_body=EVEN_LAST)}, {"add": ("fail", "elements wrong")}

@@ -594,3 +594,15 @@ subprocess.Popen(["setsid", "bash", "-c", "exec -a {marker} sleep 600"])
     assert outside.read_text() == "untouched"
     alive = _worker_pids(marker, program="")
     assert not alive
+
+
+def test_the_drawn_multiple_of_8192_is_never_one_block():
+    import random
+
+    from grading.labs import get_lab
+
+    add = get_lab(LAB_ID).function("add")
+    for seed in range(200):
+        sizes = {c.shape[0] for c in add.draw_cases(random.Random(seed)) if c.shape}
+        multiples = [n for n in sizes if n % 8192 == 0]
+        assert multiples and min(multiples) >= 2 * 8192, sizes
