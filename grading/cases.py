@@ -13,7 +13,8 @@ from kernels.testing import strided_view
 
 
 def make_inputs(spec: GradedFunction, case: Case, gen, device=None) -> tuple:
-    inputs = spec.make_inputs(case.shape, case.dtype, device or runtime.DEVICE, gen)
+    params = case.kwargs if spec.inputs_take_params else {}
+    inputs = spec.make_inputs(case.shape, case.dtype, device or runtime.DEVICE, gen, **params)
     if case.layout == "strided":
         inputs = tuple(strided_view(t) for t in inputs)
     if spec.prepare is not None:
