@@ -671,6 +671,31 @@ ATTACKS["reads_the_answer_key"] = Submission(
                      .replace("    n = out", "        n = out", 1))},
     {"add": ("fail", "elements wrong")},
 )
+# Computes with torch.add and rewrites what the worker reports of the call: the worker runs as
+# __main__, and its record_to_dict is wrapped to clear the watchers' findings. Every fact the worker
+# sends is the student's code's to change; only an observer outside its process (Nsight Compute, on
+# a GPU) sees whose kernel ran. In CPU mode there is none: the limit grading/README.md counts.
+FORGED_RECORD = """import sys
+
+_worker = sys.modules["__main__"]
+if hasattr(_worker, "record_to_dict"):
+    _report = _worker.record_to_dict
+
+    def _forged(record):
+        record.watched.forbidden_ops, record.watched.triton_launches = [], 1
+        record.watched.cuda_kernels = ["add_kernel"]
+        return _report(record)
+
+    _worker.record_to_dict = _forged
+"""
+ATTACKS["torch_add_behind_a_forged_record"] = Submission(
+    {"add": add_cell(prelude=FORGED_RECORD, wrapper_body="    torch.add(a, b, out=out)")},
+    {"add": ("fail", "kernel audit: Nsight Compute, outside your code's process, saw kernels of "
+                     "PyTorch")},
+    cpu={"add": PASS},
+    gpu_only="in CPU mode nothing outside the worker sees which code ran: its records are the "
+             "student's code's to forge",
+)
 CORPUS.update(ATTACKS)
 
 # Graded with performance measurement (tests/test_grader_lab01.py::test_performance_*): only the
