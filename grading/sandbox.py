@@ -70,12 +70,13 @@ def _base(workdir: str, gpu: bool, hidden=(), tmpfs_bytes: int | None = None) ->
     size = ["--size", str(tmpfs_bytes)] if tmpfs_bytes else []
     args += [*size, "--tmpfs", "/dev/shm", "--proc", "/proc", *size, "--tmpfs", "/tmp"]
     visible = _visible([COURSE_ROOT, *python_paths()])
-    visible = [p for p in visible if not any(Path(p).is_relative_to(s) for s in SYSTEM)]
     for path in visible:
-        args += ["--ro-bind", path, path]
+        if not any(Path(path).is_relative_to(s) for s in SYSTEM):  # else bound with the system
+            args += ["--ro-bind", path, path]
+    shown = [*SYSTEM, *visible]
     secrets = [COURSE_ROOT / name for name in COURSE_SECRETS] + [Path(h) for h in hidden]
     for path in _visible(secrets):  # an empty folder in its place, where it would show
-        if Path(path).is_dir() and any(Path(path).is_relative_to(v) for v in visible) \
+        if Path(path).is_dir() and any(Path(path).is_relative_to(v) for v in shown) \
                 and not Path(workdir).is_relative_to(path):
             args += ["--tmpfs", path]
     args += ["--bind", workdir, workdir, "--chdir", workdir,
