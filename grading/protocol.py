@@ -229,6 +229,10 @@ def _die_with_parent(parent: int) -> None:  # pragma: no cover - runs in the chi
         os._exit(1)
 
 
+def _pages(size: int) -> int:
+    return -(-size // os.sysconf("SC_PAGE_SIZE")) * os.sysconf("SC_PAGE_SIZE")
+
+
 class WorkerProcess:
     """One worker: started on `cmd` (the request and reply descriptors appended), asked one
     request at a time, watched while it works on one."""
@@ -239,6 +243,7 @@ class WorkerProcess:
         """`prefix` runs before the worker's command (the kernel audit's ncu), and `extra_fds`
         are passed to it, then closed here."""
         self.opts, self.deadline, self.sandboxed = opts, deadline, sandbox
+        self.tmpfs_bytes = _pages(int(opts.memory_gib * 2**30))  # the sandbox's /tmp, /dev/shm
         req_r, self._req_w = os.pipe()
         self._rep_r, rep_w = os.pipe()
         cmd = [*prefix, *cmd]
@@ -250,7 +255,7 @@ class WorkerProcess:
             fds.append(info_w)
             cmd = sb.wrap(cmd + ["--requests", str(req_r), "--replies", str(rep_w)], str(cwd),
                           gpu=not opts.cpu and _on_gpu(), info_fd=info_w, hidden=opts.private,
-                          tmpfs_bytes=int(opts.memory_gib * 2**30))
+                          tmpfs_bytes=self.tmpfs_bytes)
         else:
             cmd = cmd + ["--requests", str(req_r), "--replies", str(rep_w)]
         self.proc = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -354,7 +359,7 @@ class WorkerProcess:
             if rss is not None and self.sandboxed:  # its /tmp and /dev/shm are memory too
                 from grading.sandbox import tmpfs_bytes_used
 
-                rss += tmpfs_bytes_used(self.pid)
+                rss += tmpfs_bytes_used(self.pid, self.tmpfs_bytes)
             if rss is not None and rss > self.attempt.memory_cap:
                 self._stop("memory")
         if self.attempt.stopped:

@@ -44,11 +44,12 @@ COURSE_SECRETS = ("solutions", ".git", "grading-reports")
 
 
 def python_paths() -> list[str]:
-    """The Python running the grader and every folder it imports from (a virtual environment, user
-    site-packages, editable installs), but not the current folder."""
-    paths = [sys.prefix, sys.base_prefix, str(Path(sys.executable).resolve().parent)]
-    paths += [p for p in sys.path if p and Path(p).is_absolute() and Path(p) != Path.cwd()]
-    return paths
+    """The Python running the grader and the folders it imports packages from (a virtual
+    environment, site-packages, PYTHONPATH); not the folder of a script, nor the current one."""
+    prefixes = [sys.prefix, sys.base_prefix, str(Path(sys.executable).resolve().parent)]
+    pythonpath = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    packages = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]
+    return [p for p in prefixes + pythonpath + packages if Path(p).is_absolute()]
 
 
 def _visible(paths) -> list[str]:
@@ -151,14 +152,16 @@ def wrap(cmd: list[str], workdir: str, *, gpu: bool, info_fd: int, hidden=(),
     return [*_base(workdir, gpu, hidden, tmpfs_bytes), "--info-fd", str(info_fd), "--", *cmd]
 
 
-def tmpfs_bytes_used(pid: int) -> int:
+def tmpfs_bytes_used(pid: int, size: int) -> int:
     """Bytes held in the sandbox's /tmp and /dev/shm (memory, not disk), seen through the
-    process's root; 0 where that cannot be read."""
+    process's root: only file systems of the `size` the sandbox gave them; 0 where that cannot be
+    read."""
     used = 0
     for folder in ("tmp", "dev/shm"):
         try:
             st = os.statvfs(f"/proc/{pid}/root/{folder}")
         except OSError:
             continue
-        used += (st.f_blocks - st.f_bfree) * st.f_frsize
+        if st.f_blocks * st.f_frsize == size:
+            used += (st.f_blocks - st.f_bfree) * st.f_frsize
     return used

@@ -247,6 +247,8 @@ def test_reports_follow_the_schema(graded):
     jsonschema.validate(graded["report"], SCHEMA)
     assert graded["report"]["partial"] is False
     assert graded["report"]["fingerprint"]["torch"] and graded["report"]["grader_version"]
+    # the report folder, where the partial report with every seed lies, is hidden from the workers
+    assert graded["report"]["options"]["private"] == [str(graded["out"].resolve())]
 
 
 def test_grader_never_writes_into_student_folders(graded):

@@ -305,6 +305,33 @@ def test_the_sandbox_shows_no_secret_and_no_host_socket(tmp_path):
     assert answer["connected"] in ("FileNotFoundError", "ConnectionRefusedError"), answer
 
 
+@pytest.mark.gpu
+def test_the_gpu_sandbox_runs_cuda_and_triton_and_hides_the_answer_key(tmp_path):
+    """On a GPU the sandbox shows only the system, Python and the course: CUDA, PyTorch and a
+    freshly compiled Triton kernel still work there, and solutions/ is still empty."""
+    assert sandbox.status()[0], "bubblewrap cannot run here: make sandbox"
+    course = Path(__file__).resolve().parents[1]
+    worker = fake_worker(tmp_path, f'''
+        import torch
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def store_one(p):
+            tl.store(p, 1.0)
+
+        x = torch.zeros(1, device="cuda")
+        store_one[(1,)](x)
+        reply(value=float(x.item()), solutions=os.listdir({str(course / "solutions")!r}))
+        ''', Options(), sandboxed=True)
+    worker.set_step("add", "case 1 float32", "import")
+    try:
+        answer = worker.request({"op": "call"})
+    finally:
+        worker.close()
+    assert answer == {"value": 1.0, "solutions": [], "id": 1}, answer
+
+
 @pytest.mark.skipif(not sandbox.status()[0], reason="bubblewrap cannot run here")
 def test_the_sandbox_s_shared_memory_counts_against_the_memory_limit(tmp_path):
     """/dev/shm and /tmp are memory: a worker may not fill them past --memory-gib."""
