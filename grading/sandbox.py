@@ -44,12 +44,13 @@ COURSE_SECRETS = ("solutions", ".git", "grading-reports")
 
 
 def python_paths() -> list[str]:
-    """The Python running the grader and the folders it imports packages from (a virtual
-    environment, site-packages, PYTHONPATH); not the folder of a script, nor the current one."""
+    """The Python running the grader and the folders it imports from (a virtual environment,
+    site-packages, PYTHONPATH, editable installs), but not sys.path[0]: the folder of the script
+    that was run, or the current one. Never / or the home folder as a whole."""
     prefixes = [sys.prefix, sys.base_prefix, str(Path(sys.executable).resolve().parent)]
-    pythonpath = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    packages = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]
-    return [p for p in prefixes + pythonpath + packages if Path(p).is_absolute()]
+    broad = {Path("/"), Path.home(), Path("/tmp")}
+    return [p for p in prefixes + sys.path[1:]
+            if p and Path(p).is_absolute() and Path(p).resolve() not in broad]
 
 
 def _visible(paths) -> list[str]:
