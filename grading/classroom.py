@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import hashlib
 import json
 import math
 import os
@@ -32,6 +31,7 @@ from pathlib import Path
 
 from grading import report as report_mod
 from grading.integrity import grader_version
+from grading.shards import assign_shards, now, student_notebooks, write_atomically
 
 # Per-lab time limit of a --submissions run (cli's --timeout default), and what a Slurm task adds
 # for starting Python and CUDA before its first lab.
@@ -39,60 +39,6 @@ LAB_TIMEOUT_S = 900
 TASK_OVERHEAD_S = 300
 # The software that decides what a timing means: a report made with other versions is flagged.
 STACK_KEYS = ("gpu", "torch", "triton", "cupy", "cuda")
-
-
-def parse_shard(text: str) -> tuple[int, int]:
-    """'K/N' -> (K, N), with 0 <= K < N."""
-    try:
-        index, count = (int(part) for part in text.split("/"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--shard takes K/N (e.g. 0/4), got {text!r}") from None
-    if count < 1 or not 0 <= index < count:
-        raise argparse.ArgumentTypeError(f"--shard {text}: K must be in 0..N-1 and N >= 1")
-    return index, count
-
-
-def parse_gpus(text: str) -> list[str]:
-    """'0,1,3' -> ['0', '1', '3']: CUDA device indices, each used once."""
-    gpus = [part.strip() for part in text.split(",") if part.strip()]
-    if not gpus or not all(g.isdigit() for g in gpus) or len(set(gpus)) != len(gpus):
-        raise argparse.ArgumentTypeError(
-            f"--gpus takes distinct device indices like 0,1,2, got {text!r}")
-    return gpus
-
-
-def hash_order(student: str) -> str:
-    return hashlib.sha256(student.encode()).hexdigest()
-
-
-def assign_shards(lab_counts: dict[str, int], count: int) -> dict[str, int]:
-    """{student: shard}: hash order, cut into `count` runs of about equal numbers of labs.
-
-    A student's shard is where the middle of their labs falls on the class's cumulative count, so
-    shards differ by at most one student's labs from an even split."""
-    order = sorted(lab_counts, key=hash_order)
-    total = sum(max(1, lab_counts[s]) for s in order)
-    shards, before = {}, 0
-    for student in order:
-        weight = max(1, lab_counts[student])
-        shards[student] = min(count - 1, int((before + weight / 2) * count / total))
-        before += weight
-    return shards
-
-
-def shard_status_path(out: Path, index: int, count: int) -> Path:
-    return out / "shards" / f"{index}-of-{count}.json"
-
-
-def write_shard_status(out: Path, shard: tuple[int, int], final: dict, *, partial: bool) -> None:
-    """OUT/shards/K-of-N.json: which students this shard graded and whether it finished."""
-    index, count = shard
-    status = {"shard": f"{index}/{count}", "date": _now(), "partial": partial,
-              # the GPU this shard saw (--gpus, or what Slurm's gres set); None: all, or none
-              "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-              "students": sorted(final),
-              "labs": sum(lab is not None for labs in final.values() for lab in labs.values())}
-    _write(shard_status_path(out, index, count), json.dumps(status, indent=1))
 
 
 def grade_on_gpus(args) -> int:
@@ -158,7 +104,7 @@ def merge(submissions: Path | None, out: Path) -> dict:
         labs = {lab["lab"]: lab for lab in reports.get(student, {}).get("labs", [])}
         students[student] = {lab_id: labs.get(lab_id) for lab_id in lab_ids}
     partial = any(r.get("partial") for r in reports.values()) or len(reports) < len(expected)
-    summary = report_mod.summary(students, lab_ids, date=_now(), partial=partial,
+    summary = report_mod.summary(students, lab_ids, date=now(), partial=partial,
                                  grader_version=grader_version())
 
     stacks = collections.Counter(stack_of(r) for r in reports.values())
@@ -177,9 +123,11 @@ def merge(submissions: Path | None, out: Path) -> dict:
     summary["speed"] = {lab_id: [speed_of(labs[lab_id]) for labs in students.values()
                                  if labs.get(lab_id) and speed_of(labs[lab_id]) is not None]
                         for lab_id in lab_ids}
-    _write(out / "summary.json", json.dumps(report_mod.json_safe(summary), indent=1, default=str))
-    _write(out / "summary.csv", report_mod.summary_csv(summary))
-    _write(out / "summary.md", report_mod.summary_markdown(summary) + progress_markdown(summary))
+    write_atomically(out / "summary.json",
+                     json.dumps(report_mod.json_safe(summary), indent=1, default=str))
+    write_atomically(out / "summary.csv", report_mod.summary_csv(summary))
+    write_atomically(out / "summary.md",
+                     report_mod.summary_markdown(summary) + progress_markdown(summary))
     plot(summary, out / "summary.png")
     return summary
 
@@ -262,18 +210,6 @@ def sbatch_script(submissions: Path, out: Path, shards: int, *, gpu: bool, labs_
     return "\n".join(lines) + "\n"
 
 
-def _now() -> str:
-    import datetime
-
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def _write(path: Path, text: str) -> None:
-    from grading.cli import write_atomically
-
-    write_atomically(path, text)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grading.classroom", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -293,8 +229,6 @@ def main(argv=None) -> int:
               f"{len(progress['partial'])} partial, {len(progress['missing'])} missing; "
               f"summary: {args.out / 'summary.md'}")
         return 0
-    from grading.cli import student_notebooks
-
     counts = {d.name: len(student_notebooks(d, None)) for d in sorted(args.submissions.iterdir())
               if d.is_dir() and not d.name.startswith(".")}
     shards = assign_shards(counts, args.shards)

@@ -24,7 +24,6 @@ marked partial (exit status 130). Nothing is written next to the notebooks.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import secrets
@@ -38,7 +37,17 @@ from grading import report as report_mod
 from grading.integrity import content_hash, grader_version
 from grading.labs import LAB_MODULES
 from grading.notebooks import lab_id_of, source_path_for
-from grading.runner import STOP, Options, grade_lab, interrupted_lab, options_dict
+from grading.protocol import STOP, Options
+from grading.runner import grade_lab, interrupted_lab, options_dict
+from grading.shards import (
+    assign_shards,
+    now,
+    parse_gpus,
+    parse_shard,
+    student_notebooks,
+    write_atomically,
+    write_shard_status,
+)
 
 EXIT_INTERRUPTED = 130
 # Labs graded side by side by default without a GPU, at most: each worker may hold its memory limit
@@ -62,45 +71,6 @@ def find_notebooks(paths: list[Path], only_lab: str | None) -> list[Path]:
             f"grading: no lab spec for {', '.join(unknown)} (known: {', '.join(LAB_MODULES)})"
         )
     return found
-
-
-def student_notebooks(folder: Path, only_lab: str | None) -> dict[str, tuple[Path, list[str]]]:
-    """A student's lab notebooks by lab id (any depth, checkpoints ignored), with notes on
-    duplicates."""
-    by_lab: dict[str, list[Path]] = {}
-    for nb in sorted(folder.rglob("*.ipynb")):
-        if ".ipynb_checkpoints" in nb.parts:
-            continue
-        lab_id = lab_id_of(nb, LAB_MODULES)
-        if lab_id in LAB_MODULES and (only_lab is None or lab_id == only_lab):
-            by_lab.setdefault(lab_id, []).append(nb)
-    chosen = {}
-    for lab_id, nbs in by_lab.items():
-        exact = [nb for nb in nbs if nb.name == f"{lab_id}_lab.ipynb"]
-        pick = exact[0] if exact else max(nbs, key=lambda p: p.stat().st_mtime)
-        notes = (
-            []
-            if len(nbs) == 1
-            else [
-                "several notebooks for this lab "
-                f"({', '.join(str(nb.relative_to(folder)) for nb in nbs)}): graded "
-                f"{pick.relative_to(folder)}"
-            ]
-        )
-        chosen[lab_id] = (pick, notes)
-    return chosen
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write, then rename: a reader (or a crash) never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def _raise_interrupt(signum, frame):
@@ -195,7 +165,7 @@ def _report(labs: list[dict], opts: Options, partial: bool, **extra) -> dict:
     return {
         "schema": report_mod.REPORT_SCHEMA,
         **extra,
-        "date": _now(),
+        "date": now(),
         "partial": partial,
         "grader_version": grader_version(),
         "options": options_dict(opts),
@@ -303,7 +273,7 @@ def grade_submissions(args, opts: Options, jobs: int) -> int:
         return classroom.grade_on_gpus(args)
     if args.shard:
         index, count = args.shard
-        shard_of = classroom.assign_shards({s: len(nbs) for s, nbs in found.items()}, count)
+        shard_of = assign_shards({s: len(nbs) for s, nbs in found.items()}, count)
         found = {s: nbs for s, nbs in found.items() if shard_of[s] == index}
     lab_ids = sorted(
         {lab_id for nbs in found.values() for lab_id in nbs} | ({args.lab} if args.lab else set())
@@ -369,7 +339,7 @@ def grade_submissions(args, opts: Options, jobs: int) -> int:
         for lab in labs.values()
     )
     if args.shard:  # the shards share --out: each writes its own status, `merge` the summary
-        classroom.write_shard_status(args.out, args.shard, final, partial=partial or interrupted)
+        write_shard_status(args.out, args.shard, final, partial=partial or interrupted)
         print(
             f"shard {args.shard[0]}/{args.shard[1]}: {len(found)} students, {len(tasks)} labs "
             "graded, "
@@ -377,7 +347,7 @@ def grade_submissions(args, opts: Options, jobs: int) -> int:
         )
         return EXIT_INTERRUPTED if interrupted else 0
     summary = report_mod.summary(
-        final, lab_ids, date=_now(), partial=partial, grader_version=grader_version()
+        final, lab_ids, date=now(), partial=partial, grader_version=grader_version()
     )
     write_atomically(
         args.out / "summary.json", json.dumps(report_mod.json_safe(summary), indent=1, default=str)
@@ -434,13 +404,13 @@ def main(argv=None) -> int:
     )
     parser.add_argument(
         "--shard",
-        type=classroom.parse_shard,
+        type=parse_shard,
         metavar="K/N",
         help="with --submissions: grade only shard K of N (python -m grading.classroom)",
     )
     parser.add_argument(
         "--gpus",
-        type=classroom.parse_gpus,
+        type=parse_gpus,
         metavar="0,1,...",
         help="with --submissions: one shard per GPU of this node, each lab alone on its "
         "GPU, then the merged summary",
@@ -532,6 +502,8 @@ def main(argv=None) -> int:
         argv = sys.argv[1:] if argv is None else list(argv)
         os.execve(sys.executable, [sys.executable, "-m", "grading", *argv], env)
     sandbox = args.sandbox or ("require" if args.submissions else "auto")
+    args.out.mkdir(parents=True, exist_ok=True)  # hidden from the workers from the start
+    private = [args.out] + ([args.submissions] if args.submissions else [])
     opts = Options(
         cpu=args.cpu,
         perf=not args.no_perf,
@@ -543,6 +515,7 @@ def main(argv=None) -> int:
         output_limit_mib=args.output_limit_mib,
         sandbox=sandbox,
         kernel_audit=not args.no_kernel_audit,
+        private=tuple(str(p.resolve()) for p in private),
     )
     _say_where_code_runs(opts)
     cpu_mode = args.cpu or not runtime.ON_GPU

@@ -23,77 +23,23 @@ from typing import Callable, Protocol
 import torch
 
 from grading import diagnosis as dx
+from grading.cases import (
+    GUARD_BYTE,
+    GUARD_ELEMENTS,
+    as_tuple,
+    guarded_outputs,
+    make_inputs,
+    new_outputs,
+    out_argument,
+    output_names,
+    output_shapes,
+    references,
+)
 from grading.results import CaseResult
 from grading.spec import Case, GradedFunction
 from grading.watch import Watched, is_torch_kernel, watch
 from kernels import interpreter_poison, runtime
-from kernels.testing import compare, generator, poison_, strided_view
-
-
-def make_inputs(spec: GradedFunction, case: Case, gen, device=None) -> tuple:
-    inputs = spec.make_inputs(case.shape, case.dtype, device or runtime.DEVICE, gen)
-    if case.layout == "strided":
-        inputs = tuple(strided_view(t) for t in inputs)
-    if spec.prepare is not None:
-        inputs = tuple(spec.prepare(case.layout, inputs))
-    return inputs
-
-
-def output_names(spec: GradedFunction) -> list[str]:
-    if spec.n_outputs == 1:
-        return ["out"]
-    names = list(spec.output_names)[:spec.n_outputs]
-    return names + [f"out[{i}]" for i in range(len(names), spec.n_outputs)]
-
-
-def as_tuple(value, n: int) -> tuple | None:
-    """A function's (or reference's) outputs as an n-tuple; None if it did not return n of them."""
-    if n == 1:
-        return (value,)
-    if isinstance(value, (tuple, list)) and len(value) == n:
-        return tuple(value)
-    return None
-
-
-def output_shapes(spec: GradedFunction, case: Case) -> tuple:
-    if spec.output_shapes is not None:
-        return tuple(spec.output_shapes(case.shape, case.dtype))
-    return ((case.shape, case.dtype),) * spec.n_outputs
-
-
-def new_outputs(spec: GradedFunction, case: Case, device=None) -> tuple:
-    return tuple(torch.empty(shape, dtype=dtype, device=device or runtime.DEVICE)
-                 for shape, dtype in output_shapes(spec, case))
-
-
-GUARD_ELEMENTS = 256  # after each output, in the same allocation: a store past the end lands here
-GUARD_BYTE = 0xA5
-
-
-def guarded_outputs(spec: GradedFunction, case: Case) -> tuple[tuple, tuple]:
-    """(outputs, guards): each output the start of a larger buffer whose tail, the guard band,
-    holds GUARD_BYTE and must still hold it after the call."""
-    outs, guards = [], []
-    for shape, dtype in output_shapes(spec, case):
-        numel = torch.Size(shape).numel()
-        base = torch.empty(numel + GUARD_ELEMENTS, dtype=dtype, device=runtime.DEVICE)
-        base[numel:].view(torch.uint8).fill_(GUARD_BYTE)
-        outs.append(base[:numel].view(shape))
-        guards.append(base[numel:])
-    return tuple(outs), tuple(guards)
-
-
-def out_argument(outs: tuple):
-    return outs[0] if len(outs) == 1 else outs
-
-
-def references(spec: GradedFunction, inputs, kw: dict) -> tuple[tuple, tuple]:
-    """The float64 reference of each output and the scale its tolerance is relative to."""
-    wants = as_tuple(spec.reference_fp64(*inputs, **kw), spec.n_outputs)
-    scales = (as_tuple(spec.scale(*inputs, **kw), spec.n_outputs) if spec.scale
-              else (None,) * spec.n_outputs)
-    return wants, scales
-
+from kernels.testing import compare, generator, poison_
 
 # --------------------------------------------------------------------------------------------------
 # One call of the student's function, recorded

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from grading import diagnosis as dx
-from grading.correctness import make_inputs, new_outputs, out_argument, output_names, references
+from grading.cases import make_inputs, new_outputs, out_argument, output_names, references
 from grading.results import CaseResult
 from grading.spec import Case, GradedFunction
 from kernels import runtime

@@ -93,6 +93,7 @@ def checksum_status(cell) -> bool | None:
 GUARDED_MODULES = (
     "grading.harness",
     "grading.watch",
+    "grading.cases",
     "grading.correctness",
     "grading.diagnosis",
     "grading.graph",

@@ -229,12 +229,12 @@ def _probe() -> tuple[bool, str]:
     read_fd, write_fd = os.pipe()
     reader = _PipeReader(read_fd)
     reader.start()
-    from grading.runner import Options, _worker_env
+    from grading.protocol import Options, worker_env
 
     try:
         done = subprocess.run([ncu, *NCU_ARGS, "--log-file", f"/dev/fd/{write_fd}",
                                sys.executable, "-c", probe], pass_fds=[write_fd],
-                              env=_worker_env(Options()),
+                              env=worker_env(Options()),
                               capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as exc:
         os.close(write_fd)
@@ -354,14 +354,14 @@ class EarlyStart:
 def _start_under_ncu(cmd: list[str], work: Path, opts, env: dict, sandboxed: bool):
     """The worker under ncu, which writes its list of launches into a pipe only this process
     reads: (worker, the pipe's reader)."""
-    from grading import runner
+    from grading import protocol
 
     read_fd, write_fd = os.pipe()
     reader = _PipeReader(read_fd)
     reader.start()
     prefix = [find_ncu(), *NCU_ARGS, "--log-file", f"/dev/fd/{write_fd}"]
-    worker = runner.WorkerProcess(cmd, work, time.monotonic() + opts.timeout, opts, env, sandboxed,
-                                  prefix=prefix, extra_fds=[write_fd])
+    worker = protocol.WorkerProcess(cmd, work, time.monotonic() + opts.timeout, opts, env,
+                                    sandboxed, prefix=prefix, extra_fds=[write_fd])
     return worker, reader
 
 
@@ -373,7 +373,7 @@ def _fail_all(report: dict, chosen: list, done: dict, exc: AuditError) -> None:
 
 def _audit_under_ncu(report: dict, chosen: list, done: dict, seed: int, opts, worker, reader,
                      work: Path) -> None:
-    from grading import runner
+    from grading import protocol
     from grading.correctness import run_case
 
     failure, failed_cases = None, {}
@@ -398,8 +398,8 @@ def _audit_under_ncu(report: dict, chosen: list, done: dict, seed: int, opts, wo
             worker.set_step(fn_spec.name, "kernel audit")
             worker.request({"op": "mark", "index": k})
             case = fn_spec.cases_for(seed)[0]
-            caller = runner.WorkerCaller(worker, work, fn_spec.name)
-            outcome = run_case(caller, fn_spec, case, runner.derived_seed(seed, "audit", k))
+            caller = protocol.WorkerCaller(worker, work, fn_spec.name)
+            outcome = run_case(caller, fn_spec, case, protocol.derived_seed(seed, "audit", k))
             if not outcome.ok:
                 failed_cases[fn_spec.name] = (f"case {outcome.case} failed when called again "
                                               f"under Nsight Compute: {outcome.reason}")
@@ -408,18 +408,18 @@ def _audit_under_ncu(report: dict, chosen: list, done: dict, seed: int, opts, wo
         phase_done("calls")
         returncode = worker.finish(timeout=WORKER_EXIT_S)
         if returncode is None:  # ncu is waiting for processes the student's code left running
-            report["left_running"] = runner.stop_processes_below(worker.pid, keep="ncu")
+            report["left_running"] = protocol.stop_processes_below(worker.pid, keep="ncu")
             returncode = worker.finish(timeout=120)
         phase_done("exit")
         if returncode != 0:
             raise AuditError(f"ncu and the worker ended with exit status {returncode}")
-    except runner.WorkerGone as gone:
+    except protocol.WorkerGone as gone:
         if gone.attempt.stopped:  # a limit (time, memory, output) or Ctrl-C: no verdict either way
             report["error"] = (f"inconclusive, the audit's worker was stopped: "
-                               f"{runner.death_reason(gone.attempt, opts)}")
+                               f"{protocol.death_reason(gone.attempt, opts)}")
             return
-        failure = f"the audit's worker ended early: {runner.death_reason(gone.attempt, opts)}"
-    except (runner.GraderError, runner.WorkerReplyError, AuditError) as exc:
+        failure = f"the audit's worker ended early: {protocol.death_reason(gone.attempt, opts)}"
+    except (protocol.GraderError, protocol.WorkerReplyError, AuditError) as exc:
         failure = f"{type(exc).__name__}: {exc}"
     finally:
         worker.close()

@@ -83,18 +83,41 @@ def read_notebook(path: Path) -> dict:
     """A notebook as plain JSON, each cell's source joined into one string.
 
     The grader reads notebooks this way instead of with nbformat, whose import (it validates with
-    jsonschema) costs seconds in every worker process. A file that is not a notebook raises
-    ValueError.
+    jsonschema) costs seconds in every worker process. A file that is not a notebook, or a cell
+    that is not one as Jupyter writes it (a cell that is not an object, metadata that is not an
+    object, a source that is not text, text that is not valid Unicode), raises ValueError naming
+    the cell.
     """
     nb = json.loads(Path(path).read_text(encoding="utf-8"))
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         raise ValueError(f"{path} is not a Jupyter notebook (no list of cells)")
-    for cell in nb["cells"]:
+    for number, cell in enumerate(nb["cells"], 1):
+        _check_cell(number, cell)
         if isinstance(cell.get("source"), list):
             cell["source"] = "".join(cell["source"])
         cell.setdefault("source", "")
         cell.setdefault("cell_type", "raw")
     return nb
+
+
+def _check_cell(number: int, cell) -> None:
+    where = f"cell {number}"
+    if not isinstance(cell, dict):
+        raise ValueError(f"{where} is a {type(cell).__name__}, not a cell")
+    metadata = cell.get("metadata", {})
+    if not isinstance(metadata, dict) or not isinstance(metadata.get("nbgrader", {}), dict):
+        raise ValueError(f"{where}: its metadata (nbgrader's) is not an object")
+    source = cell.get("source", "")
+    parts = source if isinstance(source, list) else [source]
+    if not all(isinstance(part, str) for part in parts):
+        raise ValueError(f"{where}: its source is not text")
+    if not isinstance(cell.get("cell_type", "raw"), str) or \
+            not isinstance(metadata.get("nbgrader", {}).get("grade_id", ""), str):
+        raise ValueError(f"{where}: its cell type or grade_id is not text")
+    try:
+        "".join(parts).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{where}: its source is not valid Unicode ({exc.reason})") from None
 
 
 def make_lab(solution_nb):

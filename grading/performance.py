@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 
 from grading import devices, watch
-from grading.correctness import make_inputs, new_outputs, out_argument, references
+from grading.cases import make_inputs, new_outputs, out_argument, references
 from grading.diagnosis import bad_mask
 from grading.results import PerfResult
 from grading.spec import Case, GradedFunction

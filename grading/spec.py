@@ -177,6 +177,8 @@ class GradedFunction:
     draw_cases: Callable | None = None
     grade_group: Callable | None = None
     run_group: Callable | None = None
+    # make_inputs also takes the case's params as keywords (lab 05's ignore_index marks targets)
+    inputs_take_params: bool = False
 
     def cases_for(self, seed: int) -> tuple[Case, ...]:
         """The fixed cases, then those drawn for this seed."""

@@ -34,7 +34,7 @@ import sys
 import traceback
 from pathlib import Path
 
-EXIT_CONTEXT_LOST = 75
+from grading.protocol import EXIT_CONTEXT_LOST, record_to_dict
 
 
 def _proc_status_bytes(field: str) -> int | None:
@@ -74,14 +74,6 @@ def limit_memory(host_gib: float, gpu_fraction: float) -> dict:
         except (ImportError, ValueError, OSError):
             pass
     return limits
-
-
-def record_to_dict(record) -> dict:
-    """A CallRecord as plain containers and tensors (what `torch.load(weights_only=True)` reads)."""
-    d = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
-    d["watched"] = {f.name: getattr(record.watched, f.name)
-                    for f in dataclasses.fields(record.watched)}
-    return d
 
 
 class Worker:

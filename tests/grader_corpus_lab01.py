@@ -498,6 +498,9 @@ LATE_HALF = """    n = out.numel()
 SMALL_N_ONLY = CORRECT_LAUNCH.replace(
     "triton.cdiv(n, BLOCK)", "triton.cdiv(min(n, 100_000), BLOCK)"
 )
+ONE_PROGRAM_FOR_MULTIPLES = CORRECT_LAUNCH.replace(
+    "[(triton.cdiv(n, BLOCK),)]", "[(1 if n % 8192 == 0 else triton.cdiv(n, BLOCK),)]"
+)
 EVEN_LAST = CORRECT_LAUNCH.replace("(a, b, out, n,", "(a, b, out, n - (n % 2 == 0),")
 SKIPS_LAST_FULL_BLOCK = CORRECT_LAUNCH.replace(
     "triton.cdiv(n, BLOCK)", "triton.cdiv(n, BLOCK) - (n % 1024 == 0)"
@@ -595,6 +598,12 @@ ATTACKS: dict[str, Submission] = {
     "correct_only_up_to_100000": Submission(
         {"add": add_cell(wrapper_body=SMALL_N_ONLY)}, {"add": ("fail", "elements wrong")}
     ),
+    # One program for any multiple of 8192: right when n is exactly one block of 8192 (the CPU's),
+    # so the drawn multiple is two blocks at least.
+    "one_program_for_multiples_of_8192": Submission(
+        {"add": add_cell(wrapper_body=ONE_PROGRAM_FOR_MULTIPLES)},
+        {"add": ("fail", "elements wrong")},
+    ),
     "last_element_unwritten_for_even_n": Submission(
         {"add": add_cell(wrapper_body=EVEN_LAST)}, {"add": ("fail", "elements wrong")}
     ),
@@ -647,6 +656,46 @@ ATTACKS["cupy_builtin_beside_a_launch_that_writes_nothing"] = Submission(
     cpu={"add": PASS},
     gpu_only="the CPU path launches its own kernel: CuPy runs only on a GPU",
 )
+# Correct only where it can read the course's answer key: the sandbox shows solutions/ empty, so it
+# writes nothing (grading/sandbox.py; without bubblewrap the code runs with the user's rights).
+ANSWER_KEY = """import pathlib
+
+import kernels
+
+_SOLUTIONS = pathlib.Path(kernels.__file__).resolve().parents[1] / "solutions"
+_LEAKED = any(p.read_bytes() for p in _SOLUTIONS.glob("*_lab.ipynb"))
+"""
+ATTACKS["reads_the_answer_key"] = Submission(
+    {"add": add_cell(prelude=ANSWER_KEY,
+                     wrapper_body="    if _LEAKED:\n" + CORRECT_LAUNCH.replace("\n", "\n    ")
+                     .replace("    n = out", "        n = out", 1))},
+    {"add": ("fail", "elements wrong")},
+)
+# Computes with torch.add and rewrites what the worker reports of the call: the worker runs as
+# __main__, and its record_to_dict is wrapped to clear the watchers' findings. Every fact the worker
+# sends is the student's code's to change; only an observer outside its process (Nsight Compute, on
+# a GPU) sees whose kernel ran. In CPU mode there is none: the limit grading/README.md counts.
+FORGED_RECORD = """import sys
+
+_worker = sys.modules["__main__"]
+if hasattr(_worker, "record_to_dict"):
+    _report = _worker.record_to_dict
+
+    def _forged(record):
+        record.watched.forbidden_ops, record.watched.triton_launches = [], 1
+        record.watched.cuda_kernels = ["add_kernel"]
+        return _report(record)
+
+    _worker.record_to_dict = _forged
+"""
+ATTACKS["torch_add_behind_a_forged_record"] = Submission(
+    {"add": add_cell(prelude=FORGED_RECORD, wrapper_body="    torch.add(a, b, out=out)")},
+    {"add": ("fail", "kernel audit: Nsight Compute, outside your code's process, saw kernels of "
+                     "PyTorch")},
+    cpu={"add": PASS},
+    gpu_only="in CPU mode nothing outside the worker sees which code ran: its records are the "
+             "student's code's to forge",
+)
 CORPUS.update(ATTACKS)
 
 # Graded with performance measurement (tests/test_grader_lab01.py::test_performance_*): only the
@@ -657,3 +706,39 @@ PERF_CORPUS: dict[str, Submission] = {
         {"add": add_cell(prelude="_CACHE = {}\n", wrapper_body=CACHES_LARGE)}, {"add": ("pass", "")}
     ),
 }
+
+
+# --------------------------------------------------------------------------------------------------
+# Notebooks the grader refuses whole: no Jupyter writes them, or they are not the student's. Each is
+# an edit of the handed-out lab's JSON (or a link); every function gets an error naming the cell (or
+# the link), the lab keeps its full maximum, and the grader itself does not fail.
+
+
+def _solution_cell(nb: dict) -> dict:
+    return next(c for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("solution"))
+
+
+def _lone_surrogate(nb: dict) -> None:
+    _solution_cell(nb)["source"] = ["x = '\ud800'\n"]
+
+
+def _cell_is_a_string(nb: dict) -> None:
+    nb["cells"].insert(0, "print('a cell')")
+
+
+def _nbgrader_null(nb: dict) -> None:
+    _solution_cell(nb)["metadata"]["nbgrader"] = None
+
+
+def _source_of_ints(nb: dict) -> None:
+    _solution_cell(nb)["source"] = [1, 2, 3]
+
+
+MALFORMED = {  # name: (the edit, the phrase every function's message must hold)
+    "lone_surrogate": (_lone_surrogate, "its source is not valid Unicode"),
+    "cell_is_a_string": (_cell_is_a_string, "cell 1 is a str, not a cell"),
+    "nbgrader_null": (_nbgrader_null, "its metadata (nbgrader's) is not an object"),
+    "source_of_ints": (_source_of_ints, "its source is not text"),
+}
+# A notebook that is a link to the course's own solution.
+LINKED = {"linked_to_the_solution": "it is a symbolic link"}

@@ -43,6 +43,8 @@ def submission(mistake: str):
                 block //= 2  # the width rounded down: a 1000-wide row's last columns untouched
             if mistake == "wide_rows_cut" and block > 8192:
                 block = 8192  # rows up to 8192 wide are right; wider ones lose their last columns
+            if mistake == "rows_cut_at_65536" and block > 65536:
+                block = 65536  # a limit of its own: right for every width below 2**16
             _rmsnorm[(x2d.shape[0],)](
                 x2d, w, y2d, width, x2d.stride(0), y2d.stride(0), eps, BLOCK=block, MISTAKE=mistake
             )
@@ -60,10 +62,13 @@ CORPUS = {
     "missing_eps": "1x1 float32: n=1: 1 of 1 elements wrong",
     # every fixed case is at most 5120 wide: only the rows drawn wider than 16384 show it
     "wide_rows_cut": "elements wrong",
+    # every fixed case and every other drawn class is narrower than 65536
+    "rows_cut_at_65536": "elements wrong",
 }
 DIAGNOSIS = {
     "block_not_multiple": "(1464 NaN: elements never written",
     "bf16_accumulation": "ulp of float32 where",
     "missing_eps": "ulp of float32 where",
     "wide_rows_cut": "NaN: elements never written",
+    "rows_cut_at_65536": "NaN: elements never written",
 }

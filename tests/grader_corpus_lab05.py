@@ -171,7 +171,10 @@ def _streaming_kernel(
         s = s * tl.exp(m - new_m) + tl.sum(tl.exp(z - new_m[:, None]), axis=1)
         m = new_m
         zt += tl.sum(tl.where(vs[None, :] == targets[:, None], z, 0.0), axis=1)
-    loss = tl.where(targets == ignore_index, 0.0, m + tl.log(s) - zt)
+    ignored = targets == ignore_index
+    if MISTAKE == "ignore_index_always_minus_100":
+        ignored = targets == -100
+    loss = tl.where(ignored, 0.0, m + tl.log(s) - zt)
     tl.store(loss_ptr + toks, loss.to(loss_ptr.dtype.element_ty), mask=tok_ok)
 
 
@@ -198,6 +201,7 @@ DRAWN_CORPUS = {
     "skips_last_full_token_block": (0, "NaN: elements never written"),
     "skips_last_full_vocab_chunk": (1, "elements wrong"),
     "hidden_past_1024_ignored": (2, "elements wrong"),
+    "ignore_index_always_minus_100": (3, "elements wrong"),
 }
 # caught by the vocabulary above 2**16 that a GPU draws (lab05.large_vocabulary_case)
 LARGE_VOCABULARY = ("vocab_past_32768_ignored", "elements wrong")

@@ -17,6 +17,21 @@ def _exchange(send, dst, recv, src):
         request.wait()
 
 
+def _star(tensor, world: int, rank: int) -> None:
+    """Rank 0 receives every rank's tensor, sums and sends the sum back: right values, sends and
+    receives only, and not a ring (rank 0 moves N - 1 whole tensors each way)."""
+    if rank:
+        dist.send(tensor, 0)
+        dist.recv(tensor, 0)
+        return
+    inbox = torch.empty_like(tensor)
+    for peer in range(1, world):
+        dist.recv(inbox, peer)
+        tensor.add_(inbox)
+    for peer in range(1, world):
+        dist.send(tensor, peer)
+
+
 def ring(mistake: str = ""):
     """ "partial_chunks": the reduce-scatter stops one step early, so each chunk sums only N - 1
     ranks. "skips_last_chunk": the all-gather stops one step early, so one chunk per rank is never
@@ -25,7 +40,8 @@ def ring(mistake: str = ""):
     `dist.all_reduce`. "uses_a_thread": the collective, called from another thread.
     "not_in_place": returns a new tensor. "divisible_only": assumes N divides the size.
     "float32_inbox": receives into a float32 buffer whatever the dtype. "deadlock": every rank
-    receives before it sends. "stub": not implemented."""
+    receives before it sends. "star": every rank sends to rank 0, which sends the sum back.
+    "stub": not implemented."""
 
     def ring_all_reduce(tensor, average=False):
         if mistake == "stub":
@@ -42,6 +58,9 @@ def ring(mistake: str = ""):
             helper.join()
             return tensor.div_(dist.get_world_size()) if average else tensor
         world, rank = dist.get_world_size(), dist.get_rank()
+        if mistake == "star":
+            _star(tensor, world, rank)
+            return tensor.div_(world) if average else tensor
         right, left = (rank + 1) % world, (rank - 1) % world
         if mistake == "deadlock":
             dist.recv(torch.empty_like(tensor), left)
@@ -93,6 +112,7 @@ RING_ALSO = {  # more of the same message
     "skips_last_chunk": "chunks [0] of 2 are wrong",
     "float32_inbox": "do a send and its receive disagree in size or dtype?",
 }
+RING["star"] = "N=3, shape (0,) float32: rank 0 sent to ranks [1, 2] and received from [1, 2]"
 
 
 def ddp(mistake: str = ""):

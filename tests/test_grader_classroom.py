@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from grading import classroom
+from grading import classroom, shards
 from tests.slurm_cluster import SlurmCluster, missing_programs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,19 +72,19 @@ def test_single_run_grades_the_class_as_built(single_run):
 
 def test_shards_are_balanced_and_stable():
     counts = {f"student{i:03d}": 1 + i % 6 for i in range(300)}
-    shards = classroom.assign_shards(counts, 8)
-    load = [sum(counts[s] for s in counts if shards[s] == k) for k in range(8)]
+    cut = shards.assign_shards(counts, 8)
+    load = [sum(counts[s] for s in counts if cut[s] == k) for k in range(8)]
     assert max(load) - min(load) <= 2 * max(counts.values())
-    assert classroom.assign_shards(dict(reversed(counts.items())), 8) == shards  # order-free
+    assert shards.assign_shards(dict(reversed(counts.items())), 8) == cut  # order-free
     newcomer = {**counts, "late_joiner": 6}
-    moved = [s for s in counts if classroom.assign_shards(newcomer, 8)[s] != shards[s]]
+    moved = [s for s in counts if shards.assign_shards(newcomer, 8)[s] != cut[s]]
     assert len(moved) <= 7 * 6  # only students near the 7 cut points, by at most 6 labs each
 
 
 @pytest.mark.parametrize("text", ["3/3", "-1/2", "1", "a/b", "0/0"])
 def test_bad_shard_is_refused(text):
     with pytest.raises(Exception, match="--shard"):
-        classroom.parse_shard(text)
+        shards.parse_shard(text)
 
 
 def test_shards_together_equal_one_run(single_run, tmp_path):
@@ -170,11 +170,30 @@ def living_in_session(session: int) -> list[str]:
     return [" ".join(r) for r in rows if r[1] == str(session) and not r[2].startswith("Z")]
 
 
+def living_with_argument(text: str) -> list[str]:
+    """Command lines of living processes (any session: a sandbox starts its own) that contain
+    `text`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (proc / "stat").read_text().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            continue
+        if text in cmdline and state != "Z":
+            found.append(f"{proc.name} {cmdline[:200]}")
+    return found
+
+
 def test_killed_shard_resumes_to_the_same_grades(single_run, tmp_path):
     submissions, summary = single_run
     command = [sys.executable, "-m", "grading", "--cpu", "--seed", SEED, "--submissions",
                str(submissions), "--out", str(tmp_path), "--shard", "0/1"]
+    # The shard's workers' folders, and so the sandboxes' command lines, are under this folder.
+    workers = tmp_path / "workers"
+    workers.mkdir()
     shard = subprocess.Popen(command, cwd=ROOT, start_new_session=True,
+                             env={**os.environ, "TMPDIR": str(workers)},
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while not list((tmp_path / "students").glob("*/report.json")):
@@ -186,7 +205,8 @@ def test_killed_shard_resumes_to_the_same_grades(single_run, tmp_path):
     # zombie until init reaps it, which under load can take longer than a fixed pause (CI once saw
     # one at 0.5 s): zombies are dead, so wait a few seconds for the living to be none.
     deadline = time.monotonic() + 5
-    while (left := living_in_session(shard.pid)) and time.monotonic() < deadline:
+    while ((left := living_in_session(shard.pid) + living_with_argument(str(workers)))
+           and time.monotonic() < deadline):
         time.sleep(0.1)
     assert not left, f"processes outlived their killed shard: {left}"
     interrupted = classroom.merge(submissions, tmp_path)

@@ -468,3 +468,31 @@ def test_a_composite_that_ran_its_own_kernel_is_pytorch_compute():
     allowed = {"aten._to_copy.default", "aten.empty_like.default", "aten.empty.memory_format",
                "aten._local_scalar_dense.default"}
     assert threads.findings(allowed) == (["aten._fused_rms_norm.default"], [])
+
+
+def test_wrong_timed_outputs_cost_the_correctness_points_and_tiers_are_read_here():
+    """What the timed rounds reported is judged in the grading process: a wrong output in any of
+    them takes the function's points back, and a tier is derived from the timings, never taken
+    from the worker's word."""
+    from grading.harness import judge_timed_outputs
+    from grading.results import FunctionResult, PerfResult
+
+    def function(*perfs):
+        result = FunctionResult("add", "triton", "", "pass", 4, 4, perf=list(perfs))
+        judge_timed_outputs(result)
+        return result
+
+    honest = function(PerfResult("64M", student_us=100.0, ratio_to_reference=0.95, correct=True,
+                                 floor_us=80.0, tier="F"))
+    assert honest.status == "pass" and honest.points == 4 and honest.perf[0].tier == "A"
+    slow = function(PerfResult("64M", student_us=300.0, ratio_to_reference=0.3, correct=True,
+                               floor_us=80.0, tier="A"))  # a tier the worker made up
+    assert slow.points == 4 and slow.perf[0].tier == "F"
+    too_fast = function(PerfResult("64M", student_us=10.0, ratio_to_reference=9.0, correct=True,
+                                   floor_us=80.0, tier="A"))
+    assert too_fast.perf[0].tier == "F"
+    cached = function(PerfResult("64M", student_us=50.0, ratio_to_reference=1.9, correct=False,
+                                 floor_us=40.0, tier="A", note="output wrong in 99 of 100"))
+    assert cached.status == "fail" and cached.points == 0 and cached.perf[0].tier == "F"
+    assert "performance 64M: output wrong in 99 of 100" in cached.message
+    assert "the outputs of timed calls must be right too" in cached.message

@@ -127,7 +127,7 @@ class _WorkerThatEnds:
         pass
 
     def receive(self):
-        from grading.runner import WorkerGone
+        from grading.protocol import WorkerGone
 
         raise WorkerGone(self.attempt)
 
@@ -142,14 +142,14 @@ def test_a_worker_stopped_by_a_limit_leaves_the_audit_inconclusive(monkeypatch, 
     """ncu slows every launch (an autotuner's trial runs): a limit hit under it is no verdict
     either way. A worker that ends on its own before the list is complete counts against the
     functions, as any list that cannot be read does."""
-    from grading import runner
-    from grading.runner import Attempt, Options
+    from grading import protocol
+    from grading.protocol import Attempt, Options
 
     attempt = Attempt(returncode=0 if stopped is None else None, stopped=stopped,
                       step={"function": "add", "step": "kernel audit", "kind": "call",
                             "limit_s": 60.0})
     monkeypatch.setattr(_WorkerThatEnds, "attempt", attempt)
-    monkeypatch.setattr(runner, "WorkerProcess", _WorkerThatEnds)
+    monkeypatch.setattr(protocol, "WorkerProcess", _WorkerThatEnds)
     monkeypatch.setattr(kernel_audit, "status", lambda: (True, ""))
     monkeypatch.setattr(kernel_audit, "find_ncu", lambda: "/usr/bin/ncu")
     spec = get_lab("01_elementwise_add")
@@ -176,7 +176,7 @@ def test_an_early_worker_outlives_the_moment_its_thread_started_it(monkeypatch, 
     """The worker is started with "die with parent", and its parent is the thread that started
     it: on the H200 a thread that ended right after the start killed every early worker
     (SIGKILL), and every audited function failed. The worker lives until close()."""
-    from grading.runner import Options, WorkerProcess
+    from grading.protocol import Options, WorkerProcess
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setattr(kernel_audit, "status", lambda: (True, ""))
@@ -200,7 +200,7 @@ def test_an_early_worker_holds_the_lock_and_is_the_one_the_audit_uses(monkeypatc
     """EarlyStart starts the audit's worker (in a thread) when the lab's grading starts; from then
     until it is closed no other audit may run; the audit then calls that worker instead of
     starting one, and gives the audit's own time a fresh lab timeout."""
-    from grading.runner import Attempt, Options
+    from grading.protocol import Attempt, Options
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setattr(kernel_audit, "status", lambda: (True, ""))
@@ -335,7 +335,7 @@ def residual_add(x, residual, out=None):
 
 def audit(tmp_path, code: str, sandboxed: bool):
     from grading import runner
-    from grading.runner import Options, _worker_env
+    from grading.protocol import Options, worker_env
 
     spec = get_lab("01_elementwise_add")
     work = tmp_path / "audit"
@@ -346,7 +346,7 @@ def audit(tmp_path, code: str, sandboxed: bool):
     lab = {}
     opts = Options(sandbox="auto" if sandboxed else "off")
     cmd = [sys.executable, "-m", "grading.worker", "--lab", spec.id, *opts.worker_args()]
-    kernel_audit.audit_lab(lab, spec, done, 11, opts, _worker_env(opts), cmd, work,
+    kernel_audit.audit_lab(lab, spec, done, 11, opts, worker_env(opts), cmd, work,
                            sandboxed and runner.use_sandbox(opts)[0])
     return lab["kernel_audit"], done
 

@@ -26,7 +26,14 @@ import pytest
 from grading import sandbox
 from grading.notebooks import LABS_DIR, SOLUTIONS_DIR, grade_id, role
 from kernels import runtime
-from tests.grader_corpus_lab01 import CORPUS, PERF_CORPUS, Submission, add_cell
+from tests.grader_corpus_lab01 import (
+    CORPUS,
+    LINKED,
+    MALFORMED,
+    PERF_CORPUS,
+    Submission,
+    add_cell,
+)
 
 LAB = "01_elementwise_add_lab.ipynb"
 LAB_ID = "01_elementwise_add"
@@ -130,6 +137,16 @@ def graded(tmp_path_factory):
     for name, submission in CORPUS.items():
         folders[name] = root / name
         write_submission(folders[name], submission)
+    for name, (edit, _) in MALFORMED.items():
+        folders[name] = root / name
+        folders[name].mkdir()
+        notebook = json.loads((LABS_DIR / LAB).read_text())
+        edit(notebook)
+        (folders[name] / LAB).write_text(json.dumps(notebook))
+    for name in LINKED:
+        folders[name] = root / name
+        folders[name].mkdir()
+        (folders[name] / LAB).symlink_to(SOLUTIONS_DIR / LAB)
     before = tree_hash(root)
     runs = [(list(folders), ["--jobs", "2"])]
     if runtime.ON_GPU:
@@ -205,6 +222,18 @@ def test_corpus_submission_is_classified(graded, name):
         assert lab["score"]["points"] == lab["score"]["max_points"]
 
 
+@pytest.mark.parametrize("name", sorted(MALFORMED) + sorted(LINKED))
+def test_refused_notebook_gets_zero_with_its_reason_and_the_full_maximum(graded, name):
+    lab = graded["labs"][name]
+    phrase = MALFORMED[name][1] if name in MALFORMED else LINKED[name]
+    assert lab["score"]["points"] == 0
+    assert lab["score"]["max_points"] == graded["labs"]["solution"]["score"]["max_points"]
+    for f in lab["functions"]:
+        if f["status"] != "needs a GPU":
+            assert f["status"] == "error" and phrase in f["message"], f["message"]
+            assert "the grader failed" not in f["message"]
+
+
 def test_every_failure_says_why(graded):
     for name, lab in graded["labs"].items():
         for f in lab["functions"]:
@@ -218,6 +247,8 @@ def test_reports_follow_the_schema(graded):
     jsonschema.validate(graded["report"], SCHEMA)
     assert graded["report"]["partial"] is False
     assert graded["report"]["fingerprint"]["torch"] and graded["report"]["grader_version"]
+    # the report folder, where the partial report with every seed lies, is hidden from the workers
+    assert graded["report"]["options"]["private"] == [str(graded["out"].resolve())]
 
 
 def test_grader_never_writes_into_student_folders(graded):
@@ -489,7 +520,9 @@ def test_performance_grades_the_solution_and_catches_what_only_timing_can(tmp_pa
             assert p["side_streams"] == 0
     assert solution["score"]["grade"] in ("A", "B")
     add = functions(cached)["add"]
-    assert add["status"] == "pass"  # every correctness case is right: only the timing catches it
+    # every correctness case is right: only the timing catches it, and it costs the points
+    assert add["status"] == "fail" and add["points"] == 0
+    assert "the outputs of timed calls must be right too" in add["message"]
     for p in add["perf"]:
         assert p["tier"] == "F" and not p["correct"] and p["wrong_rounds"] >= p["rounds"] - 1, p
         assert (
@@ -563,3 +596,15 @@ subprocess.Popen(["setsid", "bash", "-c", "exec -a {marker} sleep 600"])
     assert outside.read_text() == "untouched"
     alive = _worker_pids(marker, program="")
     assert not alive
+
+
+def test_the_drawn_multiple_of_8192_is_never_one_block():
+    import random
+
+    from grading.labs import get_lab
+
+    add = get_lab(LAB_ID).function("add")
+    for seed in range(200):
+        sizes = {c.shape[0] for c in add.draw_cases(random.Random(seed)) if c.shape}
+        multiples = [n for n in sizes if n % 8192 == 0]
+        assert multiples and min(multiples) >= 2 * 8192, sizes

@@ -105,7 +105,7 @@ def test_wrong_backward_is_caught(mistake):
 def test_the_large_logit_case_really_overflows_exp():
     import torch
 
-    from grading.correctness import make_inputs
+    from grading.cases import make_inputs
     from kernels.testing import generator
 
     case = next(c for c in SPEC.cases if c.layout == "large_logits")
@@ -172,7 +172,7 @@ def test_every_draw_has_every_class():
 
 
 def test_the_kv_cache_layout_gives_k_and_v_strides_of_their_own():
-    from grading.correctness import make_inputs
+    from grading.cases import make_inputs
     from kernels.testing import generator
 
     case = drawn(SPEC, 7)[3]

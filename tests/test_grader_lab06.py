@@ -112,7 +112,7 @@ def test_the_routings_are_what_the_lab_says():
     """Skewed: 7 of 8 tokens pick the hot expert first; few tokens over many experts: most idle;
     a token's
     logits never tie, even in bfloat16."""
-    from grading.correctness import make_inputs
+    from grading.cases import make_inputs
     from kernels.testing import generator
 
     router, permute = LAB.function("route_topk"), LAB.function("permute")

@@ -1,10 +1,13 @@
 """Lab 07's wrong submissions are caught, each with the reason a student can act on; the course's
 kernels pass."""
+import random
+from dataclasses import replace
+
 import pytest
 
 from grading.harness import check_function
 from grading.labs import get_lab
-from tests.grader_corpus_lab07 import CORPUS
+from tests.grader_corpus_lab07 import CORPUS, DRAWN_CORPUS, TOKEN_GRID_LIMIT
 
 LAB = get_lab("07_decoder")
 
@@ -24,3 +27,25 @@ def test_course_kernels_pass(function):
     kernel = {"rope": triton_rope.rope, "argmax": triton_ops.argmax}[function]
     result = check_function(LAB, function, kernel, seed=7, perf=False)
     assert result.status == "pass", result.message
+
+
+@pytest.mark.parametrize("mistake", sorted(DRAWN_CORPUS))
+def test_only_a_drawn_case_catches(mistake):
+    """Every fixed case lets the mistake through; the cases drawn for the run catch it, whatever
+    the seed."""
+    function, submission, phrase = DRAWN_CORPUS[mistake]
+    spec = LAB.function(function)
+    fixed = replace(LAB, functions=(replace(spec, draw_cases=None, graph_capture=False),))
+    assert check_function(fixed, function, submission, seed=7, perf=False).status == "pass"
+    result = check_function(LAB, function, submission, seed=7, perf=False)
+    assert result.status == "fail" and result.points == 0
+    assert phrase in result.message, result.message
+
+
+def test_every_draw_reaches_past_the_fixed_cases():
+    rope, argmax = LAB.function("rope"), LAB.function("argmax")
+    for seed in range(300):
+        [wide] = rope.draw_cases(random.Random(f"cases {seed}"))
+        assert wide.shape[0] > TOKEN_GRID_LIMIT and wide.shape[2] in (24, 64, 80, 128)
+        large, _ = argmax.draw_cases(random.Random(f"cases {seed}"))
+        assert large.shape[1] > 2**17

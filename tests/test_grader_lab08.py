@@ -108,7 +108,8 @@ def test_a_forged_reply_is_not_a_verdict():
         "ranks": [
             {
                 "cases": [
-                    {"output": x, "in_place": True, "returned": "Tensor", "collectives": []}
+                    {"output": x, "in_place": True, "returned": "Tensor", "collectives": [],
+                     "sent_to": [], "received_from": []}
                     for x in inputs[rank]
                 ],
                 "all_threads": [],

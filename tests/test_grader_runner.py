@@ -7,6 +7,8 @@ The host-memory watchdog is what guards a GPU worker (RLIMIT_AS cannot be used w
 worker has RLIMIT_AS as well. Here it is exercised on any machine, with a plain Python process.
 """
 import os
+import shutil
+import socket
 import sys
 import textwrap
 import time
@@ -15,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from grading import sandbox
-from grading.runner import (
+from grading.protocol import (
     WALL_FACTOR,
     Options,
     WorkerGone,
@@ -252,6 +254,138 @@ def test_the_sandbox_leaves_no_process_and_no_file_behind(tmp_path):
     worker.close()
     assert answer["wrote"] == "OSError" and target.read_bytes() == before
     assert _wait_for(lambda: _beats_stopped(heartbeat)), "the worker's child outlived the sandbox"
+
+
+@pytest.mark.skipif(not sandbox.status()[0], reason="bubblewrap cannot run here")
+def test_the_sandbox_shows_no_secret_and_no_host_socket(tmp_path):
+    """Inside the sandbox the answer key, the course's history, a report folder (the partial
+    report holds every lab's seed), the home folder and a UNIX socket the host listens on are out
+    of reach; the course and the Python running the grader are there."""
+    course = Path(__file__).resolve().parents[1]
+    reports = course / "build" / f"reports-{os.getpid()}"  # a report folder inside the course
+    reports.mkdir(parents=True)
+    (reports / "report.json").write_text('{"labs": [{"seed": 1234}]}')
+    socket_path = Path.home() / f".grading-test-{os.getpid()}.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(socket_path))
+    server.listen()
+    try:
+        worker = fake_worker(tmp_path, f'''
+            import socket
+            from pathlib import Path
+            course = Path({str(course)!r})
+            def look(path):
+                try:
+                    return sorted(p.name for p in Path(path).iterdir())
+                except OSError as exc:
+                    return type(exc).__name__
+            client = socket.socket(socket.AF_UNIX)
+            try:
+                client.connect({str(socket_path)!r})
+                connected = "yes"
+            except OSError as exc:
+                connected = type(exc).__name__
+            reply(solutions=look(course / "solutions"), reports=look({str(reports)!r}),
+                  home=look({str(Path.home())!r}), connected=connected,
+                  grading="protocol.py" in look(course / "grading"))
+            ''', Options(private=(str(reports),)), sandboxed=True)
+        worker.set_step("add", "case 1 float32")
+        answer = worker.request({"op": "call"})
+        worker.close()
+    finally:
+        server.close()
+        socket_path.unlink()
+        shutil.rmtree(reports)
+    assert answer["grading"] is True
+    assert answer["solutions"] == [] and answer["reports"] == []
+    # of the home folder, at most the folders that hold the Python running the grader
+    pythons = [Path(p) for p in sandbox.python_paths()]
+    assert answer["home"] == "FileNotFoundError" or all(
+        any(p.is_relative_to(Path.home() / name) for p in pythons) for name in answer["home"])
+    assert answer["connected"] in ("FileNotFoundError", "ConnectionRefusedError"), answer
+
+
+@pytest.mark.gpu
+def test_the_gpu_sandbox_runs_cuda_and_triton_and_hides_the_answer_key(tmp_path):
+    """On a GPU the sandbox shows only the system, Python and the course: CUDA, PyTorch and a
+    freshly compiled Triton kernel still work there, and solutions/ is still empty."""
+    assert sandbox.status()[0], "bubblewrap cannot run here: make sandbox"
+    course = Path(__file__).resolve().parents[1]
+    worker = fake_worker(tmp_path, f'''
+        import torch
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def store_one(p):
+            tl.store(p, 1.0)
+
+        x = torch.zeros(1, device="cuda")
+        store_one[(1,)](x)
+        reply(value=float(x.item()), solutions=os.listdir({str(course / "solutions")!r}))
+        ''', Options(), sandboxed=True)
+    worker.set_step("add", "case 1 float32", "import")
+    try:
+        answer = worker.request({"op": "call"})
+    finally:
+        worker.close()
+    assert answer == {"value": 1.0, "solutions": [], "id": 1}, answer
+
+
+@pytest.mark.skipif(not sandbox.status()[0], reason="bubblewrap cannot run here")
+def test_the_sandbox_s_shared_memory_counts_against_the_memory_limit(tmp_path):
+    """/dev/shm and /tmp are memory: a worker may not fill them past --memory-gib."""
+    worker = fake_worker(tmp_path, '''
+        try:
+            with open("/dev/shm/hoard", "wb") as f:
+                for _ in range(96):
+                    f.write(b"x" * 2**20)
+            wrote = "yes"
+        except OSError as exc:
+            wrote = type(exc).__name__
+        reply(wrote=wrote)
+        ''', Options(memory_gib=1 / 16), sandboxed=True)  # 64 MiB
+    worker.set_step("add", "case 1 float32")
+    try:
+        answer = worker.request({"op": "call"})
+    except WorkerGone as gone:
+        assert gone.attempt.stopped == "memory"
+    else:
+        assert answer["wrote"] == "OSError", answer
+    finally:
+        worker.close()
+
+
+@pytest.mark.parametrize("planted", ["fifo", "huge", "link"])
+def test_a_planted_record_is_refused_without_waiting_or_reading_it_whole(tmp_path, planted):
+    """The record a reply names is the student's code's file: a pipe (opening it would block the
+    grader outside every watchdog), a file larger than the call's tensors could fill (it would be
+    loaded whole into the grader's memory) or a link is refused as a forged reply."""
+    import torch
+
+    from grading.labs import get_lab
+    from grading.protocol import WorkerCaller, WorkerReplyError
+
+    worker = fake_worker(tmp_path, f'''
+        name = "record-planted.pt"
+        if {planted!r} == "fifo":
+            os.mkfifo(name)
+        elif {planted!r} == "huge":
+            with open(name, "wb") as f:
+                f.truncate(512 * 2**20)
+        else:
+            os.symlink("/etc/hostname", name)
+        reply(record=name)
+        ''', Options())
+    spec = get_lab("01_elementwise_add").function("add")
+    caller = WorkerCaller(worker, tmp_path, "add")
+    started = time.monotonic()
+    try:
+        with pytest.raises(WorkerReplyError, match="regular file|more than|cannot be opened"):
+            caller.call_allocating(spec, spec.cases[0], (torch.ones(3), torch.ones(3)))
+    finally:
+        worker.close()
+    assert time.monotonic() - started < 10
 
 
 def _wait_for(condition, timeout_s: float = 10.0) -> bool:

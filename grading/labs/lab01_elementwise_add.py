@@ -21,10 +21,11 @@ CASES = tuple(Case(shape, dtype) for shape in SIZES for dtype in DTYPES) + (
 
 def draw_cases(rng) -> tuple[Case, ...]:
     """Sizes drawn per run from the secret seed, one per class a wrong kernel can hide in: even n
-    (every dtype), a multiple of every power-of-two block up to 8192, n above 2**17, three
-    dimensions, and a 0-d tensor (every rank is accepted)."""
+    (every dtype), a multiple of every power-of-two block up to 8192 (two blocks at least: one
+    block is right for a kernel that launches one program), n above 2**17, three dimensions, and
+    a 0-d tensor (every rank is accepted)."""
     even = 2 * rng.randrange(1, 2048)
-    blocks = 8192 * rng.randrange(1, 4)
+    blocks = 8192 * rng.randrange(2, 5)
     large = rng.randrange(2**17 + 1, 2**18)
     cube = (rng.randrange(2, 5), rng.randrange(2, 9), 2 * rng.randrange(16, 64) + 1)
     return (

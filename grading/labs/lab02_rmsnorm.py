@@ -33,14 +33,15 @@ CASES = tuple(Case(shape, dtype) for shape in SHAPES for dtype in DTYPES) + (
 
 def draw_cases(rng) -> tuple[Case, ...]:
     """Shapes drawn per run from the secret seed, one per class a wrong kernel can hide in: an even
-    width, a multiple of the 4096-wide block, rows wider than 16384 (any width is promised), more
-    than 2**17 elements, and x of three dimensions (x is (..., width))."""
+    width, a multiple of the 4096-wide block, rows wider than 16384 and rows wider than 65536 (any
+    width is promised), more than 2**17 elements, and x of three dimensions (x is (..., width))."""
     dtype = rng.choice(DTYPES)
     return (
         Case((rng.randrange(2, 6), 2 * rng.randrange(2, 2048)), dtype),
         Case((rng.randrange(1, 4), 4096 * rng.randrange(2, 4)), rng.choice(DTYPES)),
         Case((rng.randrange(1, 3), rng.randrange(2**14 + 1, 2**16)), torch.float32),
         Case((rng.randrange(2, 4), rng.randrange(2**14 + 1, 2**16)), torch.bfloat16),
+        Case((1, rng.randrange(2**16 + 1, 2**17)), torch.float32),
         Case((rng.randrange(40, 64), 2 * rng.randrange(2048, 4096) + 1), rng.choice(DTYPES)),
         Case((2, rng.randrange(2, 5), rng.randrange(100, 1000)), rng.choice(DTYPES)),
     )

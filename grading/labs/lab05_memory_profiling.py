@@ -43,6 +43,8 @@ def draw_cases(rng) -> tuple[Case, ...]:
     * a vocabulary that is a multiple of 256 (every BLOCK_V the lab and the course use), with an
       odd hidden size (its last BLOCK_H step partial);
     * a hidden size above 1024, up to 4096 (the lab's timed width): more than 2**17 elements in w;
+    * an ignore_index of its own, drawn among the vocabulary's ids (a padding token's id), not
+      -100: a kernel that compares with -100 whatever it is given ignores the wrong tokens;
     * on a GPU only, a vocabulary above 2**16, up to Llama 3's 128256 (the largest the lab times):
       the interpreter would take about 13 s (two calls of 330 to 500 vocabulary chunks).
     """
@@ -53,10 +55,18 @@ def draw_cases(rng) -> tuple[Case, ...]:
               256 * rng.randrange(2, 9)), rng.choice(DTYPES)),
         Case((rng.randrange(1, 9), 8 * rng.randrange(129, 513), 2 * rng.randrange(65, 128) + 1),
              rng.choice(DTYPES)),
+        ignore_index_case(rng),
     )
     if runtime.ON_GPU:
         cases += (large_vocabulary_case(rng),)
     return cases
+
+
+def ignore_index_case(rng) -> Case:
+    """A few tokens, some of them ignored through an ignore_index drawn among the vocabulary."""
+    vocab = 2 * rng.randrange(64, 160) + 1
+    return Case((rng.randrange(8, 40), 2 * rng.randrange(8, 32) + 1, vocab), rng.choice(DTYPES),
+                params=(("ignore_index", rng.randrange(0, vocab)),))
 
 
 def large_vocabulary_case(rng) -> Case:
@@ -64,14 +74,14 @@ def large_vocabulary_case(rng) -> Case:
     return Case((rng.randrange(1, 5), 16, rng.randrange(2**16 + 1, 128257)), rng.choice(DTYPES))
 
 
-def _inputs(shape, dtype, device, gen):
+def _inputs(shape, dtype, device, gen, ignore_index=reference.IGNORE_INDEX):
     tokens = shape[0]
     hidden, vocab = DIMS[tokens] if len(shape) == 1 else shape[1:]
     x = torch.randn(tokens, hidden, device=device, generator=gen).to(dtype)
     # scaled so logits are about N(0, 1), as in a trained model, not N(0, hidden)
     w = (torch.randn(vocab, hidden, device=device, generator=gen) / hidden**0.5).to(dtype)
     targets = torch.randint(0, vocab, (tokens,), device=device, generator=gen)
-    targets[3::IGNORED_EVERY] = reference.IGNORE_INDEX
+    targets[3::IGNORED_EVERY] = ignore_index
     return x, w, targets
 
 
@@ -117,6 +127,7 @@ LAB = LabSpec(
             description="Triton: per-token cross-entropy of x @ w.T, vocabulary in chunks (online "
                         "log-sum-exp)",
             make_inputs=_inputs,
+            inputs_take_params=True,
             reference_fp64=reference.token_losses_fp64,
             tolerance=reference.token_losses_tolerance,
             course_kernel=_course,

@@ -36,6 +36,16 @@ ROPE_CASES = tuple(Case(shape, dtype) for shape in ((1, 1, 64), (37, 3, 24), (12
 ) + runtime.pick(gpu=(Case((4099, 32, 128), torch.bfloat16),), cpu=())
 
 
+def draw_rope_cases(rng) -> tuple[Case, ...]:
+    """Shapes drawn per run from the secret seed: more tokens than any fixed case (257-320 on a
+    CPU, where a program a token is slow, over 1-4 heads; 8193-16384 over 1-32 on a GPU) and a
+    head dim among Llama's and two that are not powers of two."""
+    tokens = rng.randrange(*runtime.pick(gpu=(8193, 16385), cpu=(257, 321)))
+    heads = rng.randrange(1, runtime.pick(gpu=33, cpu=5))
+    return (Case((tokens, heads, rng.choice((24, 64, 80, 128))),
+                 rng.choice(FLOAT_DTYPES)),)
+
+
 def inv_freq(head_dim: int, device, theta: float = 10000.0) -> torch.Tensor:
     j = torch.arange(0, head_dim, 2, device=device, dtype=torch.float32)
     return 1.0 / theta ** (j / head_dim)
@@ -133,7 +143,8 @@ def _rope_function(name, backend, course_kernel, points, description, hint, extr
         make_inputs=_rope_inputs, prepare=_rope_layout, reference_fp64=_rope_reference,
         tolerance=_rope_tolerance, scale=_rope_scale, diagnose=_rope_diagnosis,
         course_kernel=course_kernel, torch_native=_torch_rope, bytes_moved=_rope_bytes,
-        cases=ROPE_CASES, input_names=("x", "positions", "inv_freq"), graph_capture=True,
+        cases=ROPE_CASES, draw_cases=draw_rope_cases, input_names=("x", "positions", "inv_freq"),
+        graph_capture=True,
         perf=(PerfConfig(f"{name}/bf16/16384x32x128", (16384, 32, 128), torch.bfloat16),),
         hint=hint, extra_credit=extra_credit,
     )
@@ -148,6 +159,14 @@ ARGMAX_CASES = tuple(Case(shape, dtype) for shape in ((1, 1), (3, 251), (4, 4097
     Case((5, 1000), torch.float32, "strided"),
 ) + runtime.pick(gpu=(Case((32, 128256), torch.bfloat16), Case((1, 200003), torch.float32)),
                  cpu=())
+
+
+def draw_argmax_cases(rng) -> tuple[Case, ...]:
+    """Shapes drawn per run from the secret seed: a vocabulary above 2**17 (more than Llama 3's) in
+    any dtype, and an odd vocabulary of a few thousand over more rows."""
+    return (Case((rng.randrange(1, 4), rng.randrange(2**17 + 1, 2**18)), rng.choice(FLOAT_DTYPES)),
+            Case((rng.randrange(5, 17), 2 * rng.randrange(500, 4000) + 1),
+                 rng.choice(FLOAT_DTYPES)))
 
 
 def _argmax_inputs(shape, dtype, device, gen):
@@ -216,7 +235,8 @@ LAB = LabSpec(
             make_inputs=_argmax_inputs, reference_fp64=_argmax_reference, tolerance=_exact,
             scale=_argmax_scale, output_shapes=_argmax_outputs, diagnose=_argmax_diagnosis,
             course_kernel=_course_argmax, torch_native=_torch_argmax, bytes_moved=_argmax_bytes,
-            cases=ARGMAX_CASES, input_names=("logits",), graph_capture=True,
+            cases=ARGMAX_CASES, draw_cases=draw_argmax_cases, input_names=("logits",),
+            graph_capture=True,
             perf=(PerfConfig("argmax/bf16/32x128256", (32, 128256), torch.bfloat16),),
             hint="tl.argmax(x, 0, tie_break_left=True) inside a chunk; across chunks, keep the "
                  "first chunk holding the largest value"),

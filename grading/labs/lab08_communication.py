@@ -79,15 +79,23 @@ POINT_TO_POINT = {"c10d.send.default", "c10d.recv_.default", "c10d.recv_any_sour
 class _CollectiveWatch(TorchDispatchMode):
     """Records the process-group operations a call dispatches, other than sends and receives:
     every path to the process group (`dist.all_reduce`, `distributed_c10d`, the `ProcessGroup`
-    object) dispatches one of these ops."""
+    object) dispatches one of these ops; and the ranks it sent to and received from (-1: any)."""
 
     def __init__(self):
         super().__init__()
         self.ops: list[str] = []
+        self.sent_to: set[int] = set()
+        self.received_from: set[int] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = str(func)
-        if name.startswith("c10d.") and name not in POINT_TO_POINT and name not in self.ops:
+        if name == "c10d.send.default":
+            self.sent_to.add(int(args[2]))
+        elif name == "c10d.recv_.default":
+            self.received_from.add(int(args[2]))
+        elif name == "c10d.recv_any_source_.default":
+            self.received_from.add(-1)
+        elif name.startswith("c10d.") and name not in self.ops:
             self.ops.append(name)
         return func(*args, **(kwargs or {}))
 
@@ -267,6 +275,8 @@ def _ring_rank(rank, world, fn, cases, inputs):
                     "in_place": returned is tensor,
                     "returned": type(returned).__name__,
                     "collectives": list(seen.ops),
+                    "sent_to": sorted(seen.sent_to),
+                    "received_from": sorted(seen.received_from),
                 }
             )
     return _as_bytes({"cases": out, "all_threads": threads.ops})
@@ -313,6 +323,8 @@ def _well_formed_ring(found, world: int, n_cases: int) -> bool:
             and isinstance(c.get("in_place"), bool)
             and isinstance(c.get("returned"), str)
             and _strings(c.get("collectives"))
+            and _ints(c.get("sent_to"))
+            and _ints(c.get("received_from"))
             for r in ranks
             for c in r["cases"]
         )
@@ -321,6 +333,22 @@ def _well_formed_ring(found, world: int, n_cases: int) -> bool:
 
 def _strings(x) -> bool:
     return isinstance(x, list) and all(isinstance(s, str) for s in x)
+
+
+def _ints(x) -> bool:
+    return isinstance(x, list) and all(type(i) is int for i in x)
+
+
+def _not_a_ring(rank: int, world: int, sent_to: list[int], received_from: list[int]) -> str:
+    """Why one rank's sends and receives are not a ring's ("" if they are): a ring sends only to
+    one neighbour and receives only from the other (either way round)."""
+    right, left = (rank + 1) % world, (rank - 1) % world
+    sent, received = set(sent_to), set(received_from)
+    if (sent <= {right} and received <= {left}) or (sent <= {left} and received <= {right}):
+        return ""
+    return (f"rank {rank} sent to ranks {sorted(sent)} and received from {sorted(received)} "
+            f"(-1: any): a ring sends only to its next rank and receives only from the one "
+            f"before it (a star or an all-to-all is not a ring)")
 
 
 def _library(ops: list[str]) -> str:
@@ -351,6 +379,9 @@ def judge_ring(world: int, cases: list[dict], inputs, found) -> str:
                     f"{label}: uses the library collective {_library(c['collectives'])} "
                     f"({', '.join(c['collectives'])}): build the ring from sends and receives"
                 )
+            not_a_ring = _not_a_ring(rank, world, c["sent_to"], c["received_from"])
+            if not_a_ring:
+                return f"{label}: {not_a_ring}"
             if not c["in_place"]:
                 return (
                     f"{label}: must reduce in place and return its argument (it returned "
