@@ -31,7 +31,7 @@ pytestmark = pytest.mark.cpu
 
 
 def jit_functions() -> dict[str, str]:
-    """"module:name" -> the source of every @triton.jit / @gluon.jit function defined in kernels/
+    """ "module:name" -> the source of every @triton.jit / @gluon.jit function defined in kernels/
     (through autotuners, heuristics and the interpreter's wrapper)."""
     from triton.runtime.jit import KernelInterface
 
@@ -128,3 +128,13 @@ def test_an_ungated_hopper_instruction_fails_for_sm80(tmp_path):
     lines = done.stdout.splitlines()
     assert "90 compiled" in lines, done.stdout + done.stderr[-2000:]
     assert any(line.startswith("80 failed") for line in lines), done.stdout + done.stderr[-2000:]
+
+
+def test_the_where_it_runs_table_is_the_generated_one():
+    """notebooks/WHERE_IT_RUNS.md is what tools/where_it_runs.py prints from the feature table:
+    regenerate it (`python tools/where_it_runs.py`) after changing the table."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import where_it_runs
+
+    committed = (ROOT / "notebooks" / "WHERE_IT_RUNS.md").read_text()
+    assert committed == where_it_runs.table()
