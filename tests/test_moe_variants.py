@@ -12,6 +12,7 @@ import json
 import pytest
 import torch
 
+from kernels import runtime
 from kernels.moe import moe_layer, reference, triton_grouped_gemm_tma, triton_permute, tune
 from kernels.testing import generator
 from tests import test_moe
@@ -123,6 +124,7 @@ def test_variant_checks_can_fail(variant):
         check_y(triton_grouped_gemm_tma.down(h, swapped, perm, variant=variant), h, w, perm, dtype)
 
 
+@pytest.mark.skipif(not runtime.has("tma"), reason="moe_forward refuses TMA variants without TMA")
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("top_k", [1, 2])
 @pytest.mark.usefixtures("poisoned_empty")
