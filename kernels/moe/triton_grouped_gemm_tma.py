@@ -456,6 +456,7 @@ def _launch(
     interleaved: bool = False,
     config: triton.Config | None = None,
 ) -> torch.Tensor:
+    runtime.require("tma", "the TMA grouped GEMM (triton_grouped_gemm_tma)")
     experts, n, k = w2.shape  # w2: gate's shape when w1 is the interleaved weight
     c = torch.empty(perm.sorted_ids.numel(), n, dtype=a.dtype, device=a.device)
     if perm.max_tiles == 0:
