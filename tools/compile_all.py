@@ -22,6 +22,7 @@ count per architecture; the exit status is 1 when any configuration failed.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import os
@@ -175,9 +176,9 @@ def configurations(arch: str):
             num_warps=warps,
             num_stages=stages,
         )
-    add(
-        "rmsnorm.triton_pdl:rmsnorm_pdl_kernel", half, half, {"ROWS": 1, "BLOCK": 4096}, num_warps=8
-    )
+    if runtime.has("pdl"):  # elsewhere rms_norm_pdl runs the plain kernel
+        pdl_norm = "rmsnorm.triton_pdl:rmsnorm_pdl_kernel"
+        add(pdl_norm, half, half, {"ROWS": 1, "BLOCK": 4096}, num_warps=8)
     add(
         "memory_profiling.triton_cross_entropy:_softmax_loss_grad_kernel",
         half,
@@ -366,7 +367,7 @@ def configurations(arch: str):
                     num_stages=config.num_stages,
                 )
     if runtime.has("tma"):
-        for config in triton_grouped_gemm_tma.candidate_configs()[:2]:
+        for config in triton_grouped_gemm_tma.fitting_configs(128, True, True)[:2]:
             bn, bk = config.kwargs["BLOCK_N"], config.kwargs["BLOCK_K"]
             desc = "tensordesc<{}[{}, {}]>".format
             add(
@@ -436,7 +437,11 @@ def configurations(arch: str):
         {"BLOCK_H": 32, "BLOCK_D": 64},
         {"INV_FREQ": "*fp32"},
     )
-    for use_dot in (False, True):
+    # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): one decode row broadcast, 16 rows by dot
+    for use_dot, (bm, bn, bk, warps, stages) in (
+        (False, (1, 4, 512, 4, 3)),
+        (True, (16, 16, 64, 4, 3)),
+    ):
         add(
             "decoder.triton_fused_gemv:add_norm_linear_kernel",
             f"dot={use_dot}",
@@ -446,19 +451,37 @@ def configurations(arch: str):
                 "SWIGLU": True,
                 "STATISTICS_FIRST": True,
                 "UPCAST": False,
-                "BLOCK_M": 16,
-                "BLOCK_N": 64,
-                "BLOCK_K": 128,
+                "BLOCK_M": bm,
+                "BLOCK_N": bn,
+                "BLOCK_K": bk,
                 "USE_DOT": use_dot,
             },
             {"NORM_W": "*" + half},
+            num_warps=warps,
+            num_stages=stages,
         )
+    for use_dot, (bm, bn, bk, warps, stages) in (
+        (False, (1, 4, 512, 4, 3)),
+        (True, (16, 16, 256, 4, 4)),
+    ):
         add(
             "decoder.triton_gemv:skinny_linear_kernel",
             f"dot={use_dot}",
             half,
-            {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "USE_DOT": use_dot, "UPCAST": False},
+            {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "USE_DOT": use_dot, "UPCAST": False},
+            num_warps=warps,
+            num_stages=stages,
         )
+
+    if runtime.has("wgmma"):  # the Gluon kernels, each in its default schedule
+        from kernels.flash_attention import gluon_flash, gluon_flash_backward
+
+        for key, module in (
+            ("flash_attention.gluon_flash:gluon_fwd_kernel", gluon_flash),
+            ("flash_attention.gluon_flash_backward:gluon_bwd_kernel", gluon_flash_backward),
+        ):
+            compile_gluon = functools.partial(module.compile_for_hopper, 128, torch.float16, True)
+            add(key, "d128 causal, default schedule", half, {}, {"compile": compile_gluon})
 
     for key, *_ in out:
         if arch in feature_table.cannot_exist(key):
@@ -492,13 +515,16 @@ def compile_one_arch(arch: str) -> None:
         row = {"arch": arch, "kernel": key, "config": label, "budget": budget}
         start = time.perf_counter()
         try:
-            kernel = _jit_function(key)
-            sig, constexprs = signature(kernel, data, constants, types)
-            compiled = triton.compile(
-                ASTSource(kernel, sig, constexprs),
-                target=GPUTarget("cuda", cc, 32),
-                options=options,
-            )
+            if "compile" in types:  # Gluon: the module's own sm_90 compile
+                compiled = types["compile"]()
+            else:
+                kernel = _jit_function(key)
+                sig, constexprs = signature(kernel, data, constants, types)
+                compiled = triton.compile(
+                    ASTSource(kernel, sig, constexprs),
+                    target=GPUTarget("cuda", cc, 32),
+                    options=options,
+                )
             shared = compiled.metadata.shared
             row |= {"ok": shared <= budget, "shared": shared}
             if shared > budget:
