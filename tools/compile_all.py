@@ -555,7 +555,7 @@ def run_arch(arch: str, cache: Path, python: str = sys.executable) -> list[dict]
         text=True,
         timeout=1800,
     )
-    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"arch"')]
     if done.returncode != 0:
         error = done.stderr.split("nanobind: leaked")[0][-3000:]
         rows.append(
