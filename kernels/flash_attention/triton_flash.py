@@ -173,6 +173,11 @@ def fitting_tiles(kind: str, head_pad: int) -> list[tuple[int, int, int, int]]:
     """The table's tiles for this head tile width that fit `runtime.shared_memory_budget()` (all
     of them on sm_90 and in CPU mode), else the first of SMALL_TILES that does."""
     budget = runtime.shared_memory_budget()
+    found = runtime.features()
+    if kind != "forward" and found is not None and found.capability < (8, 0):
+        # Turing (no cp.async) stages the backward's operands through shared memory again: dK/dV
+        # at d = 64, 32 x 128, 2 stages took 80 KiB for sm_75 and 44 KiB for sm_80 (compile_all)
+        budget //= 2
 
     def fitting(tiles):
         return [t for t in tiles if tile_shared_bytes(kind, t[0], t[1], t[3], head_pad) <= budget]
