@@ -75,14 +75,22 @@ class Run:
         return saved, describe(fp, here, self.by)
 
     def show(
-        self, section: str | tuple[str, ...], measure: Callable[[], Any]
+        self, section: str | tuple[str, ...], measure: Callable[[], Any], needs: str | None = None
     ) -> tuple[Any, float | None, str | None]:
         """(result, the copy GB/s it is judged against, where): `measure()` on a GPU; without one,
         the committed run's `section` (a tuple of sections gives a dict of them) and its copy
-        bandwidth (None if it measured none), or three Nones when there is no committed run."""
-        if runtime.ON_GPU:
+        bandwidth (None if it measured none), or three Nones when there is no committed run.
+        `needs`: a feature of runtime.FEATURE_GPUS the measurement uses; on a GPU without it the
+        committed run stands in too, and a line says why."""
+        if runtime.ON_GPU and (needs is None or runtime.has(needs)):
             where = f"measured here: {runtime.gpu_info().name}"
             return measure(), bench.ceilings()["copy_gbps"], where
+        if runtime.ON_GPU:
+            found = runtime.features()
+            print(
+                f"This {found.name} ({found.arch}) has no {needs}, which this measurement uses: "
+                f"showing a committed run instead ({needs} runs on {runtime.FEATURE_GPUS[needs]})."
+            )
         saved, where = self.recorded()
         if saved is None:
             print(bench.NOT_MEASURED, f"({where})")

@@ -183,7 +183,8 @@ class Features:
     shared_memory_per_block: int
     sm_count: int
     # Set when the course takes another GPU's choices on this one (KERNELS_GPU_PROFILE): the code
-    # paths and shared-memory budget are that GPU's, but kernels still compile for this device.
+    # paths and shared-memory budget are that GPU's, but kernels still compile for this device,
+    # named with its architecture ("NVIDIA H200 (sm_90)").
     emulated_on: str | None = None
 
     @property
@@ -303,16 +304,23 @@ def features() -> Features | None:
         chosen.capability,
         min(chosen.shared_memory_per_block, real.shared_memory_per_block),
         real.sm_count,
-        emulated_on=real.name,
+        emulated_on=f"{real.name} ({real.arch})",
     )
 
 
+# What Triton's interpreter emulates: CPU mode runs these paths (wgmma, warp specialization and
+# PDL are instructions it cannot execute).
+INTERPRETED_FEATURES = ("bf16", "fp8", "tma")
+
+
 def has(feature: str) -> bool:
-    """Whether this device has `feature` (a key of FEATURE_GPUS). CPU mode: False for all but
-    bf16 and fp8, which the interpreter emulates."""
+    """Whether this device has `feature` (a key of FEATURE_GPUS). CPU mode: the interpreter has
+    INTERPRETED_FEATURES."""
     found = features()
     if found is None:
-        return feature in ("bf16", "fp8")
+        if feature not in FEATURE_GPUS:
+            raise ValueError(f"unknown feature {feature!r}; known: {sorted(FEATURE_GPUS)}")
+        return feature in INTERPRETED_FEATURES
     return found.has(feature)
 
 
@@ -325,6 +333,18 @@ def require(feature: str, what: str) -> None:
     here = "the CPU interpreter" if found is None else f"this {found.name} ({found.arch})"
     raise FeatureMissing(
         f"{what} needs {feature}, which {here} lacks; it runs on {FEATURE_GPUS[feature]}."
+    )
+
+
+def emulation() -> str | None:
+    """The sentence saying which GPU's choices this one takes (KERNELS_GPU_PROFILE), or None."""
+    found = features()
+    if found is None or found.emulated_on is None:
+        return None
+    real_name, real_arch = found.emulated_on.rsplit(" (", 1)
+    return (
+        f"emulating the {found.name} on the {real_name}: paths and shared-memory budget of "
+        f"{found.arch}, kernels compiled for {real_arch.rstrip(')')}"
     )
 
 
@@ -386,6 +406,9 @@ def _static_fingerprint() -> dict:
         "cpu": platform.processor() or platform.machine(),
         "hostname": platform.node(),
     }
+    if emulation() is not None:  # only under KERNELS_GPU_PROFILE: default fingerprints unchanged
+        fp["gpu_profile"] = os.environ["KERNELS_GPU_PROFILE"].strip().lower()
+        fp["emulation"] = emulation()
     return fp
 
 
@@ -404,6 +427,7 @@ def describe() -> str:
             f"GPU mode: {fp['gpu']} (sm_{fp['compute_capability'].replace('.', '')}, "
             f"{fp['sm_count']} SMs), "
             f"torch {fp['torch']}, triton {fp['triton']}, cupy {fp['cupy']}, CUDA {fp['cuda']}"
+            + (f"; {fp['emulation']}" if "emulation" in fp else "")
         )
     return (
         f"CPU mode: Triton interpreter (TRITON_INTERPRET=1), torch {fp['torch']}, triton "

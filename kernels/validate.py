@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels import runtime
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -104,6 +106,8 @@ def check_operands(
             raise TypeError(
                 f"{op}: {name} is {t.dtype} but {first_name} is {first.dtype}: cast one to match"
             )
+        if t.dtype == torch.bfloat16:
+            check_bf16_products(op)
         if t.device.type != device_type:
             raise ValueError(f"{op}: {name} is on {t.device}; this kernel runs on {device_type}")
         if t.device != first.device:
@@ -111,6 +115,15 @@ def check_operands(
         want = (dims or {}).get(name, 2)
         if t.dim() != want:
             raise ValueError(f"{op}: {name} must be {want}-D, got shape {tuple(t.shape)}")
+
+
+def check_bf16_products(op: str) -> None:
+    """bf16 tensor-core products need sm_80 or newer: a T4 (sm_75) refuses them with a sentence
+    (pass float16 there) instead of a compile error from deep inside Triton."""
+    try:
+        runtime.require("bf16", f"{op} on bfloat16 tensors")
+    except runtime.FeatureMissing as missing:
+        raise runtime.FeatureMissing(f"{missing} Pass float16 tensors instead.") from None
 
 
 def check_rows_contiguous(op: str, tensors: dict[str, torch.Tensor]) -> None:

@@ -8,7 +8,12 @@ the Triton interpreter (CPU mode), which cannot compile Gluon.
 import pytest
 import torch
 
+from kernels import runtime
 from tests.test_flash_attention import check_forward, make, run_forward
+
+# Gluon kernels refuse off sm_90 (and under KERNELS_GPU_PROFILE=a100, say): what the refusal says
+# is checked in tests/test_gpu_portability.py
+needs_wgmma = pytest.mark.skipif(not runtime.has("wgmma"), reason="Gluon kernels need sm_90")
 
 # On a GPU the kernel itself runs (tests below); the offline path uses the CPU environment's Triton.
 # (head_dim, dtype, causal, schedule): the default schedule of each (head_dim, causal) (O stored
@@ -282,6 +287,7 @@ SHAPE_VARIANTS = [
 
 
 @pytest.mark.gpu
+@needs_wgmma
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape, variant", SHAPE_VARIANTS)
 def test_gluon_forward_matches_fp64(shape, causal, variant):
@@ -298,6 +304,7 @@ def test_gluon_forward_matches_fp64(shape, causal, variant):
 
 
 @pytest.mark.gpu
+@needs_wgmma
 def test_gluon_rejects_what_it_does_not_cover():
     from kernels.flash_attention import gluon_flash
 

@@ -9,6 +9,10 @@ from kernels.flash_attention import reference
 from kernels.testing import TINY, ULP, compare, generator, poison_, random_tensor
 from tests.test_flash_attention import grad_magnitudes, make
 
+# Gluon kernels refuse off sm_90 (and under KERNELS_GPU_PROFILE=a100, say): what the refusal says
+# is checked in tests/test_gpu_portability.py
+needs_wgmma = pytest.mark.skipif(not runtime.has("wgmma"), reason="Gluon kernels need sm_90")
+
 DEVICE = runtime.DEVICE
 
 # (B, Hq, Hkv, Nq, Nk, D), causal, dtype, stages: key and query counts off every block size (64
@@ -39,6 +43,7 @@ def _case_id(case):
 
 
 @pytest.mark.gpu
+@needs_wgmma
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_gluon_backward_matches_fp64_autograd(case):
     from kernels.flash_attention import gluon_flash_backward, triton_flash
@@ -64,6 +69,7 @@ def test_gluon_backward_matches_fp64_autograd(case):
 
 
 @pytest.mark.gpu
+@needs_wgmma
 def test_gluon_backward_agrees_with_pytorch_sdpa():
     """The same gradients as PyTorch's own attention backward (SDPA), within rounding."""
     import torch.nn.functional as F

@@ -12,6 +12,7 @@ import json
 import pytest
 import torch
 
+from kernels import runtime
 from kernels.moe import moe_layer, reference, triton_grouped_gemm_tma, triton_permute, tune
 from kernels.testing import generator
 from tests import test_moe
@@ -29,6 +30,9 @@ from tests.test_moe import (
 # test_moe's fixture, here under the name the tests ask for
 poisoned_empty = test_moe.poisoned_empty
 
+# The TMA kernels refuse where TMA does not exist (KERNELS_GPU_PROFILE=a100 on an H200, say); the
+# refusal is tested in tests/test_gpu_portability.py.
+pytestmark = pytest.mark.skipif(not runtime.has("tma"), reason="no TMA on this GPU or profile")
 VARIANTS = list(triton_grouped_gemm_tma.VARIANTS)
 
 

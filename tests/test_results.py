@@ -50,11 +50,19 @@ def test_an_unknown_gpu_is_refused_with_the_known_ones():
 
 
 def test_describe_names_gpu_date_and_software():
-    fp = {"gpu": "NVIDIA H200", "date": "2026-11-21T10:00:00", "driver": "580", "cuda": "13.0",
-          "torch": "2.11.0", "triton": "3.6.0", "cupy": "14.2.0"}
+    fp = {
+        "gpu": "NVIDIA H200",
+        "date": "2026-11-21T10:00:00",
+        "driver": "580",
+        "cuda": "13.0",
+        "torch": "2.11.0",
+        "triton": "3.6.0",
+        "cupy": "14.2.0",
+    }
     assert results.describe(fp, True, "cmd") == (
         "recorded on this GPU model: NVIDIA H200, 2026-11-21, driver 580, CUDA 13.0, torch 2.11.0, "
-        "triton 3.6.0, cupy 14.2.0, by `cmd`")
+        "triton 3.6.0, cupy 14.2.0, by `cmd`"
+    )
 
 
 def test_oplog_counts_the_bytes_of_each_op_on_the_meta_device():
@@ -66,3 +74,24 @@ def test_oplog_counts_the_bytes_of_each_op_on_the_meta_device():
     assert mul["MB read"] == pytest.approx(2 * 1024 * 256 * 2 / 1e6)
     assert mul["MB written"] == pytest.approx(1024 * 256 * 2 / 1e6)
     assert total["output shape"] == (1024,)
+
+
+@pytest.mark.cpu
+def test_a_gpu_without_the_feature_shows_the_committed_run_and_says_why(monkeypatch, capsys):
+    """An A100 asked for a PDL measurement: the committed H100 run, and a sentence naming pdl."""
+    from kernels import runtime
+
+    a100 = runtime.GPU_PROFILES["a100"]
+    monkeypatch.setattr(runtime, "ON_GPU", True)
+    monkeypatch.setattr(runtime, "features", lambda: a100)
+    monkeypatch.setattr(
+        runtime,
+        "gpu_info",
+        lambda: runtime.GpuInfo("NVIDIA A100 80GB", "a100-80gb", "8.0", 108, 80.0, 0),
+    )
+    run = results.Run("02_rmsnorm", gpu="h100-80gb-hbm3", by="python -m kernels.rmsnorm.benchmark")
+    saved = json.loads((results.RESULTS_DIR / "h100-80gb-hbm3" / "02_rmsnorm.json").read_text())
+    forward, _, where = run.show("forward", _never, needs="pdl")
+    assert forward == saved["forward"] and "NVIDIA H100 80GB HBM3" in where
+    said = capsys.readouterr().out
+    assert "A100 80GB (sm_80) has no pdl" in said and "H100, H200" in said

@@ -100,6 +100,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from kernels import runtime
 from kernels.flash_attention.triton_flash import LOG2E, check_inputs, output_buffers, softmax_scale
 
 HEAD_DIMS = (64, 128)
@@ -893,6 +894,8 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     stores O by a TMA copy from shared memory instead of from registers (needs the overlap, and
     on the persistent grid two Q buffers); `tile_plan` hands the persistent grid's tiles to CTAs
     by a plan made on the host (`plan_tiles`) instead of the snake."""
+    # before anything compiles: for another architecture LLVM aborts the process
+    runtime.require("wgmma", "gluon_attention_forward")
     check_inputs("gluon_attention_forward", q, k, v)
     head_dim = q.shape[-1]
     if head_dim not in HEAD_DIMS:

@@ -61,6 +61,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from kernels import runtime
 from kernels.flash_attention.gluon_flash import (
     GL_DTYPES,
     HEAD_DIMS,
@@ -302,6 +303,7 @@ def gluon_attention_backward(do, q, k, v, out, lse, causal: bool = False,
     `dk`, `dv`: buffers to write into (contiguous, k's shape and dtype), else new ones;
     `stages`: the depth of the Q/dO ring."""
     name = "gluon_attention_backward"
+    runtime.require("wgmma", name)  # before anything compiles: LLVM aborts off sm_90
     check_inputs(name, q, k, v)  # types, dtypes, devices, shapes, grouped heads
     head_dim = q.shape[-1]
     if head_dim not in HEAD_DIMS:

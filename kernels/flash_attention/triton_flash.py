@@ -47,6 +47,7 @@ from kernels import runtime
 from kernels.flash_attention.fast_launch import LaunchCache
 from kernels.flash_attention.validate import check_attention_inputs
 from kernels.runtime import UPCAST
+from kernels.validate import check_bf16_products
 
 # 1 / ln(2): exp(x) = exp2(x * LOG2E); inside kernels ln(2) = 0.693... is a literal
 LOG2E = 1.4426950408889634
@@ -97,13 +98,23 @@ def _pruner(table):
     def prune(configs, named_args, **kwargs):
         if len(configs) == 1:
             return configs
-        wanted = table[{**named_args, **kwargs}["HEAD_PAD"]]
+        kind = next(name for name, known in TUNING_TABLES.items() if known is table)
+        wanted = fitting_tiles(kind, {**named_args, **kwargs}["HEAD_PAD"])
         if TUNING_OVERRIDE is not None:
             wanted = [wanted[min(TUNING_OVERRIDE, len(wanted) - 1)]]
-        return [
+        kept = [
             c
             for c in configs
             if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted
+        ]
+        listed = {
+            (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in kept
+        }
+        # a GPU with less shared memory than sm_90 gets SMALL_TILES, which the table does not list
+        return kept + [
+            triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+            for m, n, w, s in wanted
+            if (m, n, w, s) not in listed
         ]
 
     return prune
@@ -143,6 +154,37 @@ DQ_TUNING = {
     128: [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3)],
     256: [(64, 32, 8, 2), (32, 32, 4, 2)],
 }
+TUNING_TABLES = {"forward": FWD_TUNING, "dkdv": DKDV_TUNING, "dq": DQ_TUNING}
+# Where no entry of a table fits the GPU's shared memory (a T4's 64 KiB, an RTX 4090's 99 KiB at
+# head dim 256): the first of these that fits, largest first.
+SMALL_TILES = [(64, 32, 4, 2), (32, 32, 4, 2), (32, 16, 4, 1), (16, 16, 4, 1)]
+
+
+def tile_shared_bytes(kind: str, block_m: int, block_n: int, stages: int, head_pad: int) -> int:
+    """Shared memory a tile needs, in 16-bit elements: the forward keeps Q (BLOCK_M x D) and a K
+    and a V tile per pipeline stage; dK/dV keeps K and V, a Q and a dO tile per stage; dQ keeps Q
+    and dO, a K and a V tile per stage."""
+    resident, streamed = {"forward": (block_m, 2 * block_n), "dkdv": (2 * block_n, 2 * block_m),
+                          "dq": (2 * block_m, 2 * block_n)}[kind]  # fmt: skip
+    return (resident + stages * streamed) * head_pad * 2
+
+
+def fitting_tiles(kind: str, head_pad: int) -> list[tuple[int, int, int, int]]:
+    """The table's tiles for this head tile width that fit `runtime.shared_memory_budget()` (all
+    of them on sm_90 and in CPU mode), else the first of SMALL_TILES that does."""
+    budget = runtime.shared_memory_budget()
+    found = runtime.features()
+    if kind != "forward" and found is not None and found.capability < (8, 0):
+        # Turing (no cp.async) stages the backward's operands through shared memory again: dK/dV
+        # at d = 64, 32 x 128, 2 stages took 80 KiB for sm_75 and 44 KiB for sm_80 (compile_all)
+        budget //= 2
+
+    def fitting(tiles):
+        return [t for t in tiles if tile_shared_bytes(kind, t[0], t[1], t[3], head_pad) <= budget]
+
+    return fitting(TUNING_TABLES[kind][head_pad]) or fitting(SMALL_TILES)[:1] or SMALL_TILES[-1:]
+
+
 FWD_CONFIGS = _configs(FWD_TUNING, cpu=(64, 32))
 DKDV_CONFIGS = _configs(DKDV_TUNING, cpu=(32, 64))
 DQ_CONFIGS = _configs(DQ_TUNING, cpu=(64, 32))
@@ -468,6 +510,8 @@ def check_inputs(op: str, q, k, v) -> tuple | None:
     if signature is not None and signature in _CHECKED:
         return signature
     check_attention_inputs(q, k, v, op=op)
+    if q.dtype == torch.bfloat16:
+        check_bf16_products(op)
     head_dim = q.shape[-1]
     if head_dim % 8 or not 8 <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(
@@ -674,6 +718,10 @@ def _forward(q, k, v, causal, scale, out, lse, tma, keep_lse: bool):
     if plan.empty:
         return out, lse
     use_tma = USE_TMA if tma is None else bool(tma)
+    if use_tma and not runtime.has("tma"):
+        if tma:
+            runtime.require("tma", "flash_attention(tma=True)")
+        use_tma = False
     if use_tma:
         if not tma_compatible(q, k, v, out):
             if tma:

@@ -17,6 +17,11 @@ rounding up crosses a power of two (1.999 -> 1.0 instead of 2.0, 500 -> 256 in e
 round to the fp8 grid themselves (`round_to_fp8`, nearest-even, on the bits) and then convert a
 value the format holds exactly: the same bits on the CPU and the GPU, and the same as PyTorch's
 conversion.
+
+**GPUs without fp8 (before sm_89: A100, A10, RTX 30xx, T4).** Triton has no e4m3 type there. Since
+the kernels already round to the fp8 grid, they store those values as float32 instead, and PyTorch
+converts them to fp8 exactly (`runtime.has("fp8")` decides); the way back reads fp8 converted to
+float32 by PyTorch. The same bits, for 3 or 4 more bytes per element moved.
 """
 
 from __future__ import annotations
@@ -228,7 +233,9 @@ def quantize(
     flattened x (the last block may be partial), or one (shape (1,)) with block=None."""
     check_fp8_args("quantize", x, dtype, block)
     n = x.numel()
-    q = torch.empty(x.shape, dtype=dtype, device=x.device)
+    # without fp8 in Triton, the kernel stores the values it rounded to the grid as float32
+    stored = dtype if runtime.has("fp8") else torch.float32
+    q = torch.empty(x.shape, dtype=stored, device=x.device)
     fp8 = fp8_constants(dtype, pow2)
     if block is None:
         scales = torch.ones(1, dtype=torch.float32, device=x.device)
@@ -236,7 +243,7 @@ def quantize(
             quantize_tensor_kernel[(triton.cdiv(n, TENSOR_TILE),)](
                 x, q, _amax(x), scales, n, TILE=TENSOR_TILE, num_warps=NUM_WARPS, **fp8
             )
-        return q, scales
+        return q.to(dtype), scales
     n_blocks = triton.cdiv(n, block)
     scales = torch.empty(n_blocks, dtype=torch.float32, device=x.device)
     if n:
@@ -244,7 +251,7 @@ def quantize(
         quantize_blocks_kernel[(triton.cdiv(n_blocks, groups),)](
             x, q, scales, n, n_blocks, BLOCK=block, GROUPS=groups, num_warps=NUM_WARPS, **fp8
         )
-    return q, scales
+    return q.to(dtype), scales
 
 
 def fake_quantize(
@@ -293,6 +300,8 @@ def dequantize(
             f"of {block}, got {scales.numel()} {scales.dtype}"
         )
     out = torch.empty(q.shape, dtype=out_dtype, device=q.device)
+    if not runtime.has("fp8"):
+        q = q.float()  # exact; Triton cannot read e4m3 before sm_89
     if q.numel():
         dequantize_kernel[(triton.cdiv(q.numel(), TENSOR_TILE),)](
             q,

@@ -16,6 +16,7 @@ import functools
 
 import torch
 
+from kernels import runtime
 from kernels.moe import (
     triton_combine,
     triton_grouped_gemm,
@@ -38,8 +39,10 @@ LARGE_BATCH_VARIANT = "persistent_pregathered_interleaved"
 
 
 def grouped_gemm_for(tokens: int, experts: int, top_k: int) -> str:
-    """The grouped-GEMM variant for this batch: a shape bucket, as the autotuner's keys are."""
-    return LARGE_BATCH_VARIANT if tokens * top_k >= PREGATHER_MIN_ROWS * experts else "pointer"
+    """The grouped-GEMM variant for this batch: a shape bucket, as the autotuner's keys are. Without
+    TMA (GPUs before Hopper) always the pointer kernel."""
+    large = tokens * top_k >= PREGATHER_MIN_ROWS * experts
+    return LARGE_BATCH_VARIANT if large and runtime.has("tma") else "pointer"
 
 
 def grouped_gemm_functions(variant: str):
@@ -51,6 +54,7 @@ def grouped_gemm_functions(variant: str):
             f"grouped GEMM variant must be 'pointer' or one of "
             f"{list(triton_grouped_gemm_tma.VARIANTS)}, got {variant!r}"
         )
+    runtime.require("tma", f"the grouped GEMM variant {variant!r}")
     return (
         functools.partial(triton_grouped_gemm_tma.gate_up_swiglu, variant=variant),
         functools.partial(triton_grouped_gemm_tma.down, variant=variant),

@@ -51,7 +51,16 @@ GPU_TUNING = [
     (64, 128, 4, 3),
     (256, 64, 8, 3),
 ]
+# For GPUs whose shared memory holds none of the above (a T4's 64 KiB, an RTX 4090's 99 KiB with
+# SwiGLU's two weight tiles): fewer stages and narrower tiles, tried only then.
+SMALL_TUNING = [(64, 64, 4, 3), (64, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 2)]
 GROUP_M = 8
+
+
+def _config(n: int, k: int, w: int, s: int) -> triton.Config:
+    return triton.Config(
+        {"BLOCK_N": n, "BLOCK_K": k, "GROUP_M": GROUP_M}, num_warps=w, num_stages=s
+    )
 
 
 def _configs() -> list[triton.Config]:
@@ -59,10 +68,7 @@ def _configs() -> list[triton.Config]:
         return [
             triton.Config({"BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 4}, num_warps=1, num_stages=1)
         ]
-    return [
-        triton.Config({"BLOCK_N": n, "BLOCK_K": k, "GROUP_M": GROUP_M}, num_warps=w, num_stages=s)
-        for n, k, w, s in GPU_TUNING
-    ]
+    return [_config(*tile) for tile in GPU_TUNING + SMALL_TUNING]
 
 
 # None: autotune over the configurations the pruner keeps. An integer i: use the i-th kept one alone
@@ -70,7 +76,9 @@ def _configs() -> list[triton.Config]:
 # the autotuner remembers its choice per key.
 TUNING_OVERRIDE: int | None = None
 ACC_REGS = 128
-SHARED_BYTES = 227 * 1024  # an sm_90 block's shared memory with the opt-in Triton makes
+# A block's shared memory with the opt-in Triton makes: sm_90's 227 KiB (also in CPU mode), an
+# A100's 163 KiB, an RTX 4090's 99 KiB, a T4's 64 KiB (runtime.GPU_PROFILES).
+SHARED_BYTES = runtime.shared_memory_budget()
 
 
 def accumulator_registers(block_m: int, block_n: int, num_warps: int, swiglu: bool) -> int:
@@ -86,19 +94,29 @@ def pipeline_bytes(
     )
 
 
+def _fits(c: triton.Config, block_m: int, swiglu: bool) -> bool:
+    bn, bk = c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]
+    return (
+        accumulator_registers(block_m, bn, c.num_warps, swiglu) <= ACC_REGS
+        and pipeline_bytes(block_m, bn, bk, c.num_stages, swiglu) <= runtime.shared_memory_budget()
+    )
+
+
 def _prune(configs, named_args, **kwargs):
     args = {**named_args, **kwargs}
     bm, swiglu = args["BLOCK_M"], args["SWIGLU"]
-    kept = [
-        c
-        for c in configs
-        if accumulator_registers(bm, c.kwargs["BLOCK_N"], c.num_warps, swiglu) <= ACC_REGS
-        and pipeline_bytes(bm, c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_stages, swiglu)
-        <= SHARED_BYTES
-    ]
+    tuned = configs[: len(GPU_TUNING)] if len(configs) > 1 else configs
+    kept = [c for c in tuned if _fits(c, bm, swiglu)]
+    kept = kept or [c for c in configs[len(tuned) :] if _fits(c, bm, swiglu)][:1]
     if TUNING_OVERRIDE is not None:
         kept = [kept[min(TUNING_OVERRIDE, len(kept) - 1)]] if kept else kept
     return kept or configs[:1]
+
+
+def fitting_configs(block_m: int, swiglu: bool) -> list[triton.Config]:
+    """The GPU configurations the autotuner tries for this tile height here (`_prune`)."""
+    every = [_config(*tile) for tile in GPU_TUNING + SMALL_TUNING]
+    return _prune(every, {"BLOCK_M": block_m, "SWIGLU": swiglu})
 
 
 def block_m_for(tokens: int, experts: int, top_k: int) -> int:

@@ -62,7 +62,6 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from kernels import runtime
 from kernels.moe.triton_grouped_gemm import (
     ACC_REGS,
-    SHARED_BYTES,
     accumulator_registers,
     pipeline_bytes,
     token_bucket,
@@ -136,6 +135,21 @@ def candidate_configs() -> list[triton.Config]:
     return [tile_config(*tile, group_m) for tile in GPU_TILES for group_m in GROUP_M_CHOICES]
 
 
+HOPPER_SHARED_BYTES = 227 * 1024
+# For GPUs with TMA but less shared memory than sm_90 (an RTX 5090's 99 KiB): two stages of
+# narrower tiles, used only where none of the above fits.
+SMALL_CONFIGS = [tile_config(64, 64, 4, 2, False, 8), tile_config(32, 64, 4, 2, False, 8)]
+
+
+def _configs_for_gpu() -> list[triton.Config]:
+    return [
+        tile_config(*tile, group_m)
+        for tile in GPU_TILES
+        for group_m in GROUP_M_CHOICES
+        if group_m == 8 or tile[4]
+    ]
+
+
 def _configs() -> list[triton.Config]:
     # the interpreter: one configuration (it cannot autotune over several, nor time them)
     if not runtime.ON_GPU:
@@ -147,12 +161,7 @@ def _configs() -> list[triton.Config]:
                 pre_hook=set_block_shapes,
             )
         ]
-    return [
-        tile_config(*tile, group_m)
-        for tile in GPU_TILES
-        for group_m in GROUP_M_CHOICES
-        if group_m == 8 or tile[4]
-    ]
+    return _configs_for_gpu()
 
 
 def fits(c: triton.Config, *, block_m: int, swiglu: bool, persistent: bool) -> bool:
@@ -162,7 +171,8 @@ def fits(c: triton.Config, *, block_m: int, swiglu: bool, persistent: bool) -> b
     return (
         (persistent or not c.kwargs["FLATTEN"])  # one trip per program: nothing to flatten
         and accumulator_registers(block_m, bn, c.num_warps, swiglu) <= ACC_REGS
-        and pipeline_bytes(block_m, bn, bk, c.num_stages, swiglu) + epilogue_bytes <= SHARED_BYTES
+        and pipeline_bytes(block_m, bn, bk, c.num_stages, swiglu) + epilogue_bytes
+        <= runtime.shared_memory_budget()
     )
 
 
@@ -244,7 +254,16 @@ def prune_configs(configs, named_args, **kwargs):
         # (a caller's own BLOCK_M may not fit it: autotune then)
         if tuned is not None and fits(tuned, **fit):
             kept = [tuned]
+    if not kept and runtime.shared_memory_budget() < HOPPER_SHARED_BYTES:
+        kept = [c for c in SMALL_CONFIGS if fits(c, **fit)][:1]
     return kept or configs[:1]
+
+
+def fitting_configs(block_m: int, swiglu: bool, persistent: bool) -> list[triton.Config]:
+    """The GPU configurations the autotuner tries for such a launch here (`prune_configs`)."""
+    fit = dict(block_m=block_m, swiglu=swiglu, persistent=persistent)
+    kept = [c for c in _configs_for_gpu() if fits(c, **fit)]
+    return kept or [c for c in SMALL_CONFIGS if fits(c, **fit)][:1]
 
 
 @triton.autotune(
@@ -437,6 +456,7 @@ def _launch(
     interleaved: bool = False,
     config: triton.Config | None = None,
 ) -> torch.Tensor:
+    runtime.require("tma", "the TMA grouped GEMM (triton_grouped_gemm_tma)")
     experts, n, k = w2.shape  # w2: gate's shape when w1 is the interleaved weight
     c = torch.empty(perm.sorted_ids.numel(), n, dtype=a.dtype, device=a.device)
     if perm.max_tiles == 0:

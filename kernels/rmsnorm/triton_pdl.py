@@ -21,8 +21,10 @@ reads the same data wherever the trigger is. So the PDL pair gives the same bits
 (the tests and the benchmark check it before timing). What it can save is the gap plus the part of
 the norm's start-up that overlaps the GEMM's tail; notebook 02, part 10 measures it.
 
-In CPU mode (the Triton interpreter) there is no launch attribute and the interpreter cannot execute
-the `griddepcontrol` instructions: the wrappers run the plain kernels, `pdl=True` included.
+`griddepcontrol` exists on sm_90 and newer only (ptxas refuses it for an A100 or an RTX 4090),
+and the interpreter cannot execute it: where `runtime.has("pdl")` is False (CPU mode, GPUs before
+Hopper, `KERNELS_GPU_PROFILE=a100`) the GEMM is compiled without the trigger and the wrappers run
+the plain kernels, `pdl=True` included.
 """
 
 from __future__ import annotations
@@ -41,11 +43,13 @@ from kernels.runtime import UPCAST
 from kernels.testing import TINY, ULP, Comparison, compare, generator, random_tensor
 from kernels.validate import check_matmul_args
 
-# The trigger is PTX the interpreter cannot run; on the GPU the GEMM always carries it, so the GEMM
-# is the same binary in the pair with and without PDL (without a PDL-launched dependent it does
-# nothing).
-LAUNCH_DEPENDENTS = runtime.ON_GPU
 GROUP_M = 8
+
+
+def launch_dependents() -> bool:
+    """Whether the GEMM carries the trigger: wherever PDL exists, so that the GEMM is the same
+    binary in the pair with and without PDL (without a PDL-launched dependent it does nothing)."""
+    return runtime.has("pdl")
 
 
 @triton.jit
@@ -127,9 +131,18 @@ CPU_TILE = (32, 64, 64, 1, 1)  # the interpreter: few, large programs
 
 
 def _tile(m: int) -> tuple[int, int, int, int, int]:
-    if not runtime.ON_GPU:
-        return CPU_TILE
-    return next(tile for most, *tile in GPU_TILES if most is None or m <= most)
+    return gpu_tile(m) if runtime.ON_GPU else CPU_TILE
+
+
+def gpu_tile(m: int) -> tuple[int, int, int, int, int]:
+    """The GPU tile for m rows; on a GPU with less shared memory than sm_90 (an RTX 4090's 99 KiB),
+    fewer pipeline stages, each holding a tile of a and one of b in 16-bit elements."""
+    block_m, block_n, block_k, num_warps, num_stages = next(
+        tile for most, *tile in GPU_TILES if most is None or m <= most
+    )
+    stage_bytes = (block_m + block_n) * block_k * 2
+    num_stages = max(1, min(num_stages, runtime.shared_memory_budget() // stage_bytes))
+    return block_m, block_n, block_k, num_warps, num_stages
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -157,7 +170,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) ->
         GROUP_M=GROUP_M,
         EVEN_K=k % block_k == 0,
         UPCAST=UPCAST,
-        LAUNCH_DEPENDENTS=LAUNCH_DEPENDENTS,
+        LAUNCH_DEPENDENTS=launch_dependents(),
         num_warps=num_warps,
         num_stages=num_stages,
     )
@@ -199,8 +212,8 @@ def rms_norm_pdl(
 ) -> torch.Tensor:
     """triton_rmsnorm.rms_norm launched with programmatic dependent launch, to follow a kernel that
     triggers it early (`matmul`): its programs load w, then wait for that kernel before reading x.
-    The same result bit for bit. In CPU mode the plain kernel runs (see above)."""
-    if not runtime.ON_GPU:
+    The same result bit for bit. Without PDL (CPU mode, before sm_90) the plain kernel runs."""
+    if not runtime.has("pdl"):
         return rms_norm(x, w, eps, out)
     check_rmsnorm_args("rms_norm_pdl", x, w, eps, out, device_type=runtime.DEVICE)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
@@ -238,8 +251,8 @@ def gemm_rms_norm(
     """h = a @ b, then y = rmsnorm(h) * w: two kernels; returns (h, y), written into `out` if given.
 
     With `pdl=True` the norm is launched with programmatic dependent launch: it starts during the
-    GEMM's last wave, loads w and waits for h. Same result bit for bit. In CPU mode `pdl` is ignored
-    (see above)."""
+    GEMM's last wave, loads w and waits for h. Same result bit for bit. Where PDL does not exist
+    (CPU mode, before sm_90) `pdl` is ignored (see above)."""
     check_matmul_args(
         "gemm_rms_norm", a, b, out[0] if out is not None else None, device_type=runtime.DEVICE
     )
