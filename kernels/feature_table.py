@@ -36,6 +36,16 @@ KERNELS: dict[str, tuple[tuple[str, ...], str | None]] = {
     "rmsnorm.triton_rmsnorm:fused_add_rmsnorm_kernel": ((), None),
     "rmsnorm.triton_rmsnorm:rmsnorm_bwd_kernel": ((), None),
     "rmsnorm.triton_rmsnorm:sum_partials_kernel": ((), None),
+    "matmul.triton_matmul:matmul_kernel": ((), None),
+    "matmul.triton_matmul:matmul_persistent_kernel": ((), None),
+    "matmul.triton_skinny:split_k_kernel": ((), None),
+    "matmul.triton_skinny:sum_splits_kernel": ((), None),
+    # matmul_tma refuses without TMA; the portable GEMM is triton_matmul.py
+    "matmul.triton_matmul_tma:matmul_tma_kernel": (("tma",), None),
+    # fp8_matmul refuses without fp8 tensor cores (sm_89+)
+    "matmul.triton_fp8_matmul:fp8_matmul_kernel": (("fp8",), None),
+    # gluon_matmul refuses anything but sm_90, before compiling
+    "matmul.gluon_matmul:gluon_matmul_kernel": (("tma", "wgmma", "warp_specialization"), None),
     "rmsnorm.triton_pdl:matmul_kernel": (("pdl",), PDL_OFF),
     # without PDL, rms_norm_pdl runs triton_rmsnorm's plain kernel
     "rmsnorm.triton_pdl:rmsnorm_pdl_kernel": (("pdl",), None),

@@ -473,6 +473,42 @@ def configurations(arch: str):
             num_stages=stages,
         )
 
+    tiled = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8, "UPCAST": False}
+    add("matmul.triton_matmul:matmul_kernel", half, half, tiled, num_warps=8, num_stages=3)
+    add(
+        "matmul.triton_matmul:matmul_persistent_kernel",
+        half,
+        half,
+        {**tiled, "PROGRAMS": found.sm_count},
+        num_warps=8,
+        num_stages=3,
+    )
+    add(
+        "matmul.triton_skinny:split_k_kernel",
+        half,
+        half,
+        {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "UPCAST": False},
+        {"partial_ptr": "*fp32", "K_PER_SPLIT": "i32"},
+        num_warps=8,
+        num_stages=4,
+    )
+    add(
+        "matmul.triton_skinny:sum_splits_kernel",
+        "4 splits",
+        half,
+        {"SPLITS": 4, "BLOCK": 1024},
+        {"partial_ptr": "*fp32"},
+    )
+    from kernels.matmul import gluon_matmul, triton_fp8_matmul, triton_matmul_tma
+
+    for key, module, feature in (  # compiled by each module's own compile_for(arch)
+        ("matmul.triton_matmul_tma:matmul_tma_kernel", triton_matmul_tma, "tma"),
+        ("matmul.triton_fp8_matmul:fp8_matmul_kernel", triton_fp8_matmul, "fp8"),
+        ("matmul.gluon_matmul:gluon_matmul_kernel", gluon_matmul, "wgmma"),
+    ):
+        if runtime.has(feature):
+            compile_here = functools.partial(module.compile_for, arch)
+            add(key, "default tile", half, {}, {"compile": compile_here})
     if runtime.has("wgmma"):  # the Gluon kernels, each in its default schedule
         from kernels.flash_attention import gluon_flash, gluon_flash_backward
 
@@ -511,7 +547,12 @@ def compile_one_arch(arch: str) -> None:
 
     cc = int(arch.removeprefix("sm_"))
     budget = runtime.shared_memory_budget()
+    first_only = os.environ.get("COMPILE_CONFIGS") == "first"
+    seen = set()
     for key, label, data, constants, types, options in configurations(arch):
+        if first_only and key in seen:
+            continue
+        seen.add(key)
         row = {"arch": arch, "kernel": key, "config": label, "budget": budget}
         start = time.perf_counter()
         try:
@@ -536,10 +577,14 @@ def compile_one_arch(arch: str) -> None:
         print(json.dumps(row), flush=True)
 
 
-def run_arch(arch: str, cache: Path, python: str = sys.executable) -> list[dict]:
-    """Compile everything for `arch` in a fresh process; its rows (a crash is one failed row)."""
+def run_arch(
+    arch: str, cache: Path, python: str = sys.executable, configs: str = "all"
+) -> list[dict]:
+    """Compile everything for `arch` in a fresh process; its rows (a crash is one failed row).
+    configs="first" compiles each kernel's first configuration only."""
     env = dict(
         os.environ,
+        COMPILE_CONFIGS=configs,
         KERNELS_COMPILE_ONLY="1",
         KERNELS_TARGET_ARCH=arch,
         TRITON_CACHE_DIR=str(cache),
@@ -578,6 +623,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write every row to this file")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--configs",
+        choices=("all", "first"),
+        default="all",
+        help="every configuration the wrappers launch, or each kernel's first (the CI test)",
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the per-architecture process
     args = parser.parse_args(argv)
     if args.one:
@@ -589,7 +640,9 @@ def main(argv: list[str] | None = None) -> int:
 
     archs = args.arch or list(COMPILE_ARCHS)
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        results = list(pool.map(lambda arch: run_arch(arch, args.cache), archs))
+        results = list(
+            pool.map(lambda arch: run_arch(arch, args.cache, configs=args.configs), archs)
+        )
     rows = [row for arch_rows in results for row in arch_rows]
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
