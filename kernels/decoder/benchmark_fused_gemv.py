@@ -16,7 +16,7 @@ from kernels.decoder.config import BATCHES, LLAMA_1B, projection_shapes
 from kernels.decoder.triton_fused_gemv import add_rms_norm_linear, check, tuned_kernel
 
 # The GPU time of the launches folded away, from the H100 profile of the graph step
-# (PERFORMANCE.md, 2026-11-26): module 02's fused add + RMSNorm 2.24 us a launch, SwiGLU 1.16 us,
+# (PERFORMANCE.md, section 3): module 02's fused add + RMSNorm 2.24 us a launch, SwiGLU 1.16 us,
 # and 0.42 us of gap between two launches of the graph.
 NORM_US, SWIGLU_US, GAP_US = 2.24, 1.16, 0.42
 # What one fused launch replaces: the norm before the projection, and SwiGLU after gate_up.
