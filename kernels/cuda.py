@@ -123,17 +123,31 @@ def launch(
     kernel, grid: int, block: int, args: tuple, device: torch.device, shared_mem: int = 0
 ) -> None:
     """Launch a CuPy kernel on PyTorch's current stream of `device`, with `shared_mem` bytes of
-    dynamic shared memory (at most 48 KB: more needs a per-kernel opt-in, which the course's kernels
-    do not use)."""
+    dynamic shared memory. Past 48 KB a kernel must opt in to more (cudaFuncSetAttribute's
+    maximum dynamic shared size), which this does once per kernel and size; the device's limit
+    per block is `runtime.shared_memory_budget()`."""
     import cupy
 
-    if shared_mem > 48 * 1024:
+    limit = runtime.shared_memory_budget()
+    if shared_mem > limit:
         raise ValueError(
-            f"launch: {shared_mem} bytes of dynamic shared memory requested; at most 48 KB without "
-            "an opt-in"
+            f"launch: {shared_mem} bytes of dynamic shared memory requested; this GPU gives a "
+            f"block at most {limit}"
         )
     with (
         cupy.cuda.Device(device.index or 0),
         cupy.cuda.Stream.from_external(torch.cuda.current_stream(device)),
     ):
+        if shared_mem > 48 * 1024:
+            _opt_in_shared_memory(kernel.ptr, shared_mem)
         kernel((grid,), (block,), args, shared_mem=shared_mem)
+
+
+@functools.cache
+def _opt_in_shared_memory(function: int, nbytes: int) -> None:
+    """Once per CUfunction (the handle, not CuPy's object: `get_function` makes a new one each
+    call) and size."""
+    from cupy.cuda import driver
+
+    attribute = driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    driver.funcSetAttribute(function, attribute, nbytes)
