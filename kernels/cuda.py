@@ -123,9 +123,9 @@ def launch(
     kernel, grid: int, block: int, args: tuple, device: torch.device, shared_mem: int = 0
 ) -> None:
     """Launch a CuPy kernel on PyTorch's current stream of `device`, with `shared_mem` bytes of
-    dynamic shared memory. Past 48 KB a kernel must opt in to more (cudaFuncSetAttribute's
-    maximum dynamic shared size), which this does once per kernel and size; the device's limit
-    per block is `runtime.shared_memory_budget()`."""
+    dynamic shared memory. Past 48 KB a kernel must opt in to more (CuPy's
+    `max_dynamic_shared_size_bytes`, cudaFuncSetAttribute underneath), which this makes where the
+    kernel has not yet; the device's limit per block is `runtime.shared_memory_budget()`."""
     import cupy
 
     limit = runtime.shared_memory_budget()
@@ -138,16 +138,6 @@ def launch(
         cupy.cuda.Device(device.index or 0),
         cupy.cuda.Stream.from_external(torch.cuda.current_stream(device)),
     ):
-        if shared_mem > 48 * 1024:
-            _opt_in_shared_memory(kernel.ptr, shared_mem)
+        if shared_mem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_mem:
+            kernel.max_dynamic_shared_size_bytes = shared_mem
         kernel((grid,), (block,), args, shared_mem=shared_mem)
-
-
-@functools.cache
-def _opt_in_shared_memory(function: int, nbytes: int) -> None:
-    """Once per CUfunction (the handle, not CuPy's object: `get_function` makes a new one each
-    call) and size."""
-    from cupy.cuda import driver
-
-    attribute = driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    driver.funcSetAttribute(function, attribute, nbytes)
