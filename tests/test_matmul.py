@@ -122,14 +122,14 @@ def test_every_mma_config_is_compiled_with_the_shared_memory_the_wrapper_gives()
 
     cm = cupy_matmul()
     for config in cm.MMA_VARIANTS.values():
-        text = cuda.source_path(config.source).read_text()
+        text = cuda.source_path(cm.STEPS["mma"].source).read_text()
         dims = (config.block_m, config.block_n, config.block_k, config.warp_m, config.warp_n)
         assert f"MMA_ENTRIES({', '.join(map(str, (*dims, config.stages)))})" in text, config.name
         assert config.shared_bytes(True) <= 227 * 1024, config.name
     assert cm.MMA_FALLBACK.shared_bytes(True) <= 48 * 1024
-    # 128 x 256 x 32, 4 stages: A 128 x 40 and B 32 x 264 (or 256 x 40) elements a stage
-    assert cm.MMA_DEFAULT.shared_bytes(False) == 2 * 4 * (128 * 40 + 32 * 264)
-    assert cm.MMA_DEFAULT.shared_bytes(True) == 2 * 4 * (128 * 40 + 256 * 40)
+    # 128 x 256 x 64, 3 stages: A 128 x 72 and B 64 x 264 (or 256 x 72) elements a stage
+    assert cm.MMA_DEFAULT.shared_bytes(False) == 2 * 3 * (128 * 72 + 64 * 264)
+    assert cm.MMA_DEFAULT.shared_bytes(True) == 2 * 3 * (128 * 72 + 256 * 72)
 
 
 def test_mma_step_falls_back_where_shared_memory_is_short(monkeypatch):

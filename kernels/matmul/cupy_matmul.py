@@ -17,7 +17,8 @@ k-major and reads it 16 bytes at a time along k.
 
 Step 5 is a template over its tiles and pipeline depth (`MmaConfig`): `MMA_DEFAULT` is the
 configuration the step runs, `MMA_FALLBACK` the one that fits in 48 KB of shared memory for GPUs
-that cannot give a block more, and `MMA_VARIANTS` every configuration the benchmark compares.
+that cannot give a block more; `MMA_VARIANTS` holds the two, which the benchmark compares
+(PERFORMANCE.md has the configurations measured before these were chosen).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ STEPS: dict[str, Step] = {
     "shared": Step("matmul/matmul_shared.cu", "matmul_shared", 1024, 32, 32),
     "register": Step("matmul/matmul_register.cu", "matmul_register", 256, 128, 128),
     "vectorized": Step("matmul/matmul_register.cu", "matmul_vectorized", 256, 128, 128),
-    "mma": Step("matmul/matmul_mma.cu", "matmul_mma", 256, 128, 256),  # tile: MMA_DEFAULT's
+    "mma": Step("matmul/matmul_mma.cu", "matmul_mma", 256, 128, 256),  # MMA_DEFAULT's tile
 }
 
 
@@ -62,7 +63,6 @@ class MmaConfig:
     warp_m: int
     warp_n: int
     stages: int
-    source: str = "matmul/matmul_mma_variants.cu"
 
     @property
     def name(self) -> str:
@@ -86,21 +86,9 @@ class MmaConfig:
         return 2 * self.stages * (a_tile + b_tile)
 
 
-MMA_DEFAULT = MmaConfig(128, 256, 32, 64, 64, 4, source="matmul/matmul_mma.cu")
-MMA_FALLBACK = MmaConfig(128, 128, 32, 64, 32, 2, source="matmul/matmul_mma.cu")
-MMA_VARIANTS: dict[str, MmaConfig] = {
-    c.name: c
-    for c in (
-        MMA_DEFAULT,
-        MMA_FALLBACK,
-        MmaConfig(128, 128, 32, 64, 32, 4),
-        MmaConfig(128, 128, 32, 64, 64, 4),
-        MmaConfig(128, 128, 64, 64, 64, 3),
-        MmaConfig(128, 256, 32, 64, 64, 3),
-        MmaConfig(128, 256, 64, 64, 64, 3),
-        MmaConfig(256, 128, 32, 64, 64, 4),
-    )
-}
+MMA_DEFAULT = MmaConfig(128, 256, 64, 64, 64, 3)
+MMA_FALLBACK = MmaConfig(128, 128, 32, 64, 32, 2)
+MMA_VARIANTS: dict[str, MmaConfig] = {c.name: c for c in (MMA_DEFAULT, MMA_FALLBACK)}
 
 
 def rows_are_16_byte_packs(t: torch.Tensor) -> bool:
@@ -133,16 +121,15 @@ def matmul(
     if step == "mma" and a.dtype == torch.bfloat16:
         runtime.require("bf16", "matmul[mma] on bfloat16")
     out = torch.empty(M, N, dtype=a.dtype, device=a.device) if out is None else out
-    vec_b, shared = rows_are_16_byte_packs(b), 0
+    spec, vec_b, shared = STEPS[step], rows_are_16_byte_packs(b), 0
     if step == "mma":
         b_kmajor = rows_are_16_byte_packs(b.T)  # B = W.T, W's rows 16-byte packs
         vec_b = vec_b or b_kmajor
         config = mma or mma_config_for(b_kmajor)
-        source, name, threads = config.source, config.kernel(b_kmajor, a.dtype), config.threads
+        source, name, threads = spec.source, config.kernel(b_kmajor, a.dtype), config.threads
         tiles = cuda.cdiv(M, config.block_m) * cuda.cdiv(N, config.block_n)
         shared = config.shared_bytes(b_kmajor)
     else:
-        spec = STEPS[step]
         source, name, threads = spec.source, f"{spec.kernel}_{SUFFIX[a.dtype]}", spec.threads
         tiles = cuda.cdiv(M, spec.tile_m) * cuda.cdiv(N, spec.tile_n)
     args = (

@@ -1,6 +1,6 @@
 // Step 5: tensor cores through mma.sync, as a template over the block's tile, the warps' tiles and
-// the depth of the copy pipeline. matmul_mma.cu instantiates the configuration the wrapper uses;
-// matmul_mma_variants.cu the others the benchmark compares (PERFORMANCE.md has the table).
+// the depth of the copy pipeline. matmul_mma.cu instantiates the configurations the wrapper uses
+// (PERFORMANCE.md has the others measured).
 //
 // One instruction, mma.sync.m16n8k16, has a warp multiply a 16 x 16 tile of A by a 16 x 8 tile of
 // B into a 16 x 8 float32 accumulator: 4096 flops, where step 4's FMA did 2 per thread. The
