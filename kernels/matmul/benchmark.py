@@ -155,8 +155,8 @@ def mma_peak(ceil: dict) -> list[dict]:
         for per_sm in PEAK_BLOCKS_PER_SM:
             name = f"mma.sync peak, {per_sm * threads // 32} warps an SM"
             blocks = per_sm * sms
-            fns[name] = lambda blocks=blocks: cuda.launch(
-                kernel, blocks, threads, args, sink.device
+            fns[name] = lambda k=kernel, g=blocks, args=args: cuda.launch(
+                k, g, threads, args, sink.device
             )
             flops[name] = 2 * 16 * 8 * 16 * chains * PEAK_ITERS * blocks * (threads // 32)
         timings = bench.benchmark(fns, flush=False)
