@@ -128,14 +128,17 @@ def mma_variants(ceil: dict) -> list[dict]:
 
 
 PEAK_ITERS = 4096  # per warp, 8 instructions each: about a millisecond on an H200
-PEAK_BLOCKS_PER_SM = (1, 2, 4)  # 8, 16 and 32 warps an SM: what a matmul's occupancy allows
+# (blocks of 8 warps an SM, independent accumulators a warp): the instruction's rate with many
+# warps, with as few warps as step 5's blocks leave an SM, and with those warps holding as many
+# accumulators as step 5's 64 x 64 warps do
+PEAK_CASES = ((4, 8), (2, 8), (1, 8), (1, 32))
 
 
 def mma_peak(ceil: dict) -> list[dict]:
     """The rate of back-to-back mma.sync on registers (mma_peak.cu: no memory, every SM busy)
-    with 8, 16 and 32 warps an SM, against cuBLAS at 8192^3, the same dtype, timed interleaved:
-    the instruction's ceiling next to wgmma's (what cuBLAS runs on Hopper), and how many warps
-    it takes to reach it (step 5's 128 x 256 blocks leave 8 warps an SM)."""
+    for each of PEAK_CASES, against cuBLAS at 8192^3, the same dtype, timed interleaved: the
+    instruction's ceiling next to wgmma's (what cuBLAS runs on Hopper), and how many warps or
+    independent accumulators it takes to reach it (step 5's blocks leave 8 warps an SM)."""
     if not runtime.cupy_status()[0]:
         return []
     import numpy as np
@@ -143,22 +146,24 @@ def mma_peak(ceil: dict) -> list[dict]:
     from kernels import cuda
     from kernels.matmul import cupy_matmul
 
-    sms, threads, chains = runtime.features().sm_count, 256, 8  # mma_peak.cu's
-    n = 8192
-    sink = torch.empty(max(PEAK_BLOCKS_PER_SM) * sms * threads, dtype=torch.float32, device="cuda")
+    sms, threads, n = runtime.features().sm_count, 256, 8192  # threads: mma_peak.cu's
+    most_blocks = max(per_sm for per_sm, _ in PEAK_CASES) * sms
+    sink = torch.empty(most_blocks * threads, dtype=torch.float32, device="cuda")
     out = []
     for dtype in DTYPES.values():
         a, b = make_inputs(n, n, n, dtype, seed=6)
-        kernel = cuda.load_kernel("matmul/mma_peak.cu", f"mma_peak_{cupy_matmul.SUFFIX[dtype]}")
-        args = (cuda.pointer(sink), np.int32(PEAK_ITERS))
         fns, flops = {"cuBLAS": lambda a=a, b=b: a @ b}, {"cuBLAS": reference.matmul_flops(n, n, n)}
-        for per_sm in PEAK_BLOCKS_PER_SM:
-            name = f"mma.sync peak, {per_sm * threads // 32} warps an SM"
-            blocks = per_sm * sms
+        for per_sm, chains in PEAK_CASES:
+            name = f"mma.sync peak, {per_sm * threads // 32} warps an SM, {chains} accumulators"
+            kernel = cuda.load_kernel(
+                "matmul/mma_peak.cu", f"mma_peak_{chains}_{cupy_matmul.SUFFIX[dtype]}"
+            )
+            iters = PEAK_ITERS * 8 // chains
+            args, blocks = (cuda.pointer(sink), np.int32(iters)), per_sm * sms
             fns[name] = lambda k=kernel, g=blocks, args=args: cuda.launch(
                 k, g, threads, args, sink.device
             )
-            flops[name] = 2 * 16 * 8 * 16 * chains * PEAK_ITERS * blocks * (threads // 32)
+            flops[name] = 2 * 16 * 8 * 16 * chains * iters * blocks * (threads // 32)
         timings = bench.benchmark(fns, flush=False)
         rates = {name: t.tflops(flops[name]) for name, t in timings.items()}
         impls = {
