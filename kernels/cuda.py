@@ -123,17 +123,21 @@ def launch(
     kernel, grid: int, block: int, args: tuple, device: torch.device, shared_mem: int = 0
 ) -> None:
     """Launch a CuPy kernel on PyTorch's current stream of `device`, with `shared_mem` bytes of
-    dynamic shared memory (at most 48 KB: more needs a per-kernel opt-in, which the course's kernels
-    do not use)."""
+    dynamic shared memory. Past 48 KB a kernel must opt in to more (CuPy's
+    `max_dynamic_shared_size_bytes`, cudaFuncSetAttribute underneath), which this makes where the
+    kernel has not yet; the device's limit per block is `runtime.shared_memory_budget()`."""
     import cupy
 
-    if shared_mem > 48 * 1024:
+    limit = runtime.shared_memory_budget()
+    if shared_mem > limit:
         raise ValueError(
-            f"launch: {shared_mem} bytes of dynamic shared memory requested; at most 48 KB without "
-            "an opt-in"
+            f"launch: {shared_mem} bytes of dynamic shared memory requested; this GPU gives a "
+            f"block at most {limit}"
         )
     with (
         cupy.cuda.Device(device.index or 0),
         cupy.cuda.Stream.from_external(torch.cuda.current_stream(device)),
     ):
+        if shared_mem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_mem:
+            kernel.max_dynamic_shared_size_bytes = shared_mem
         kernel((grid,), (block,), args, shared_mem=shared_mem)

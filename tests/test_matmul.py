@@ -11,6 +11,7 @@ import torch
 
 from kernels import runtime
 from kernels.matmul import reference, triton_matmul, triton_skinny
+from kernels.matmul.cupy_matmul import MMA_VARIANTS
 from kernels.matmul.reference import LAYOUTS, check_matmul, make_inputs
 from kernels.testing import compare, poison_
 
@@ -99,13 +100,43 @@ def test_cuda_steps_use_wide_loads_and_tensor_cores(tmp_path):
     assert "LDG.E.128" in register["matmul_vectorized_bf16"]
     assert "LDG.E.128" not in register["matmul_register_bf16"]
     mma = sass("matmul_mma")
-    for suffix, instruction in (("f16", "HMMA.16816.F32 "), ("bf16", "HMMA.16816.F32.BF16")):
-        body = mma[f"matmul_mma_{suffix}"]
-        assert instruction in body, f"matmul_mma_{suffix} issues no {instruction}"
+    default = cupy_matmul().MMA_DEFAULT
+    for dtype, instruction in (
+        (torch.float16, "HMMA.16816.F32 "),
+        (torch.bfloat16, "HMMA.16816.F32.BF16"),
+    ):
+        name = default.kernel(False, dtype)
+        body = mma[name]
+        assert instruction in body, f"{name} issues no {instruction}"
         assert "LDSM.16.M88.4" in body and "LDSM.16.MT88.4" in body  # ldmatrix, plain and .trans
         assert "LDGSTS.E.BYPASS.128" in body  # cp.async.cg, 16 bytes
-        kmajor = mma[f"matmul_mma_kmajor_{suffix}"]  # B = W.T: no transposing ldmatrix
+        assert "STG.E " in body  # C's neighbours stored in pairs (4 bytes), not one by one
+        kmajor = mma[default.kernel(True, dtype)]  # B = W.T: no transposing ldmatrix
         assert instruction in kmajor and "LDSM.16.MT88.4" not in kmajor
+
+
+def test_every_mma_config_is_compiled_with_the_shared_memory_the_wrapper_gives():
+    """Each MMA_VARIANTS entry names kernels its .cu file defines, and the default fits an H100's
+    or H200's 227 KB and falls back to the 48 KB configuration where a block gets less."""
+    from kernels import cuda
+
+    cm = cupy_matmul()
+    for config in cm.MMA_VARIANTS.values():
+        text = cuda.source_path(cm.STEPS["mma"].source).read_text()
+        dims = (config.block_m, config.block_n, config.block_k, config.warp_m, config.warp_n)
+        assert f"MMA_ENTRIES({', '.join(map(str, (*dims, config.stages)))})" in text, config.name
+        assert config.shared_bytes(True) <= 227 * 1024, config.name
+    assert cm.MMA_FALLBACK.shared_bytes(True) <= 48 * 1024
+    # 128 x 256 x 64, 3 stages: A 128 x 72 and B 64 x 264 (or 256 x 72) elements a stage
+    assert cm.MMA_DEFAULT.shared_bytes(False) == 2 * 3 * (128 * 72 + 64 * 264)
+    assert cm.MMA_DEFAULT.shared_bytes(True) == 2 * 3 * (128 * 72 + 256 * 72)
+
+
+def test_mma_step_falls_back_where_shared_memory_is_short(monkeypatch):
+    cm = cupy_matmul()
+    assert cm.mma_config_for(b_kmajor=False) is cm.MMA_DEFAULT
+    monkeypatch.setattr(runtime, "shared_memory_budget", lambda: 64 * 1024)  # Turing
+    assert cm.mma_config_for(b_kmajor=True) is cm.MMA_FALLBACK
 
 
 # --------------------------------------------------------------------------------------------------
@@ -246,10 +277,30 @@ def assert_within_twice_the_tolerance_of_cublas(c, a, b):
     assert result.ok, f"against cuBLAS: {result.reason}"
 
 
+# More tiles than stages, and (second) fewer K tiles than the pipeline's depth.
+MMA_SHAPES = [(1000, 1031, 997), (130, 260, 24)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("shape", MMA_SHAPES, ids=str)
+@pytest.mark.parametrize("config", list(MMA_VARIANTS))
+def test_every_mma_config_matches_fp64(config, shape, layout, dtype):
+    cm = cupy_matmul()
+    if cm.MMA_VARIANTS[config].shared_bytes(True) > runtime.shared_memory_budget():
+        pytest.skip("more shared memory than this GPU gives a block")
+    M, N, K = shape
+    a, b = make_inputs(M, N, K, dtype, layout, seed=M + K)
+    c = poisoned(M, N, dtype)
+    assert cm.matmul(a, b, c, mma=cm.MMA_VARIANTS[config]) is c
+    assert_exact(c, a, b)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_mma_step_reads_weights_k_major(dtype):
-    """B = W.T with W's rows 16-byte aligned takes matmul_mma_kmajor: right at odd M and N."""
+    """B = W.T with W's rows 16-byte aligned takes the _kmajor kernel: right at odd M and N."""
     a, b = make_inputs(301, 203, 264, dtype, "nt", seed=12)
     assert cupy_matmul().rows_are_16_byte_packs(b.T)
     assert_exact(cupy_matmul().matmul(a, b, step="mma"), a, b)

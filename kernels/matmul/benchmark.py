@@ -2,7 +2,8 @@
 data/results/<gpu>/02b_matmul.json.
 
     python -m kernels.matmul.benchmark                 # every section
-    python -m kernels.matmul.benchmark cuda triton     # some: cuda, triton, skinny, launch-order
+    python -m kernels.matmul.benchmark cuda triton     # some: cuda, triton, skinny, launch-order,
+                                                       # mma-variants, mma-peak
 
 Each section is checked against float64 before it is timed (a wrong kernel raises instead of
 getting a number), then timed interleaved with its anchor, cuBLAS (`a @ b`), L2 flushed before every
@@ -31,6 +32,8 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 CUDA_SHAPE = (4096, 4096, 4096)  # the CUDA C steps: large enough to fill the GPU, naive in ~0.1 s
 TRITON_SHAPES = [(8192, 8192, 8192), (8192, 11008, 4096), (4096, 4096, 4096)]
 SKINNY_SHAPES = [(1, 8192, 2048), (32, 8192, 2048)]  # decode: B is an nn.Linear weight, W.T
+MMA_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192)]  # step 5's configurations
+MMA_CHECK_SHAPE = (1000, 1031, 997)  # multiples of no tile, before any timing
 
 
 def checked(name: str, c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
@@ -80,11 +83,94 @@ def cuda_steps(ceil: dict) -> list[dict]:
         for step in cupy_matmul.STEPS:
             checked(f"cuda {step}", cupy_matmul.matmul(a, b, step=step), a, b)
             fns[f"cuda {step}"] = lambda a=a, b=b, step=step: cupy_matmul.matmul(a, b, step=step)
-        # x @ W.T, nn.Linear's layout: matmul_mma_kmajor
+        # x @ W.T, nn.Linear's layout: the _kmajor kernel
         w_t = make_inputs(*CUDA_SHAPE, dtype, layout="nt", seed=1)[1]
         checked("cuda mma, B = W.T", cupy_matmul.matmul(a, w_t, step="mma"), a, w_t)
         fns["cuda mma, B = W.T"] = lambda a=a, w_t=w_t: cupy_matmul.matmul(a, w_t, step="mma")
         out.append(timed(fns, CUDA_SHAPE, dtype, ceil))
+    return out
+
+
+def mma_variants(ceil: dict) -> list[dict]:
+    """Every configuration of step 5 (cupy_matmul.MMA_VARIANTS), checked against float64 at an odd
+    shape on both B layouts, then timed interleaved with cuBLAS at MMA_SHAPES, both dtypes; the
+    default configuration on B = W.T too."""
+    if not runtime.cupy_status()[0]:
+        return []
+    from kernels.matmul import cupy_matmul
+
+    fitting = {
+        name: config
+        for name, config in cupy_matmul.MMA_VARIANTS.items()
+        if config.shared_bytes(True) <= runtime.shared_memory_budget()
+    }
+    for dtype in DTYPES.values():
+        for layout in ("nn", "nt"):
+            a, b = make_inputs(*MMA_CHECK_SHAPE, dtype, layout, seed=4)
+            exact = reference.matmul_reference(a, b)
+            for name, config in fitting.items():
+                c = cupy_matmul.matmul(a, b, mma=config)
+                result = check_matmul(c, a, b, exact)
+                if not result.ok:
+                    raise AssertionError(f"mma {name}, {layout} {dtype}: {result.reason}")
+    out = []
+    for shape in MMA_SHAPES:
+        for dtype in DTYPES.values():
+            a, b = make_inputs(*shape, dtype, seed=5)
+            w_t = make_inputs(*shape, dtype, layout="nt", seed=5)[1]
+            fns = {"cuBLAS": lambda a=a, b=b: a @ b}
+            for name, config in fitting.items():
+                fns[f"mma {name}"] = lambda a=a, b=b, c=config: cupy_matmul.matmul(a, b, mma=c)
+            default = cupy_matmul.MMA_DEFAULT
+            fns[f"mma {default.name}, B = W.T"] = lambda a=a, w_t=w_t: cupy_matmul.matmul(a, w_t)
+            out.append(timed(fns, shape, dtype, ceil))
+    return out
+
+
+PEAK_ITERS = 4096  # per warp, 8 instructions each: about a millisecond on an H200
+# (blocks of 8 warps an SM, independent accumulators a warp): the instruction's rate with many
+# warps, with as few warps as step 5's blocks leave an SM, and with those warps holding as many
+# accumulators as step 5's 64 x 64 warps do
+PEAK_CASES = ((4, 8), (2, 8), (1, 8), (1, 32))
+
+
+def mma_peak(ceil: dict) -> list[dict]:
+    """The rate of back-to-back mma.sync on registers (mma_peak.cu: no memory, every SM busy)
+    for each of PEAK_CASES, against cuBLAS at 8192^3, the same dtype, timed interleaved: the
+    instruction's ceiling next to wgmma's (what cuBLAS runs on Hopper), and how many warps or
+    independent accumulators it takes to reach it (step 5's blocks leave 8 warps an SM)."""
+    if not runtime.cupy_status()[0]:
+        return []
+    import numpy as np
+
+    from kernels import cuda
+    from kernels.matmul import cupy_matmul
+
+    sms, threads, n = runtime.features().sm_count, 256, 8192  # threads: mma_peak.cu's
+    most_blocks = max(per_sm for per_sm, _ in PEAK_CASES) * sms
+    sink = torch.empty(most_blocks * threads, dtype=torch.float32, device="cuda")
+    out = []
+    for dtype in DTYPES.values():
+        a, b = make_inputs(n, n, n, dtype, seed=6)
+        fns, flops = {"cuBLAS": lambda a=a, b=b: a @ b}, {"cuBLAS": reference.matmul_flops(n, n, n)}
+        for per_sm, chains in PEAK_CASES:
+            name = f"mma.sync peak, {per_sm * threads // 32} warps an SM, {chains} accumulators"
+            kernel = cuda.load_kernel(
+                "matmul/mma_peak.cu", f"mma_peak_{chains}_{cupy_matmul.SUFFIX[dtype]}"
+            )
+            iters = PEAK_ITERS * 8 // chains
+            args, blocks = (cuda.pointer(sink), np.int32(iters)), per_sm * sms
+            fns[name] = lambda k=kernel, g=blocks, args=args: cuda.launch(
+                k, g, threads, args, sink.device
+            )
+            flops[name] = 2 * 16 * 8 * 16 * chains * iters * blocks * (threads // 32)
+        timings = bench.benchmark(fns, flush=False)
+        rates = {name: t.tflops(flops[name]) for name, t in timings.items()}
+        impls = {
+            name: {**t.summary(), "tflops": rates[name], "vs_cublas": rates[name] / rates["cuBLAS"]}
+            for name, t in timings.items()
+        }
+        out.append({"shape": [n, n, n], "dtype": str(dtype).removeprefix("torch."), "impls": impls})
     return out
 
 
@@ -160,6 +246,8 @@ SECTIONS = {
     "triton": triton_kernels,
     "skinny": skinny,
     "launch-order": lambda ceil: launch_order(),
+    "mma-variants": mma_variants,
+    "mma-peak": mma_peak,
 }
 
 
@@ -195,6 +283,12 @@ def performance_targets(results: dict) -> list[dict]:
     steps = _rows(results, "cuda", CUDA_SHAPE)
     if steps:
         checks.append(_best(steps, ("cuda mma",), "CUDA C, 4096^3 bf16", 0.70))
+    variants = _rows(results, "mma-variants", CUDA_SHAPE)
+    if variants:
+        names = tuple(n for n in variants if n.startswith("mma ") and "W.T" not in n)
+        checks.append(
+            _best(variants, names, "CUDA C mma.sync, best configuration, 4096^3 bf16", 0.70)
+        )
     for shape in TRITON_SHAPES[:2]:
         for dtype in ("bfloat16", "float16"):
             impls = _rows(results, "triton", shape, dtype)
@@ -219,9 +313,10 @@ def print_section(name: str, rows) -> None:
         print(json.dumps(rows, indent=1))
         return
     for row in rows:
-        print(f"{'x'.join(map(str, row['shape']))} {row['dtype']}, floor {row['floor_us']:.1f} us")
+        floor = f", floor {row['floor_us']:.1f} us" if row.get("floor_us") else ""
+        print(f"{'x'.join(map(str, row['shape']))} {row['dtype']}{floor}")
         columns = ("median_us", "tflops", "gbps", "vs_cublas")
-        table = [{"impl": k, **{c: v[c] for c in columns}} for k, v in row["impls"].items()]
+        table = [{"impl": k, **{c: v.get(c) for c in columns}} for k, v in row["impls"].items()]
         print(bench.table(table, floatfmt=".2f"))
 
 

@@ -7,13 +7,18 @@ through CuPy. The CUDA C is in the .cu files beside this one:
 | 2 | shared-memory tiles | matmul_shared.cu | 1024 | 32 x 32 |
 | 3 | register tiles (8 x 8 per thread) | matmul_register.cu | 256 | 128 x 128 |
 | 4 | 16-byte loads | matmul_register.cu | 256 | 128 x 128 |
-| 5 | tensor cores (mma.sync) | matmul_mma.cu | 256 | 128 x 128 |
+| 5 | tensor cores (mma.sync) | matmul_mma.cu | 256 | 128 x 256 |
 
 Every step takes the same arguments: the operands' strides (a transposed operand is a view, never a
 copy) and whether each operand's rows can be read 16 bytes at a time. M, N and K need not be
 multiples of any tile: loads past the edges read zeros and stores are masked. Step 5 has a second
 kernel for B = W.T (W (N, K) with contiguous rows, as nn.Linear stores it), which keeps B's tile
 k-major and reads it 16 bytes at a time along k.
+
+Step 5 is a template over its tiles and pipeline depth (`MmaConfig`): `MMA_DEFAULT` is the
+configuration the step runs, `MMA_FALLBACK` the one that fits in 48 KB of shared memory for GPUs
+that cannot give a block more; `MMA_VARIANTS` holds the two, which the benchmark compares
+(PERFORMANCE.md has the configurations measured before these were chosen).
 """
 
 from __future__ import annotations
@@ -43,8 +48,47 @@ STEPS: dict[str, Step] = {
     "shared": Step("matmul/matmul_shared.cu", "matmul_shared", 1024, 32, 32),
     "register": Step("matmul/matmul_register.cu", "matmul_register", 256, 128, 128),
     "vectorized": Step("matmul/matmul_register.cu", "matmul_vectorized", 256, 128, 128),
-    "mma": Step("matmul/matmul_mma.cu", "matmul_mma", 256, 128, 128),
+    "mma": Step("matmul/matmul_mma.cu", "matmul_mma", 256, 128, 256),  # MMA_DEFAULT's tile
 }
+
+
+@dataclass(frozen=True)
+class MmaConfig:
+    """One instantiation of matmul_mma.cuh's template: a block_m x block_n tile of C per block,
+    block_k of K per step, warps of warp_m x warp_n, `stages` tiles of A and B in flight."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    warp_m: int
+    warp_n: int
+    stages: int
+
+    @property
+    def name(self) -> str:
+        m, n, k = self.block_m, self.block_n, self.block_k
+        return f"{m}x{n}x{k}_w{self.warp_m}x{self.warp_n}_s{self.stages}"
+
+    @property
+    def threads(self) -> int:
+        return (self.block_m // self.warp_m) * (self.block_n // self.warp_n) * 32
+
+    def kernel(self, b_kmajor: bool, dtype: torch.dtype) -> str:
+        return f"matmul_mma_{self.name}{'_kmajor' if b_kmajor else ''}_{SUFFIX[dtype]}"
+
+    def shared_bytes(self, b_kmajor: bool) -> int:
+        """As MmaTiles lays them out: rows padded by 8 elements, two bytes each."""
+        pad = 8
+        a_tile = self.block_m * (self.block_k + pad)
+        b_tile = (
+            self.block_n * (self.block_k + pad) if b_kmajor else self.block_k * (self.block_n + pad)
+        )
+        return 2 * self.stages * (a_tile + b_tile)
+
+
+MMA_DEFAULT = MmaConfig(128, 256, 64, 64, 64, 3)
+MMA_FALLBACK = MmaConfig(128, 128, 32, 64, 32, 2)
+MMA_VARIANTS: dict[str, MmaConfig] = {c.name: c for c in (MMA_DEFAULT, MMA_FALLBACK)}
 
 
 def rows_are_16_byte_packs(t: torch.Tensor) -> bool:
@@ -54,10 +98,22 @@ def rows_are_16_byte_packs(t: torch.Tensor) -> bool:
     return t.stride(1) == 1 and t.stride(0) % pack == 0 and t.data_ptr() % 16 == 0
 
 
+def mma_config_for(b_kmajor: bool) -> MmaConfig:
+    """MMA_DEFAULT where this GPU gives a block its shared memory, else MMA_FALLBACK."""
+    fits = MMA_DEFAULT.shared_bytes(b_kmajor) <= runtime.shared_memory_budget()
+    return MMA_DEFAULT if fits else MMA_FALLBACK
+
+
 def matmul(
-    a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *, step: str = "mma"
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    step: str = "mma",
+    mma: MmaConfig | None = None,
 ) -> torch.Tensor:
-    """C = a @ b by one of the STEPS (fp16 or bf16 in, float32 accumulation, C in a's dtype)."""
+    """C = a @ b by one of the STEPS (fp16 or bf16 in, float32 accumulation, C in a's dtype).
+    Step 5 runs `mma` if given (one of MMA_VARIANTS), else `mma_config_for` picks."""
     runtime.require_cupy()
     if step not in STEPS:
         raise ValueError(f"matmul: step must be one of {list(STEPS)}, got {step!r}")
@@ -65,12 +121,17 @@ def matmul(
     if step == "mma" and a.dtype == torch.bfloat16:
         runtime.require("bf16", "matmul[mma] on bfloat16")
     out = torch.empty(M, N, dtype=a.dtype, device=a.device) if out is None else out
-    spec = STEPS[step]
-    name, vec_b = spec.kernel, rows_are_16_byte_packs(b)
-    if step == "mma" and rows_are_16_byte_packs(b.T):  # B = W.T, W's rows 16-byte packs
-        name, vec_b = "matmul_mma_kmajor", True
-    kernel = cuda.load_kernel(spec.source, f"{name}_{SUFFIX[a.dtype]}")
-    grid = cuda.cdiv(M, spec.tile_m) * cuda.cdiv(N, spec.tile_n)
+    spec, vec_b, shared = STEPS[step], rows_are_16_byte_packs(b), 0
+    if step == "mma":
+        b_kmajor = rows_are_16_byte_packs(b.T)  # B = W.T, W's rows 16-byte packs
+        vec_b = vec_b or b_kmajor
+        config = mma or mma_config_for(b_kmajor)
+        source, name, threads = spec.source, config.kernel(b_kmajor, a.dtype), config.threads
+        tiles = cuda.cdiv(M, config.block_m) * cuda.cdiv(N, config.block_n)
+        shared = config.shared_bytes(b_kmajor)
+    else:
+        source, name, threads = spec.source, f"{spec.kernel}_{SUFFIX[a.dtype]}", spec.threads
+        tiles = cuda.cdiv(M, spec.tile_m) * cuda.cdiv(N, spec.tile_n)
     args = (
         cuda.pointer(a),
         cuda.pointer(b),
@@ -79,5 +140,5 @@ def matmul(
         np.int32(rows_are_16_byte_packs(a)),
         np.int32(vec_b),
     )
-    cuda.launch(kernel, grid, spec.threads, args, a.device)
+    cuda.launch(cuda.load_kernel(source, name), tiles, threads, args, a.device, shared)
     return out
