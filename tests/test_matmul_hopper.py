@@ -25,6 +25,7 @@ GPU_SHAPES = [
     # 24 x 9 = 216 tiles of 128 x 256 on 132 CTAs: a CTA takes one or two, the ring's position
     # and phases run on across them; K = 4096 (64 steps of 64) wraps the 3-slot ring many times.
     (3000, 2056, 4096),
+    (67, 100, 300),  # rows off 16-byte boundaries: operands and C through padded buffers
 ]
 
 
@@ -66,12 +67,18 @@ def test_tma_kernel_odd_m():
     _run_and_check(matmul_tma, 67, 40, 48, torch.bfloat16, "nn")
 
 
+@pytest.mark.parametrize("layout", ["nn", "tt"])
+def test_tma_kernel_pads_rows_off_16_byte_boundaries(layout):
+    """K = 36 and N = 20: rows of 72 and 40 bytes, off TMA's 16-byte boundaries in either
+    orientation; the operands and C go through buffers with padded rows."""
+    from kernels.matmul.triton_matmul_tma import matmul_tma
+
+    _run_and_check(matmul_tma, 12, 20, 36, torch.bfloat16, layout)
+
+
 def test_tma_kernel_says_what_it_cannot_read():
     from kernels.matmul.triton_matmul_tma import matmul_tma
 
-    a, b = make_inputs(16, 24, 36, torch.bfloat16, "nn")  # a's rows: 36 x 2 = 72 bytes apart
-    with pytest.raises(ValueError, match="a's rows are 36 elements apart.*16-byte boundary"):
-        matmul_tma(a, b)
     a, b = make_inputs(16, 24, 32, torch.bfloat16, "nn")
     with pytest.raises(ValueError, match="TMA needs one of its dimensions contiguous"):
         matmul_tma(a[::2, ::2], b[::2])
@@ -106,8 +113,10 @@ def test_gluon_argument_checks():
     a_t, b = make_inputs(72, 136, 200, torch.bfloat16, "tn")
     with pytest.raises(ValueError, match="a must have contiguous rows"):
         check_gluon_args(a_t, b)
-    with pytest.raises(ValueError, match="stages 4; supported: 2, 3"):
+    with pytest.raises(ValueError, match="stages 4; supported at block_n 256: 2 to 3"):
         check_gluon_args(a, b, stages=4)
+    with pytest.raises(ValueError, match="stages 7; supported at block_n 128: 2 to 6"):
+        check_gluon_args(a, b, stages=7, block_n=128)
     with pytest.raises(ValueError, match="out must be"):
         check_gluon_args(a, b, out=torch.empty(72, 135, dtype=torch.bfloat16))
     with pytest.raises(TypeError, match="float16 or bfloat16|supported"):
@@ -124,6 +133,8 @@ COMPILED = [
     ("gluon_matmul", {"stages": 2}),
     ("gluon_matmul", {"block_scaled": True}),  # fp8 e4m3, 128 x 128 tiles, 4 stages
     ("gluon_matmul", {"block_scaled": True, "stages": 5}),
+    ("gluon_matmul", {"block_scaled": True, "overlap": True}),  # three accumulators a thread
+    ("gluon_matmul", {"block_n": 128, "stages": 6}),
 ]
 
 
@@ -167,7 +178,8 @@ def test_compiles_for_hopper_without_a_gpu(compiled_offline, module, options):
         else:
             assert made["wgmma_fp8"] == 0
             stages = options.get("stages", gluon_matmul.STAGES)
-            assert made["shared_bytes"] >= gluon_matmul.shared_bytes(stages=stages)
+            block_n = options.get("block_n", gluon_matmul.BLOCK_N)
+            assert made["shared_bytes"] >= gluon_matmul.shared_bytes(block_n, stages)
     else:
         assert made["warps"] == 8
 
@@ -194,6 +206,25 @@ def test_gluon_kernel_matches_fp64(shape, layout, dtype, stages):
     from kernels.matmul.gluon_matmul import gluon_matmul
 
     _run_and_check(lambda a, b, out: gluon_matmul(a, b, out, stages=stages), *shape, dtype, layout)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "options",
+    [dict(block_n=128, stages=4), dict(block_n=128, stages=6), dict(group_m=16)],
+    ids=lambda o: str(o).replace(" ", ""),
+)
+@pytest.mark.parametrize("layout", ["nn", "nt"])
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+def test_gluon_variants_match_fp64(shape, layout, options):
+    """The other tiles, ring depths and tile orders the benchmark's `variants` section times."""
+    if not runtime.has("wgmma"):
+        pytest.fail("the Gluon GEMM's GPU tests need an sm_90 GPU (H100, H200)")
+    from kernels.matmul.gluon_matmul import gluon_matmul
+
+    _run_and_check(
+        lambda a, b, out: gluon_matmul(a, b, out, **options), *shape, torch.bfloat16, layout
+    )
 
 
 @pytest.mark.gpu

@@ -1,15 +1,18 @@
 """Benchmarks of the Hopper and fp8 matrix products: the measurements behind notebook 02b's Hopper
 and fp8 parts and data/results/<gpu>/02b_matmul_hopper.json.
 
-    python -m kernels.matmul.benchmark_hopper              # both sections
-    python -m kernels.matmul.benchmark_hopper hopper fp8   # either
+    python -m kernels.matmul.benchmark_hopper                       # every section
+    python -m kernels.matmul.benchmark_hopper hopper fp8 variants   # some
 
 `hopper`: cuBLAS, the tiled and persistent Triton kernels (`triton_matmul.py`), the persistent TMA
 kernel (`triton_matmul_tma.py`) and the warp-specialized Gluon kernel (`gluon_matmul.py`), bf16 and
 fp16, at the shapes of the targets. `fp8`: cuBLAS in bf16 and in fp8 per tensor
 (`torch._scaled_mm`), the course's per-tensor kernel promoted every 128 and never promoted, and the
 block-scaled ones (Triton, and the warp-specialized Gluon kernel's fp8 mode); each with its error
-against float64 products (`triton_fp8_matmul.fp8_errors`).
+against float64 products (`triton_fp8_matmul.fp8_errors`). `variants`: every candidate
+configuration of the Gluon kernel and of both block-scaled kernels at the target shapes, against
+the same anchors: what picks each kernel's default. A candidate that fails its check is reported
+and left out of the timing.
 
 As `kernels.matmul.benchmark`: every kernel is checked against float64 before it is timed (a wrong
 kernel raises instead of getting a number), timed interleaved with its anchors, L2 flushed before
@@ -20,6 +23,7 @@ the other's rows in the results file. Needs an sm_90 GPU: on any other the kerne
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 
@@ -133,7 +137,125 @@ def fp8(ceil: dict) -> list[dict]:
     return out
 
 
-SECTIONS = {"hopper": hopper, "fp8": fp8}
+# The candidates timed against each other by the `variants` section: keyword arguments of
+# gluon_matmul (16-bit) and gluon_fp8_matmul_block_scaled; the Triton block-scaled kernel's are
+# its GPU_TILES that fit a promoted product.
+GLUON_VARIANTS = {
+    "128x256 s3 g8": dict(block_n=256, stages=3, group_m=8),
+    "128x256 s2 g8": dict(block_n=256, stages=2, group_m=8),
+    "128x256 s3 g16": dict(block_n=256, stages=3, group_m=16),
+    "128x128 s4 g8": dict(block_n=128, stages=4, group_m=8),
+    "128x128 s6 g8": dict(block_n=128, stages=6, group_m=8),
+}
+GLUON_FP8_VARIANTS = {
+    "s4": dict(stages=4),
+    "s5": dict(stages=5),
+    "overlap s3": dict(stages=3, overlap=True),
+    "overlap s4": dict(stages=4, overlap=True),
+    "overlap s5": dict(stages=5, overlap=True),
+}
+
+
+def _checked_or_reason(check) -> str | None:
+    """None when `check()` passes, else why not: a variant that fails is reported, not timed,
+    and does not stop the others."""
+    try:
+        check()
+    except Exception as error:  # noqa: BLE001 (any failure of a candidate is its result)
+        return f"{type(error).__name__}: {str(error)[:300]}"
+    return None
+
+
+def variants(ceil: dict) -> list[dict]:
+    """Every candidate configuration of the Gluon kernel (16-bit, at the target shapes, both
+    dtypes) and of the two block-scaled fp8 kernels, timed in one run against their anchors
+    (cuBLAS; cuBLAS fp8 per tensor): the measurements that pick each kernel's default."""
+    out = []
+    for shape in TARGET_SHAPES:
+        for dtype in DTYPES.values():
+            a, b = make_inputs(*shape, dtype, seed=2)
+            fns = {"cuBLAS": lambda a=a, b=b: a @ b}
+            failed = {}
+            for name, options in GLUON_VARIANTS.items():
+                fn = functools.partial(gluon_matmul.gluon_matmul, a, b, **options)
+                reason = _checked_or_reason(lambda fn=fn, name=name: checked(name, fn(), a, b))
+                if reason:
+                    failed[f"gluon {name}"] = reason
+                else:
+                    fns[f"gluon {name}"] = fn
+            row = timed(fns, shape, dtype, ceil)
+            row["failed"] = failed
+            out.append(row)
+    f8 = triton_fp8_matmul
+    for M, N, K in TARGET_SHAPES:
+        a, w = make_inputs(M, N, K, torch.bfloat16, layout="nt", seed=4)
+        w = w.T
+        (a8, sa), (w8, sw) = f8.quantize_per_tensor(a), f8.quantize_per_tensor(w)
+        (ab8, sab), (wb8, swb) = f8.quantize_activation(a), f8.quantize_weight(w)
+        blocked = (f8.dequantize(ab8, sab, 1), f8.dequantize(wb8, swb, f8.SCALE_BLOCK))
+        candidates = {
+            f"gluon fp8 {name}": functools.partial(
+                gluon_matmul.gluon_fp8_matmul_block_scaled, ab8, sab, wb8, swb, **options
+            )
+            for name, options in GLUON_FP8_VARIANTS.items()
+        }
+        for tile in f8.GPU_TILES:
+            config = f8.tile_config(*tile)
+            if f8.fits(config, promoted=True):
+                bm, bn, warps, stages = tile
+                candidates[f"triton fp8 {bm}x{bn} w{warps} s{stages}"] = functools.partial(
+                    f8.fp8_matmul_block_scaled, ab8, sab, wb8, swb, config=config
+                )
+        fns = {"cuBLAS fp8 per-tensor": lambda: f8.fp8_matmul_scaled_mm(a8, w8, sa, sw)}
+        errors, failed = {}, {}
+
+        def check(name, fn):
+            errors[name] = f8.fp8_errors(fn(), blocked, (a, w))
+            if not errors[name]["dequantized"]["calc_diff"] < WRONG_KERNEL_DIFF:
+                raise AssertionError(f"{name} at {(M, N, K)}: {errors[name]}")
+
+        for name, fn in candidates.items():
+            reason = _checked_or_reason(functools.partial(check, name, fn))
+            if reason:
+                failed[name] = reason
+            else:
+                fns[name] = fn
+        timings = bench.benchmark(fns)
+        flops = reference.matmul_flops(M, N, K)
+        anchor = timings["cuBLAS fp8 per-tensor"]
+        out.append(
+            {
+                "shape": [M, N, K],
+                "dtype": "float8_e4m3fn",
+                "impls": {
+                    name: {
+                        **t.summary(),
+                        "tflops": t.tflops(flops),
+                        "vs_cublas_fp8": bench.ratio(anchor, t),
+                        "errors": errors.get(name),
+                    }
+                    for name, t in timings.items()
+                },
+                "failed": failed,
+            }
+        )
+    return out
+
+
+def print_variants(rows) -> None:
+    for row in rows:
+        ratio = "vs_cublas_fp8" if row["dtype"] == "float8_e4m3fn" else "vs_cublas"
+        print(f"\nvariants {'x'.join(map(str, row['shape']))} {row['dtype']}")
+        table = [
+            {"impl": name, "tflops": impl["tflops"], ratio: impl[ratio]}
+            for name, impl in row["impls"].items()
+        ]
+        print(bench.table(table, floatfmt=".3f"))
+        for name, reason in row["failed"].items():
+            print(f"FAILED {name}: {reason}")
+
+
+SECTIONS = {"hopper": hopper, "fp8": fp8, "variants": variants}
 
 
 def _impls(results, section, shape, dtype):
@@ -222,6 +344,9 @@ def main(argv: list[str]) -> int:
     results["ceilings"] = {k: v for k, v in ceil.items() if k != "fingerprint"}
     for section in wanted:
         results[section] = SECTIONS[section](ceil)
+        if section == "variants":
+            print_variants(results[section])
+            continue
         print_section(section, results[section])
         if section == "fp8":
             print_fp8_errors(results[section])

@@ -34,10 +34,12 @@ cores, then is multiplied by its scales and added into fp32 registers (the promo
 other warpgroup's product runs.
 
 Scope: fp16 and bf16 (and e4m3 in the fp8 mode, W as (N, K)); A row-major (its rows may be
-strided: any row stride on a 16-byte boundary), B row-major (K, N) or the transpose of a row-major
-(N, K) weight (`b = W.T`, nn.Linear's layout); any M, N, K whose row strides are 16-byte aligned
-(TMA's rule). Needs wgmma (sm_90: H100, H200): both wrappers raise FeatureMissing anywhere else,
-before any compilation; the portable kernels are `triton_matmul.py`'s.
+strided), B row-major (K, N) or the transpose of a row-major (N, K) weight (`b = W.T`,
+nn.Linear's layout); any M, N, K (an operand whose rows are off TMA's 16-byte boundaries is copied
+into a buffer with padded rows, and so is C: `tma_view`, `tma_output`). Tiles 128 x 256 (up to 3
+stages) or 128 x 128 (up to 6). Needs wgmma (sm_90: H100, H200): both wrappers raise
+FeatureMissing anywhere else, before any compilation; the portable kernels are
+`triton_matmul.py`'s.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from kernels import runtime
 from kernels.matmul import triton_fp8_matmul
 from kernels.matmul.reference import check_matmul_args
-from kernels.matmul.triton_matmul_tma import tma_view
+from kernels.matmul.triton_matmul_tma import deliver, tma_output, tma_view
 
 # The feature this kernel needs (runtime.FEATURE_GPUS): wgmma and setmaxnreg, sm_90 only.
 REQUIRES = "wgmma"
@@ -79,6 +81,7 @@ SHARED_BYTES = 227 * 1024
 # e4m3). A stage is 16 + 16 KiB; 4 stages and the 32 KiB epilogue buffer are 160 KiB.
 FP8_BLOCK_N = 128
 FP8_STAGES = 4
+FP8_OVERLAP = False  # queue step k + 1's product before promoting step k's (`_consumer`)
 GL_DTYPES = {
     torch.float16: gl.float16,
     torch.bfloat16: gl.bfloat16,
@@ -159,10 +162,13 @@ def _consumer(
     B_T: gl.constexpr,
     GROUP_M: gl.constexpr,
     BLOCK_SCALED: gl.constexpr,
+    OVERLAP: gl.constexpr,
 ):
     """One warpgroup: rows WG * 64 .. WG * 64 + 63 of each of the CTA's tiles, accumulated by
     wgmma from the ring, stored by TMA. BLOCK_SCALED (fp8): each K step's product (one 128-deep
-    scale block) starts from zero, then is scaled and added into the fp32 accumulator."""
+    scale block) starts from zero, then is scaled and added into the fp32 accumulator; with
+    OVERLAP the next step's product is queued before this one's promotion, so the warpgroup's
+    FMAs run while its own next wgmma does (a third 64 x BLOCK_N accumulator)."""
     STAGES: gl.constexpr = empty.shape[0]
     NUM_WG: gl.constexpr = a_smem.shape[0] // STAGES
     BLOCK_K: gl.constexpr = a_smem.shape[2]
@@ -184,27 +190,51 @@ def _consumer(
         pid_m, pid_n = _tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
         m0 = (pid_m * NUM_WG + WG) * WG_M
         acc = zero
-        for ki in range(k_steps):
+        if BLOCK_SCALED and OVERLAP:
             slot = it % STAGES
             mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
-            if B_T:
-                b = b_smem.index(slot).permute((1, 0))  # (BLOCK_K, BLOCK_N) view of (N, K) rows
-            else:
-                b = b_smem.index(slot)
-            a = a_smem.index(slot * NUM_WG + WG)
-            if BLOCK_SCALED:
-                part = warpgroup_mma(a, b, zero, use_acc=False, is_async=True)
-                part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+            a, b = _operands(a_smem, b_smem, slot, WG, NUM_WG, B_T)
+            part = warpgroup_mma(a, b, zero, use_acc=False, is_async=True)
+            for ki in range(1, k_steps):
+                following = (it + 1) % STAGES
+                mbarrier.wait(ready.index(following), ((it + 1) // STAGES) & 1)
+                a, b = _operands(a_smem, b_smem, following, WG, NUM_WG, B_T)
+                queued = warpgroup_mma(a, b, zero, use_acc=False, is_async=True)
+                # One product left in flight: the one just queued. Step ki - 1's is done.
+                part = warpgroup_mma_wait(num_outstanding=1, deps=(part,))
                 mbarrier.arrive(empty.index(slot), count=1)
-                acc = _promote(acc, part, a_scale_ptr, w_scale_ptr, m0, pid_n, ki, M, N, k_steps)
-            else:
-                acc = warpgroup_mma(a, b, acc, is_async=True)
-                # Products retire in issue order: with one left in flight, the step before is
-                # done and its slot can be refilled.
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-                if ki > 0:
-                    mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)
+                acc = _promote(
+                    acc, part, a_scale_ptr, w_scale_ptr, m0, pid_n, ki - 1, M, N, k_steps
+                )
+                part = queued
+                slot = following
+                it += 1
+            part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+            mbarrier.arrive(empty.index(slot), count=1)
+            acc = _promote(
+                acc, part, a_scale_ptr, w_scale_ptr, m0, pid_n, k_steps - 1, M, N, k_steps
+            )
             it += 1
+        else:
+            for ki in range(k_steps):
+                slot = it % STAGES
+                mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+                a, b = _operands(a_smem, b_smem, slot, WG, NUM_WG, B_T)
+                if BLOCK_SCALED:
+                    part = warpgroup_mma(a, b, zero, use_acc=False, is_async=True)
+                    part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+                    mbarrier.arrive(empty.index(slot), count=1)
+                    acc = _promote(
+                        acc, part, a_scale_ptr, w_scale_ptr, m0, pid_n, ki, M, N, k_steps
+                    )
+                else:
+                    acc = warpgroup_mma(a, b, acc, is_async=True)
+                    # Products retire in issue order: with one left in flight, the step before is
+                    # done and its slot can be refilled.
+                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                    if ki > 0:
+                        mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)
+                it += 1
         if not BLOCK_SCALED:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)
@@ -215,6 +245,17 @@ def _consumer(
         fence_async_shared()  # the threads' shared-memory writes, before the copy reads them
         tma_store(c_desc, [m0, pid_n * BLOCK_N], staging)
     tma.store_wait(0)
+
+
+@gluon.jit
+def _operands(a_smem, b_smem, slot, WG: gl.constexpr, NUM_WG: gl.constexpr, B_T: gl.constexpr):
+    """This consumer's A tile and the B tile of ring slot `slot`, B as a (BLOCK_K, BLOCK_N) view
+    (with B_T, of the (N, K) rows TMA copied: wgmma reads either order)."""
+    if B_T:
+        b = b_smem.index(slot).permute((1, 0))
+    else:
+        b = b_smem.index(slot)
+    return a_smem.index(slot * NUM_WG + WG), b
 
 
 @gluon.jit
@@ -234,13 +275,25 @@ def _promote(acc, part, a_scale_ptr, w_scale_ptr, m0, pid_n, ki, M, N, k_steps):
 
 
 @gluon.jit
-def _consumer_0(args, B_T: gl.constexpr, GROUP_M: gl.constexpr, BLOCK_SCALED: gl.constexpr):
-    _consumer(0, *args, B_T, GROUP_M, BLOCK_SCALED)
+def _consumer_0(
+    args,
+    B_T: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    BLOCK_SCALED: gl.constexpr,
+    OVERLAP: gl.constexpr,
+):
+    _consumer(0, *args, B_T, GROUP_M, BLOCK_SCALED, OVERLAP)
 
 
 @gluon.jit
-def _consumer_1(args, B_T: gl.constexpr, GROUP_M: gl.constexpr, BLOCK_SCALED: gl.constexpr):
-    _consumer(1, *args, B_T, GROUP_M, BLOCK_SCALED)
+def _consumer_1(
+    args,
+    B_T: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    BLOCK_SCALED: gl.constexpr,
+    OVERLAP: gl.constexpr,
+):
+    _consumer(1, *args, B_T, GROUP_M, BLOCK_SCALED, OVERLAP)
 
 
 @gluon.jit
@@ -257,6 +310,7 @@ def gluon_matmul_kernel(
     STAGES: gl.constexpr,
     GROUP_M: gl.constexpr,
     BLOCK_SCALED: gl.constexpr,
+    OVERLAP: gl.constexpr,  # BLOCK_SCALED: queue the next K step before promoting this one
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
@@ -285,8 +339,8 @@ def gluon_matmul_kernel(
     args = (a_smem, b_smem, ready, empty, c_desc, c_smem, a_scale_ptr, w_scale_ptr, M, N, K)
     gl.warp_specialize(
         [
-            (_consumer_0, (args, B_T, GROUP_M, BLOCK_SCALED)),
-            (_consumer_1, (args, B_T, GROUP_M, BLOCK_SCALED)),
+            (_consumer_0, (args, B_T, GROUP_M, BLOCK_SCALED, OVERLAP)),
+            (_consumer_1, (args, B_T, GROUP_M, BLOCK_SCALED, OVERLAP)),
             (_producer, (a_desc, b_desc, a_smem, b_smem, ready, empty, M, N, K, B_T, GROUP_M)),
         ],
         [4, 1],
@@ -314,14 +368,22 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def check_gluon_args(a, b, out=None, stages: int = STAGES):
+def max_stages(block_n: int) -> int:
+    """The deepest ring that fits beside the epilogue buffer at 128 x block_n tiles."""
+    return max(s for s in range(1, 9) if shared_bytes(block_n, s) <= SHARED_BYTES)
+
+
+def check_gluon_args(a, b, out=None, stages: int = STAGES, block_n: int = BLOCK_N):
     """(M, N, K, A's view, B's view or its (N, K) buffer, whether B is transposed, C) for
     `gluon_matmul`, or a TypeError/ValueError saying what the kernel does not take."""
     M, N, K = check_matmul_args(a, b, out, op="gluon_matmul")
-    if stages not in (2, 3):
+    if block_n not in (128, 256):
+        raise ValueError(f"gluon_matmul: block_n {block_n}; supported: 128, 256")
+    if not 2 <= stages <= max_stages(block_n):
         raise ValueError(
-            f"gluon_matmul: stages {stages}; supported: 2, 3 (the ring and the "
-            f"epilogue buffer must fit in {SHARED_BYTES // 1024} KiB)"
+            f"gluon_matmul: stages {stages}; supported at block_n {block_n}: 2 to "
+            f"{max_stages(block_n)} (the ring and the epilogue buffer must fit in "
+            f"{SHARED_BYTES // 1024} KiB)"
         )
     a_view, a_t = tma_view(a, "a", "gluon_matmul")
     if a_t:
@@ -330,12 +392,12 @@ def check_gluon_args(a, b, out=None, stages: int = STAGES):
             "triton_matmul_tma.matmul_tma); pass a.contiguous()"
         )
     b_view, b_t = tma_view(b, "b", "gluon_matmul")
-    c = torch.empty((M, N), dtype=a.dtype, device=a.device) if out is None else out
-    tma_view(c, "out", "gluon_matmul")
-    return M, N, K, a_view, b_view, b_t, c
+    return M, N, K, a_view, b_view, b_t, tma_output(out, M, N, a.dtype, a.device)
 
 
-def _launch(descs, scales, M, N, K, *, b_t, stages, group_m, block_scaled, block_n, device):
+def _launch(
+    descs, scales, M, N, K, *, b_t, stages, group_m, block_scaled, block_n, device, overlap=False
+):
     tiles = triton.cdiv(M, NUM_WG * WG_M.value) * triton.cdiv(N, block_n)
     grid = (min(tiles, _sm_count(device.index or 0)),)
     gluon_matmul_kernel[grid](
@@ -348,6 +410,7 @@ def _launch(descs, scales, M, N, K, *, b_t, stages, group_m, block_scaled, block
         STAGES=stages,
         GROUP_M=group_m,
         BLOCK_SCALED=block_scaled,
+        OVERLAP=overlap,
         CONSUMER_REGS=CONSUMER_REGS,
         PRODUCER_REGS=PRODUCER_REGS,
         num_warps=4,
@@ -361,14 +424,15 @@ def gluon_matmul(
     *,
     stages: int = STAGES,
     group_m: int = GROUP_M,
+    block_n: int = BLOCK_N,
 ) -> torch.Tensor:
     """a @ b (fp16 or bf16, fp32 accumulation) by the warp-specialized kernel; `out` (M, N),
-    contiguous, receives C if given. `stages`: the ring's depth (2 or 3: 4 does not fit beside
-    the epilogue buffer); `group_m`: row tiles per group of the tile order. FeatureMissing on
-    anything but sm_90, before any compilation."""
+    contiguous, receives C if given. Tiles are 128 x `block_n` (256 or 128); `stages`: the
+    ring's depth (2 to `max_stages(block_n)`: 3 at 256, 6 at 128); `group_m`: row tiles per
+    group of the tile order. FeatureMissing on anything but sm_90, before any compilation."""
     runtime.require(REQUIRES, "gluon_matmul")
-    M, N, K, a_view, b_view, b_t, c = check_gluon_args(a, b, out, stages)
-    descs = _descriptors(a_view, b_view, b_t, c, BLOCK_N)
+    M, N, K, a_view, b_view, b_t, c = check_gluon_args(a, b, out, stages, block_n)
+    descs = _descriptors(a_view, b_view, b_t, c, block_n)
     _launch(
         descs,
         (c, c),
@@ -379,24 +443,36 @@ def gluon_matmul(
         stages=stages,
         group_m=group_m,
         block_scaled=False,
-        block_n=BLOCK_N,
+        block_n=block_n,
         device=a.device,
     )
-    return c
+    return deliver(c, out)
 
 
 def gluon_fp8_matmul_block_scaled(
-    a8, a_scales, w8, w_scales, *, out=None, stages: int = FP8_STAGES, group_m: int = GROUP_M
+    a8,
+    a_scales,
+    w8,
+    w_scales,
+    *,
+    out=None,
+    stages: int = FP8_STAGES,
+    group_m: int = GROUP_M,
+    overlap: bool = FP8_OVERLAP,
 ) -> torch.Tensor:
     """C (M, N) bf16 = A @ W.T from e4m3 a8 (M, K) with its 1 x 128 scales and w8 (N, K) with
     its 128 x 128 scales (`triton_fp8_matmul.quantize_activation` / `quantize_weight`), by the
     warp-specialized kernel: 128 x 128 tiles, each 128-deep K step's wgmma product promoted into
-    fp32 registers with its scales (DeepGEMM's scheme). FeatureMissing off sm_90."""
+    fp32 registers with its scales (DeepGEMM's scheme); `overlap`: queue each step's product
+    before promoting the one before (three accumulators a warpgroup instead of two). Rows off
+    16-byte boundaries (K or N not a multiple of 16 or 8) go through padded copies
+    (`triton_fp8_matmul.tma_operands`, `output`). FeatureMissing off sm_90."""
     op = "gluon_fp8_matmul_block_scaled"
     runtime.require(REQUIRES, op)
     if stages not in range(2, 6):
         raise ValueError(f"{op}: stages {stages}; supported: 2 to 5")
     M, N, K = triton_fp8_matmul.check_fp8_args(op, a8, w8, a_scales, w_scales, block_scaled=True)
+    a8, w8 = triton_fp8_matmul.tma_operands(op, a8, w8)
     c = triton_fp8_matmul.output(op, out, M, N, a8.device)
     descs = _descriptors(a8, w8, True, c, FP8_BLOCK_N, triton_fp8_matmul.SCALE_BLOCK)
     _launch(
@@ -411,8 +487,9 @@ def gluon_fp8_matmul_block_scaled(
         block_scaled=True,
         block_n=FP8_BLOCK_N,
         device=a8.device,
+        overlap=overlap,
     )
-    return c
+    return deliver(c, out)
 
 
 def compile_for(
@@ -421,6 +498,8 @@ def compile_for(
     b_t: bool = False,
     stages: int | None = None,
     block_scaled: bool = False,
+    block_n: int = BLOCK_N,
+    overlap: bool = False,
 ):
     """The kernel compiled for `arch` without a GPU (`offline.compile_offline` runs this in a
     process of its own); `block_scaled`: the fp8 kernel (e4m3 in, bf16 out, `dtype` unused).
@@ -435,13 +514,14 @@ def compile_for(
         b_t, stages = True, stages or FP8_STAGES
     else:
         buffer = torch.empty((64, 64), dtype=getattr(torch, dtype))
-        descs = _descriptors(buffer, buffer, b_t, buffer, BLOCK_N)
+        descs = _descriptors(buffer, buffer, b_t, buffer, block_n)
         stages = stages or STAGES
     constants = {
         "B_T": b_t,
         "STAGES": stages,
         "GROUP_M": GROUP_M,
         "BLOCK_SCALED": block_scaled,
+        "OVERLAP": overlap,
         "CONSUMER_REGS": CONSUMER_REGS,
         "PRODUCER_REGS": PRODUCER_REGS,
     }

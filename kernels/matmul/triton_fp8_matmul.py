@@ -32,6 +32,10 @@ error) and of the original bf16 inputs (what a model sees; adds the quantization
 figure of merit is DeepGEMM's `calc_diff`, 1 - 2 sum(x y) / sum(x^2 + y^2), which its tests accept
 below 1e-3.
 
+Odd shapes: TMA needs rows on 16-byte boundaries, K a multiple of 16 for e4m3 and N of 8 for C;
+other operands are copied into buffers with padded rows (and C out of one): one extra pass over
+them (`tma_operands`, `output`), where the ragged K block is zero-filled by TMA.
+
 Gated on fp8 (sm_89+: `runtime.require("fp8")`): the descriptors compile to TMA copies on sm_90 and
 to ordinary loads on sm_89 (Triton rewrites them). The interpreter emulates e4m3 on the CPU; its
 tl.dot multiplies the tiles after they are converted to fp32 (UPCAST), which is exact for e4m3
@@ -47,7 +51,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels import runtime
 from kernels.matmul.triton_matmul import GROUP_M, sm_programs, tile_coordinates
-from kernels.matmul.triton_matmul_tma import descriptor, launch, tma_view
+from kernels.matmul.triton_matmul_tma import deliver, descriptor, launch, tma_output, tma_view
 from kernels.runtime import UPCAST
 
 # The feature this kernel needs (runtime.FEATURE_GPUS): fp8 tensor cores, sm_89 and newer.
@@ -74,6 +78,7 @@ GPU_TILES = [
     (128, 256, 8, 3),
     (128, 128, 8, 4),
     (128, 128, 8, 5),
+    (128, 128, 8, 3),
     (128, 128, 8, 2),
 ]
 # fp32 accumulator registers a thread may hold (of 255) without spilling, measured offline on
@@ -294,23 +299,29 @@ def check_fp8_args(op: str, a8, w8, a_scale, w_scale, block_scaled: bool) -> tup
                 f"{op}: {name} must have strides {strides} (as the quantizer makes "
                 f"it), got {t.stride()}"
             )
-    for name, t in (("a8", a8), ("w8", w8)):
-        tma_view(t, name, op)  # rows 16-byte aligned: K a multiple of 16
     return M, N, K
 
 
+def tma_operands(op: str, a8, w8) -> tuple[torch.Tensor, torch.Tensor]:
+    """a8 and w8 as TMA reads them: themselves, or (K not a multiple of 16: e4m3 rows off
+    16-byte boundaries) copies with padded rows (`tma_view`), an extra pass over each operand."""
+    return tma_view(a8, "a8", op)[0], tma_view(w8, "w8", op)[0]
+
+
 def output(op: str, out, M: int, N: int, device) -> torch.Tensor:
-    """C: `out` checked (contiguous (M, N) bf16, TMA-aligned), or a new one."""
-    c = torch.empty((M, N), dtype=torch.bfloat16, device=device) if out is None else out
-    if c.shape != (M, N) or c.dtype != torch.bfloat16 or not c.is_contiguous():
+    """The C the kernel writes: `out` checked (contiguous (M, N) bf16), or a new one; a buffer
+    with padded rows when N is not a multiple of 8 (`tma_output`; `deliver` copies it out)."""
+    if out is not None and (
+        out.shape != (M, N) or out.dtype != torch.bfloat16 or not out.is_contiguous()
+    ):
         raise ValueError(f"{op}: out must be a contiguous ({M}, {N}) bfloat16 tensor")
-    tma_view(c, "out", op)
-    return c
+    return tma_output(out, M, N, torch.bfloat16, device)
 
 
 def _launch(op, a8, w8, a_scale, w_scale, *, scaling: int, promote_k: int, out, config):
     runtime.require(REQUIRES, op)
     M, N, K = check_fp8_args(op, a8, w8, a_scale, w_scale, scaling == BLOCK_SCALED)
+    a8, w8 = tma_operands(op, a8, w8)
     c = output(op, out, M, N, a8.device)
     args = dict(
         a_desc=descriptor(a8),
@@ -327,7 +338,7 @@ def _launch(op, a8, w8, a_scale, w_scale, *, scaling: int, promote_k: int, out, 
         UPCAST=UPCAST,
     )
     launch(fp8_matmul_kernel, args, config)
-    return c
+    return deliver(c, out)
 
 
 def fp8_matmul_per_tensor(
