@@ -167,8 +167,8 @@ def _checked_or_reason(check) -> str | None:
 
 
 def variants(ceil: dict) -> list[dict]:
-    """Every candidate configuration of the Gluon kernel (16-bit, at the target shapes, both
-    dtypes) and of the two block-scaled fp8 kernels, timed in one run against their anchors
+    """Every candidate configuration of the Gluon and TMA kernels (16-bit, at the target shapes,
+    both dtypes) and of the two block-scaled fp8 kernels, timed in one run against their anchors
     (cuBLAS; cuBLAS fp8 per tensor): the measurements that pick each kernel's default."""
     out = []
     for shape in TARGET_SHAPES:
@@ -176,13 +176,20 @@ def variants(ceil: dict) -> list[dict]:
             a, b = make_inputs(*shape, dtype, seed=2)
             fns = {"cuBLAS": lambda a=a, b=b: a @ b}
             failed = {}
-            for name, options in GLUON_VARIANTS.items():
-                fn = functools.partial(gluon_matmul.gluon_matmul, a, b, **options)
+            candidates = {
+                f"gluon {name}": functools.partial(gluon_matmul.gluon_matmul, a, b, **options)
+                for name, options in GLUON_VARIANTS.items()
+            }
+            for config in tma.candidate_configs():
+                candidates[f"triton TMA {tma.config_name(config)}"] = functools.partial(
+                    tma.matmul_tma, a, b, config=config
+                )
+            for name, fn in candidates.items():
                 reason = _checked_or_reason(lambda fn=fn, name=name: checked(name, fn(), a, b))
                 if reason:
-                    failed[f"gluon {name}"] = reason
+                    failed[name] = reason
                 else:
-                    fns[f"gluon {name}"] = fn
+                    fns[name] = fn
             row = timed(fns, shape, dtype, ceil)
             row["failed"] = failed
             out.append(row)
