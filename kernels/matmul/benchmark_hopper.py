@@ -24,13 +24,12 @@ the other's rows in the results file. Needs an sm_90 GPU: on any other the kerne
 from __future__ import annotations
 
 import functools
-import json
 import sys
 
 import torch
 
-from kernels import bench, runtime
-from kernels.matmul import gluon_matmul, reference, triton_fp8_matmul, triton_matmul
+from kernels import bench
+from kernels.matmul import benchmark, gluon_matmul, reference, triton_fp8_matmul, triton_matmul
 from kernels.matmul import triton_matmul_tma as tma
 from kernels.matmul.benchmark import DTYPES, TRITON_SHAPES, checked, print_section, timed
 from kernels.matmul.reference import make_inputs
@@ -249,10 +248,11 @@ def variants(ceil: dict) -> list[dict]:
     return out
 
 
-def print_variants(rows) -> None:
+def print_variants(section: str, rows) -> None:
+    """Each candidate's rate and ratio to its anchor, then those that failed their check."""
     for row in rows:
         ratio = "vs_cublas_fp8" if row["dtype"] == "float8_e4m3fn" else "vs_cublas"
-        print(f"\nvariants {'x'.join(map(str, row['shape']))} {row['dtype']}")
+        print(f"\n{section} {'x'.join(map(str, row['shape']))} {row['dtype']}")
         table = [
             {"impl": name, "tflops": impl["tflops"], ratio: impl[ratio]}
             for name, impl in row["impls"].items()
@@ -318,8 +318,9 @@ def performance_targets(results: dict) -> list[dict]:
     return checks
 
 
-def print_fp8_errors(rows) -> None:
-    """The fp8 rows' ratio to cuBLAS's fp8 and their errors, beside the speeds printed above."""
+def print_fp8(section: str, rows) -> None:
+    """The fp8 rows as every section's, then their ratio to cuBLAS's fp8 and their errors."""
+    print_section(section, rows)
     for row in rows:
         print(f"\n{'x'.join(map(str, row['shape']))} fp8: x cuBLAS fp8, calc_diff")
         table = [
@@ -335,34 +336,14 @@ def print_fp8_errors(rows) -> None:
 
 
 def main(argv: list[str]) -> int:
-    wanted = argv or list(SECTIONS)
-    unknown = [s for s in wanted if s not in SECTIONS]
-    if unknown:
-        print(f"unknown sections {unknown}; known: {', '.join(SECTIONS)}")
-        return 1
-    if not runtime.ON_GPU:
-        print(bench.NOT_MEASURED)
-        return 1
-    runtime.require("wgmma", "kernels.matmul.benchmark_hopper")
-    ceil = bench.ceilings()
-    path = bench.RESULTS_DIR / runtime.gpu_info().slug / f"{RESULTS_NAME}.json"
-    results = json.loads(path.read_text()) if path.exists() else {}
-    results["fingerprint"] = runtime.fingerprint()
-    results["ceilings"] = {k: v for k, v in ceil.items() if k != "fingerprint"}
-    for section in wanted:
-        results[section] = SECTIONS[section](ceil)
-        if section == "variants":
-            print_variants(results[section])
-            continue
-        print_section(section, results[section])
-        if section == "fp8":
-            print_fp8_errors(results[section])
-    results["targets"] = performance_targets(results)
-    bench.save_results(RESULTS_NAME, results)
-    print()
-    print(bench.table(results["targets"], floatfmt=".3f"))
-    print(f"wrote {path}")
-    return 0 if all(c["pass"] for c in results["targets"]) else 2
+    return benchmark.main(
+        argv,
+        sections=SECTIONS,
+        results_name=RESULTS_NAME,
+        targets=performance_targets,
+        printers={"fp8": print_fp8, "variants": print_variants},
+        requires="wgmma",
+    )
 
 
 if __name__ == "__main__":
