@@ -117,6 +117,8 @@ def test_gluon_argument_checks():
         check_gluon_args(a, b, stages=4)
     with pytest.raises(ValueError, match="stages 7; supported at block_n 128: 2 to 6"):
         check_gluon_args(a, b, stages=7, block_n=128)
+    with pytest.raises(ValueError, match="stages 5; supported at block_n 256: 2 to 4"):
+        check_gluon_args(a, b, stages=5, split=True)
     with pytest.raises(ValueError, match="out must be"):
         check_gluon_args(a, b, out=torch.empty(72, 135, dtype=torch.bfloat16))
     with pytest.raises(TypeError, match="float16 or bfloat16|supported"):
@@ -135,6 +137,7 @@ COMPILED = [
     ("gluon_matmul", {"block_scaled": True, "stages": 5}),
     ("gluon_matmul", {"block_scaled": True, "overlap": True}),  # three accumulators a thread
     ("gluon_matmul", {"block_n": 128, "stages": 6}),
+    ("gluon_matmul", {"split": True, "stages": 4}),  # C in two halves: room for a 4th stage
 ]
 
 
@@ -179,7 +182,8 @@ def test_compiles_for_hopper_without_a_gpu(compiled_offline, module, options):
             assert made["wgmma_fp8"] == 0
             stages = options.get("stages", gluon_matmul.STAGES)
             block_n = options.get("block_n", gluon_matmul.BLOCK_N)
-            assert made["shared_bytes"] >= gluon_matmul.shared_bytes(block_n, stages)
+            split = options.get("split", False)
+            assert made["shared_bytes"] >= gluon_matmul.shared_bytes(block_n, stages, split)
     else:
         assert made["warps"] == 8
 
@@ -211,7 +215,12 @@ def test_gluon_kernel_matches_fp64(shape, layout, dtype, stages):
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "options",
-    [dict(block_n=128, stages=4), dict(block_n=128, stages=6), dict(group_m=16)],
+    [
+        dict(block_n=128, stages=4),
+        dict(block_n=128, stages=6),
+        dict(group_m=16),
+        dict(split=True, stages=4),
+    ],
     ids=lambda o: str(o).replace(" ", ""),
 )
 @pytest.mark.parametrize("layout", ["nn", "nt"])

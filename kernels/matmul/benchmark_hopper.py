@@ -143,6 +143,8 @@ GLUON_VARIANTS = {
     "128x256 s3 g8": dict(block_n=256, stages=3, group_m=8),
     "128x256 s2 g8": dict(block_n=256, stages=2, group_m=8),
     "128x256 s3 g16": dict(block_n=256, stages=3, group_m=16),
+    "128x256 s4 g8 split": dict(block_n=256, stages=4, group_m=8, split=True),
+    "128x256 s3 g8 split": dict(block_n=256, stages=3, group_m=8, split=True),
     "128x128 s4 g8": dict(block_n=128, stages=4, group_m=8),
     "128x128 s6 g8": dict(block_n=128, stages=6, group_m=8),
 }

@@ -92,10 +92,11 @@ tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_glob
 tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
 
 
-def shared_bytes(block_n: int = BLOCK_N, stages: int = STAGES) -> int:
-    """The ring (A: NUM_WG x 64 rows, B: block_n columns, BLOCK_K deep) and C's staging buffer."""
+def shared_bytes(block_n: int = BLOCK_N, stages: int = STAGES, split: bool = False) -> int:
+    """The ring (A: NUM_WG x 64 rows, B: block_n columns, BLOCK_K deep) and C's staging buffer
+    (half a tile's columns with `split`)."""
     block_m = NUM_WG * WG_M.value
-    return 2 * (stages * (block_m + block_n) * BLOCK_K + block_m * block_n)
+    return 2 * (stages * (block_m + block_n) * BLOCK_K + block_m * block_n // (1 + split))
 
 
 @gluon.jit
@@ -172,7 +173,8 @@ def _consumer(
     STAGES: gl.constexpr = empty.shape[0]
     NUM_WG: gl.constexpr = a_smem.shape[0] // STAGES
     BLOCK_K: gl.constexpr = a_smem.shape[2]
-    BLOCK_N: gl.constexpr = c_smem.shape[2]
+    BLOCK_N: gl.constexpr = b_smem.shape[1] if B_T else b_smem.shape[2]
+    C_N: gl.constexpr = c_smem.shape[2]  # BLOCK_N, or half of it (the epilogue in two halves)
     # The wgmma accumulator: the 4 warps stacked along M, instruction m64 x n(BLOCK_N) x k(32
     # bytes of the inputs: 16 for 16-bit, 32 for fp8).
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -240,10 +242,22 @@ def _consumer(
             mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)
         # The epilogue: the last tile's copy must have read the staging buffer before it is
         # overwritten (by now long done: a whole tile of products ran since).
-        tma.store_wait(0)
-        staging.store(acc.to(c_desc.dtype))
-        fence_async_shared()  # the threads' shared-memory writes, before the copy reads them
-        tma_store(c_desc, [m0, pid_n * BLOCK_N], staging)
+        if BLOCK_N == C_N:
+            tma.store_wait(0)
+            staging.store(acc.to(c_desc.dtype))
+            fence_async_shared()  # the threads' shared-memory writes, before the copy reads them
+            tma_store(c_desc, [m0, pid_n * BLOCK_N], staging)
+        else:  # two halves of C_N columns through a buffer half the size
+            halves = gl.permute(gl.reshape(acc, [WG_M, 2, C_N]), [0, 2, 1])
+            left, right = gl.split(halves)
+            tma.store_wait(0)
+            staging.store(left.to(c_desc.dtype))
+            fence_async_shared()
+            tma_store(c_desc, [m0, pid_n * BLOCK_N], staging)
+            tma.store_wait(0)  # the copy has read the left half
+            staging.store(right.to(c_desc.dtype))
+            fence_async_shared()
+            tma_store(c_desc, [m0, pid_n * BLOCK_N + C_N], staging)
     tma.store_wait(0)
 
 
@@ -348,9 +362,9 @@ def gluon_matmul_kernel(
     )
 
 
-def _descriptors(a, b_view, b_t: bool, c, block_n: int, block_k: int = BLOCK_K):
+def _descriptors(a, b_view, b_t: bool, c, block_n: int, block_k: int = BLOCK_K, split=False):
     """Gluon TMA descriptors over A (64 x block_k tiles), B or its (N, K) buffer, and C (64 x
-    block_n), each in the default swizzled shared-memory layout of its tile."""
+    block_n, or block_n / 2 with `split`), each in the default swizzled layout of its tile."""
 
     def desc(t, block):
         layout = gl.NVMMASharedLayout.get_default_for(block, GL_DTYPES[t.dtype])
@@ -359,7 +373,7 @@ def _descriptors(a, b_view, b_t: bool, c, block_n: int, block_k: int = BLOCK_K):
     return (
         desc(a, [WG_M.value, block_k]),
         desc(b_view, [block_n, block_k] if b_t else [block_k, block_n]),
-        desc(c, [WG_M.value, block_n]),
+        desc(c, [WG_M.value, block_n // (2 if split else 1)]),
     )
 
 
@@ -368,21 +382,23 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def max_stages(block_n: int) -> int:
+def max_stages(block_n: int, split: bool = False) -> int:
     """The deepest ring that fits beside the epilogue buffer at 128 x block_n tiles."""
-    return max(s for s in range(1, 9) if shared_bytes(block_n, s) <= SHARED_BYTES)
+    return max(s for s in range(1, 9) if shared_bytes(block_n, s, split) <= SHARED_BYTES)
 
 
-def check_gluon_args(a, b, out=None, stages: int = STAGES, block_n: int = BLOCK_N):
+def check_gluon_args(
+    a, b, out=None, stages: int = STAGES, block_n: int = BLOCK_N, split: bool = False
+):
     """(M, N, K, A's view, B's view or its (N, K) buffer, whether B is transposed, C) for
     `gluon_matmul`, or a TypeError/ValueError saying what the kernel does not take."""
     M, N, K = check_matmul_args(a, b, out, op="gluon_matmul")
     if block_n not in (128, 256):
         raise ValueError(f"gluon_matmul: block_n {block_n}; supported: 128, 256")
-    if not 2 <= stages <= max_stages(block_n):
+    if not 2 <= stages <= max_stages(block_n, split):
         raise ValueError(
             f"gluon_matmul: stages {stages}; supported at block_n {block_n}: 2 to "
-            f"{max_stages(block_n)} (the ring and the epilogue buffer must fit in "
+            f"{max_stages(block_n, split)} (the ring and the epilogue buffer must fit in "
             f"{SHARED_BYTES // 1024} KiB)"
         )
     a_view, a_t = tma_view(a, "a", "gluon_matmul")
@@ -425,14 +441,16 @@ def gluon_matmul(
     stages: int = STAGES,
     group_m: int = GROUP_M,
     block_n: int = BLOCK_N,
+    split: bool = False,
 ) -> torch.Tensor:
     """a @ b (fp16 or bf16, fp32 accumulation) by the warp-specialized kernel; `out` (M, N),
     contiguous, receives C if given. Tiles are 128 x `block_n` (256 or 128); `stages`: the
-    ring's depth (2 to `max_stages(block_n)`: 3 at 256, 6 at 128); `group_m`: row tiles per
-    group of the tile order. FeatureMissing on anything but sm_90, before any compilation."""
+    ring's depth (2 to `max_stages(block_n, split)`: 3 at 256, 4 with `split`, 6 at 128);
+    `split`: C stored in two halves through a staging buffer half the size; `group_m`: row
+    tiles per group of the tile order. FeatureMissing off sm_90, before any compilation."""
     runtime.require(REQUIRES, "gluon_matmul")
-    M, N, K, a_view, b_view, b_t, c = check_gluon_args(a, b, out, stages, block_n)
-    descs = _descriptors(a_view, b_view, b_t, c, block_n)
+    M, N, K, a_view, b_view, b_t, c = check_gluon_args(a, b, out, stages, block_n, split)
+    descs = _descriptors(a_view, b_view, b_t, c, block_n, split=split)
     _launch(
         descs,
         (c, c),
@@ -500,6 +518,7 @@ def compile_for(
     block_scaled: bool = False,
     block_n: int = BLOCK_N,
     overlap: bool = False,
+    split: bool = False,
 ):
     """The kernel compiled for `arch` without a GPU (`offline.compile_offline` runs this in a
     process of its own); `block_scaled`: the fp8 kernel (e4m3 in, bf16 out, `dtype` unused).
@@ -514,7 +533,7 @@ def compile_for(
         b_t, stages = True, stages or FP8_STAGES
     else:
         buffer = torch.empty((64, 64), dtype=getattr(torch, dtype))
-        descs = _descriptors(buffer, buffer, b_t, buffer, block_n)
+        descs = _descriptors(buffer, buffer, b_t, buffer, block_n, split=split)
         stages = stages or STAGES
     constants = {
         "B_T": b_t,
