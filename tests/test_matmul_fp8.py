@@ -164,6 +164,7 @@ COMPILED = [
     ("sm_90", {"scaling": fp8.PER_TENSOR, "promote_k": 0, "tile": 2}),
     ("sm_90", {"scaling": fp8.PER_TENSOR, "promote_k": 0, "tile": 0}),  # 128 x 256
     ("sm_90", {"tile": 4}),  # 128 x 128, 3 stages
+    ("sm_90", {"tile": 4, "k_blocks": 2}),  # two K blocks a step: 213 KiB
     ("sm_89", {"tile": 5}),
     ("sm_89", {"scaling": fp8.PER_TENSOR, "promote_k": 0, "tile": 5}),
 ]
@@ -271,6 +272,16 @@ def test_gluon_block_scaled_refuses_off_sm_90():
     a, w = make_inputs(16, 32, 128)
     with pytest.raises(runtime.FeatureMissing, match="gluon_fp8_matmul_block_scaled needs wgmma"):
         gluon_fp8_matmul_block_scaled(*fp8.quantize_activation(a), *fp8.quantize_weight(w))
+
+
+def test_two_k_blocks_a_step_match_fp64():
+    """k_blocks = 2: two K blocks' products issued before their promotions; K = 300 is three
+    blocks, so the last step's second block lies past K (zeros, zero scales)."""
+    bm, bn, warps, stages = runtime.pick(gpu=fp8.PAIRED_TILES[0], cpu=(32, 32, 1, 1))
+    for shape in runtime.pick(gpu=[(1000, 1016, 520), (130, 100, 300)], cpu=[(40, 72, 300)]):
+        config = fp8.tile_config(bm, bn, warps, stages, k_blocks=2)
+        c, deq, _ = run_block_scaled(*shape, seed=7, config=config)
+        check_kernel_error(c, *deq)
 
 
 @pytest.mark.gpu

@@ -214,6 +214,11 @@ def variants(ceil: dict) -> list[dict]:
                 candidates[f"triton fp8 {bm}x{bn} w{warps} s{stages}"] = functools.partial(
                     f8.fp8_matmul_block_scaled, ab8, sab, wb8, swb, config=config
                 )
+        for bm, bn, warps, stages in f8.PAIRED_TILES:
+            config = f8.tile_config(bm, bn, warps, stages, k_blocks=2)
+            candidates[f"triton fp8 {bm}x{bn} w{warps} s{stages} k2"] = functools.partial(
+                f8.fp8_matmul_block_scaled, ab8, sab, wb8, swb, config=config
+            )
         fns = {"cuBLAS fp8 per-tensor": lambda: f8.fp8_matmul_scaled_mm(a8, w8, sa, sw)}
         errors, failed = {}, {}
 
