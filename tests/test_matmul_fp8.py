@@ -19,7 +19,7 @@ CPU_SHAPES = [(72, 200, 272), (1, 136, 144), (40, 16, 48)]
 GPU_SHAPES = [(200, 264, 400), (1000, 1000, 1040), (3000, 2056, 4096), (130, 100, 300)]
 # torch._scaled_mm takes only K and N that are multiples of 16 (it raises on the others), so the
 # per-tensor kernel is compared with cuBLAS at those shapes alone.
-CUBLAS_SHAPES = [(3000, 2056, 4096), (200, 272, 400), (1, 1024, 2048)]
+CUBLAS_SHAPES = [(3000, 2048, 4096), (200, 272, 400), (1, 1024, 2048)]
 SHAPES = runtime.pick(gpu=GPU_SHAPES, cpu=CPU_SHAPES)
 
 
@@ -165,6 +165,7 @@ COMPILED = [
     ("sm_90", {"scaling": fp8.PER_TENSOR, "promote_k": 0, "tile": 0}),  # 128 x 256
     ("sm_90", {"tile": 4}),  # 128 x 128, 3 stages
     ("sm_90", {"tile": 4, "k_blocks": 2}),  # two K blocks a step: 213 KiB
+    ("sm_90", {"tile": 4, "k_blocks": 2, "one_w_scale": True}),
     ("sm_89", {"tile": 5}),
     ("sm_89", {"scaling": fp8.PER_TENSOR, "promote_k": 0, "tile": 5}),
 ]
@@ -274,12 +275,14 @@ def test_gluon_block_scaled_refuses_off_sm_90():
         gluon_fp8_matmul_block_scaled(*fp8.quantize_activation(a), *fp8.quantize_weight(w))
 
 
-def test_two_k_blocks_a_step_match_fp64():
-    """k_blocks = 2: two K blocks' products issued before their promotions; K = 300 is three
-    blocks, so the last step's second block lies past K (zeros, zero scales)."""
-    bm, bn, warps, stages = runtime.pick(gpu=fp8.PAIRED_TILES[0], cpu=(32, 32, 1, 1))
-    for shape in runtime.pick(gpu=[(1000, 1016, 520), (130, 100, 300)], cpu=[(40, 72, 300)]):
-        config = fp8.tile_config(bm, bn, warps, stages, k_blocks=2)
+@pytest.mark.parametrize("k_blocks, one_w_scale", [(2, False), (2, True), (1, True)])
+def test_tile_options_match_fp64(k_blocks, one_w_scale):
+    """k_blocks = 2: two K blocks' products issued before their promotions (K = 300 is three
+    blocks, so the last step's second block lies past K: zeros, zero scales); one_w_scale: the
+    128-column tile's weight scale loaded as one scalar (N = 300: the last block is partial)."""
+    bm, bn, warps, stages = runtime.pick(gpu=fp8.PAIRED_TILES[0], cpu=(32, 128, 1, 1))
+    for shape in runtime.pick(gpu=[(1000, 1016, 520), (130, 300, 300)], cpu=[(40, 300, 300)]):
+        config = fp8.tile_config(bm, bn, warps, stages, k_blocks, one_w_scale)
         c, deq, _ = run_block_scaled(*shape, seed=7, config=config)
         check_kernel_error(c, *deq)
 

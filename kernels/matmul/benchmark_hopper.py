@@ -141,19 +141,15 @@ def fp8(ceil: dict) -> list[dict]:
 # its GPU_TILES that fit a promoted product.
 GLUON_VARIANTS = {
     "128x256 s3 g8": dict(block_n=256, stages=3, group_m=8),
-    "128x256 s2 g8": dict(block_n=256, stages=2, group_m=8),
     "128x256 s3 g16": dict(block_n=256, stages=3, group_m=16),
-    "128x256 s4 g8 split": dict(block_n=256, stages=4, group_m=8, split=True),
     "128x256 s3 g8 split": dict(block_n=256, stages=3, group_m=8, split=True),
-    "128x128 s4 g8": dict(block_n=128, stages=4, group_m=8),
-    "128x128 s6 g8": dict(block_n=128, stages=6, group_m=8),
+    "128x256 s4 g8 split": dict(block_n=256, stages=4, group_m=8, split=True),
+    "128x256 s4 g16 split": dict(block_n=256, stages=4, group_m=16, split=True),
 }
 GLUON_FP8_VARIANTS = {
     "s4": dict(stages=4),
     "s5": dict(stages=5),
-    "overlap s3": dict(stages=3, overlap=True),
     "overlap s4": dict(stages=4, overlap=True),
-    "overlap s5": dict(stages=5, overlap=True),
 }
 
 
@@ -214,9 +210,15 @@ def variants(ceil: dict) -> list[dict]:
                 candidates[f"triton fp8 {bm}x{bn} w{warps} s{stages}"] = functools.partial(
                     f8.fp8_matmul_block_scaled, ab8, sab, wb8, swb, config=config
                 )
-        for bm, bn, warps, stages in f8.PAIRED_TILES:
-            config = f8.tile_config(bm, bn, warps, stages, k_blocks=2)
-            candidates[f"triton fp8 {bm}x{bn} w{warps} s{stages} k2"] = functools.partial(
+        for (bm, bn, warps, stages), k_blocks, one in (
+            *((t, 2, False) for t in f8.PAIRED_TILES),
+            *((t, 2, True) for t in f8.PAIRED_TILES),
+            ((128, 128, 8, 3), 1, True),
+            ((128, 128, 8, 4), 1, True),
+        ):
+            config = f8.tile_config(bm, bn, warps, stages, k_blocks, one_w_scale=one)
+            name = f"triton fp8 {bm}x{bn} w{warps} s{stages} k{k_blocks}{' one-w' if one else ''}"
+            candidates[name] = functools.partial(
                 f8.fp8_matmul_block_scaled, ab8, sab, wb8, swb, config=config
             )
         fns = {"cuBLAS fp8 per-tensor": lambda: f8.fp8_matmul_scaled_mm(a8, w8, sa, sw)}

@@ -202,20 +202,22 @@ def _consumer(
                 mbarrier.wait(ready.index(following), ((it + 1) // STAGES) & 1)
                 a, b = _operands(a_smem, b_smem, following, WG, NUM_WG, B_T)
                 queued = warpgroup_mma(a, b, zero, use_acc=False, is_async=True)
+                scale = _step_scales(
+                    a_scale_ptr, w_scale_ptr, m0, pid_n, ki - 1, M, k_steps, acc_layout
+                )
                 # One product left in flight: the one just queued. Step ki - 1's is done.
                 part = warpgroup_mma_wait(num_outstanding=1, deps=(part,))
                 mbarrier.arrive(empty.index(slot), count=1)
-                acc = _promote(
-                    acc, part, a_scale_ptr, w_scale_ptr, m0, pid_n, ki - 1, M, N, k_steps
-                )
+                acc = acc + part * gl.expand_dims(scale, 1)  # the promotion
                 part = queued
                 slot = following
                 it += 1
+            scale = _step_scales(
+                a_scale_ptr, w_scale_ptr, m0, pid_n, k_steps - 1, M, k_steps, acc_layout
+            )
             part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
             mbarrier.arrive(empty.index(slot), count=1)
-            acc = _promote(
-                acc, part, a_scale_ptr, w_scale_ptr, m0, pid_n, k_steps - 1, M, N, k_steps
-            )
+            acc = acc + part * gl.expand_dims(scale, 1)
             it += 1
         else:
             for ki in range(k_steps):
@@ -224,11 +226,12 @@ def _consumer(
                 a, b = _operands(a_smem, b_smem, slot, WG, NUM_WG, B_T)
                 if BLOCK_SCALED:
                     part = warpgroup_mma(a, b, zero, use_acc=False, is_async=True)
+                    scale = _step_scales(
+                        a_scale_ptr, w_scale_ptr, m0, pid_n, ki, M, k_steps, acc_layout
+                    )
                     part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
                     mbarrier.arrive(empty.index(slot), count=1)
-                    acc = _promote(
-                        acc, part, a_scale_ptr, w_scale_ptr, m0, pid_n, ki, M, N, k_steps
-                    )
+                    acc = acc + part * gl.expand_dims(scale, 1)  # the promotion
                 else:
                     acc = warpgroup_mma(a, b, acc, is_async=True)
                     # Products retire in issue order: with one left in flight, the step before is
@@ -273,19 +276,15 @@ def _operands(a_smem, b_smem, slot, WG: gl.constexpr, NUM_WG: gl.constexpr, B_T:
 
 
 @gluon.jit
-def _promote(acc, part, a_scale_ptr, w_scale_ptr, m0, pid_n, ki, M, N, k_steps):
-    """acc + part x (the 64 rows' 1 x 128 activation scales) x (each column's 128 x 128 weight
-    scale) of K block ki, in fp32 registers: the promotion. Activation scales are K-block-major
-    ((K / 128, M) viewed as (M, K / 128)), weight scales (N / 128, K / 128) row-major."""
-    layout: gl.constexpr = acc.type.layout
-    BLOCK_N: gl.constexpr = acc.shape[1]
-    rows = m0 + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, layout))
+def _step_scales(a_scale_ptr, w_scale_ptr, m0, pid_n, ki, M, k_steps, layout: gl.constexpr):
+    """The 64 rows' 1 x 128 activation scales of K block ki times the tile's 128 x 128 weight
+    scale (a 128-column tile lies in one weight block: one scalar), as a row vector of the
+    accumulator's layout. Loaded right after the step's wgmma is queued, so their latency runs
+    under the product. Activation scales are K-block-major ((K / 128, M) viewed as (M, K / 128)),
+    weight scales (N / 128, K / 128) row-major."""
+    rows = m0 + gl.arange(0, WG_M, layout=gl.SliceLayout(1, layout))
     sa = gl.load(a_scale_ptr + ki * M + rows, mask=rows < M, other=0.0)
-    col_blocks = (pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))) // 128
-    sw = gl.load(
-        w_scale_ptr + col_blocks * k_steps + ki, mask=col_blocks < gl.cdiv(N, 128), other=0.0
-    )
-    return acc + part * (gl.expand_dims(sa, 1) * gl.expand_dims(sw, 0))
+    return sa * gl.load(w_scale_ptr + pid_n * k_steps + ki)
 
 
 @gluon.jit

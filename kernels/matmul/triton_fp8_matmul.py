@@ -153,9 +153,12 @@ def set_block_shapes(nargs):
     nargs["c_desc"].block_shape = [bm, bn // 2]
 
 
-def tile_config(bm: int, bn: int, warps: int, stages: int, k_blocks: int = 1) -> triton.Config:
+def tile_config(
+    bm: int, bn: int, warps: int, stages: int, k_blocks: int = 1, one_w_scale: bool = False
+) -> triton.Config:
     """`k_blocks` (block-scaled only): K blocks whose products are issued together before their
-    promotions (2: the second wgmma runs while nothing waits for the first)."""
+    promotions (2: the second wgmma runs while nothing waits for the first); `one_w_scale`
+    (block-scaled, bn = 128): the tile's weight scale loaded once a K block, not per column."""
     return triton.Config(
         {
             "BLOCK_M": bm,
@@ -163,6 +166,7 @@ def tile_config(bm: int, bn: int, warps: int, stages: int, k_blocks: int = 1) ->
             "BLOCK_K": SCALE_BLOCK,
             "GROUP_M": GROUP_M,
             "K_BLOCKS": k_blocks,
+            "ONE_W_SCALE": one_w_scale and bn == SCALE_BLOCK,
         },
         num_warps=warps,
         num_stages=stages,
@@ -203,17 +207,37 @@ def _configs() -> list[triton.Config]:
 
 
 @triton.jit
-def _block_scales(a_scale_ptr, w_scale_ptr, rows, col_blocks, ki, M, N, k_tiles):
-    """(BLOCK_M, BLOCK_N) products of K block ki's activation and weight scales; zero past the
-    last K block, row or column block."""
+def _block_scales(
+    a_scale_ptr,
+    w_scale_ptr,
+    rows,
+    n0,
+    ki,
+    M,
+    N,
+    k_tiles,
+    BLOCK_N: tl.constexpr,
+    ONE_W_SCALE: tl.constexpr,
+):
+    """K block ki's activation scales times the weight's, to multiply a (BLOCK_M, BLOCK_N)
+    product; zero past the last K block or row. ONE_W_SCALE (BLOCK_N = 128: the tile lies in one
+    weight block): one scalar load, a (BLOCK_M, 1) result; else each column's block gathered
+    (on sm_89, at 128 x 128 and 2 stages, the scalar form spills 552 bytes offline)."""
     in_k = ki < k_tiles
     sa = tl.load(a_scale_ptr + ki * M + rows, mask=rows < tl.where(in_k, M, 0), other=0.0)
-    sw = tl.load(
-        w_scale_ptr + col_blocks * k_tiles + ki,
-        mask=col_blocks < tl.where(in_k, tl.cdiv(N, 128), 0),
-        other=0.0,
-    )
-    return sa[:, None] * sw[None, :]
+    if ONE_W_SCALE:
+        scales = (sa * tl.load(w_scale_ptr + n0 // 128 * k_tiles + ki, mask=in_k, other=0.0))[
+            :, None
+        ]
+    else:
+        col_blocks = (n0 + tl.arange(0, BLOCK_N)) // 128
+        sw = tl.load(
+            w_scale_ptr + col_blocks * k_tiles + ki,
+            mask=col_blocks < tl.where(in_k, tl.cdiv(N, 128), 0),
+            other=0.0,
+        )
+        scales = sa[:, None] * sw[None, :]
+    return scales
 
 
 @triton.autotune(
@@ -240,6 +264,7 @@ def fp8_matmul_kernel(
     BLOCK_K: tl.constexpr,  # 128: one scale block
     GROUP_M: tl.constexpr,
     K_BLOCKS: tl.constexpr,  # block-scaled: K blocks multiplied before their promotions (1, 2)
+    ONE_W_SCALE: tl.constexpr,  # block-scaled, BLOCK_N = 128: the weight scale as one scalar
     UPCAST: tl.constexpr,  # the interpreter: multiply the (exactly converted) tiles in fp32
 ):
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -250,8 +275,6 @@ def fp8_matmul_kernel(
         m0 = pid_m * BLOCK_M
         n0 = pid_n * BLOCK_N
         rows = m0 + tl.arange(0, BLOCK_M)
-        # the weight's 128-row scale block of each output column
-        col_blocks = (n0 + tl.arange(0, BLOCK_N)) // BLOCK_K
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for ki in range(0, k_tiles, K_BLOCKS):
             if SCALING == 1 and K_BLOCKS == 2:
@@ -266,9 +289,11 @@ def fp8_matmul_kernel(
                     a1, w1 = a1.to(tl.float32), w1.to(tl.float32)
                 p0 = tl.dot(a0, w0.T)
                 p1 = tl.dot(a1, w1.T)
-                s0 = _block_scales(a_scale_ptr, w_scale_ptr, rows, col_blocks, ki, M, N, k_tiles)
+                s0 = _block_scales(
+                    a_scale_ptr, w_scale_ptr, rows, n0, ki, M, N, k_tiles, BLOCK_N, ONE_W_SCALE
+                )
                 s1 = _block_scales(
-                    a_scale_ptr, w_scale_ptr, rows, col_blocks, ki + 1, M, N, k_tiles
+                    a_scale_ptr, w_scale_ptr, rows, n0, ki + 1, M, N, k_tiles, BLOCK_N, ONE_W_SCALE
                 )
                 acc += p0 * s0 + p1 * s1
             else:
@@ -281,7 +306,7 @@ def fp8_matmul_kernel(
                     # This K block's product from zero on the tensor cores, then scaled and
                     # promoted into the fp32 accumulator: promotion every 128 of K.
                     scales = _block_scales(
-                        a_scale_ptr, w_scale_ptr, rows, col_blocks, ki, M, N, k_tiles
+                        a_scale_ptr, w_scale_ptr, rows, n0, ki, M, N, k_tiles, BLOCK_N, ONE_W_SCALE
                     )
                     acc += tl.dot(a, w.T) * scales
                 elif PROMOTE_K > 0:
@@ -481,6 +506,7 @@ def compile_for(
     promote_k: int = 0,
     tile: int = 0,
     k_blocks: int = 1,
+    one_w_scale: bool = False,
 ):
     """The kernel compiled for `arch` (sm_89 or sm_90) without a GPU (`offline.compile_offline`
     runs this in a process of its own), in the tile GPU_TILES[tile]. FeatureMissing on an arch
@@ -504,6 +530,7 @@ def compile_for(
         "BLOCK_K": SCALE_BLOCK,
         "GROUP_M": GROUP_M,
         "K_BLOCKS": k_blocks,
+        "ONE_W_SCALE": one_w_scale and bn == SCALE_BLOCK,
         "UPCAST": False,
     }
     signature = {
