@@ -220,18 +220,21 @@ def _consumer(
             acc = acc + part * gl.expand_dims(scale, 1)
             it += 1
         else:
+            if BLOCK_SCALED:  # the first step's scales; each step loads the next one's
+                scale = _step_scales(a_scale_ptr, w_scale_ptr, m0, pid_n, 0, M, k_steps, acc_layout)
             for ki in range(k_steps):
                 slot = it % STAGES
                 mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
                 a, b = _operands(a_smem, b_smem, slot, WG, NUM_WG, B_T)
                 if BLOCK_SCALED:
                     part = warpgroup_mma(a, b, zero, use_acc=False, is_async=True)
-                    scale = _step_scales(
-                        a_scale_ptr, w_scale_ptr, m0, pid_n, ki, M, k_steps, acc_layout
+                    following = _step_scales(
+                        a_scale_ptr, w_scale_ptr, m0, pid_n, ki + 1, M, k_steps, acc_layout
                     )
                     part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
                     mbarrier.arrive(empty.index(slot), count=1)
                     acc = acc + part * gl.expand_dims(scale, 1)  # the promotion
+                    scale = following
                 else:
                     acc = warpgroup_mma(a, b, acc, is_async=True)
                     # Products retire in issue order: with one left in flight, the step before is
@@ -283,8 +286,9 @@ def _step_scales(a_scale_ptr, w_scale_ptr, m0, pid_n, ki, M, k_steps, layout: gl
     under the product. Activation scales are K-block-major ((K / 128, M) viewed as (M, K / 128)),
     weight scales (N / 128, K / 128) row-major."""
     rows = m0 + gl.arange(0, WG_M, layout=gl.SliceLayout(1, layout))
-    sa = gl.load(a_scale_ptr + ki * M + rows, mask=rows < M, other=0.0)
-    return sa * gl.load(w_scale_ptr + pid_n * k_steps + ki)
+    in_k = ki < k_steps  # a step past the last (prefetched for nothing) reads nothing
+    sa = gl.load(a_scale_ptr + ki * M + rows, mask=rows < gl.where(in_k, M, 0), other=0.0)
+    return sa * gl.load(w_scale_ptr + pid_n * k_steps + ki, mask=in_k, other=0.0)
 
 
 @gluon.jit
