@@ -150,6 +150,8 @@ GLUON_FP8_VARIANTS = {
     "s4": dict(stages=4),
     "s5": dict(stages=5),
     "overlap s4": dict(stages=4, overlap=True),
+    "128x256 s3": dict(stages=3, block_n=256),
+    "128x256 s2": dict(stages=2, block_n=256),
 }
 
 

@@ -203,7 +203,7 @@ def _consumer(
                 a, b = _operands(a_smem, b_smem, following, WG, NUM_WG, B_T)
                 queued = warpgroup_mma(a, b, zero, use_acc=False, is_async=True)
                 scale = _step_scales(
-                    a_scale_ptr, w_scale_ptr, m0, pid_n, ki - 1, M, k_steps, acc_layout
+                    a_scale_ptr, w_scale_ptr, m0, pid_n, ki - 1, M, k_steps, num_pid_n, acc_layout
                 )
                 # One product left in flight: the one just queued. Step ki - 1's is done.
                 part = warpgroup_mma_wait(num_outstanding=1, deps=(part,))
@@ -213,7 +213,7 @@ def _consumer(
                 slot = following
                 it += 1
             scale = _step_scales(
-                a_scale_ptr, w_scale_ptr, m0, pid_n, k_steps - 1, M, k_steps, acc_layout
+                a_scale_ptr, w_scale_ptr, m0, pid_n, k_steps - 1, M, k_steps, num_pid_n, acc_layout
             )
             part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
             mbarrier.arrive(empty.index(slot), count=1)
@@ -221,7 +221,9 @@ def _consumer(
             it += 1
         else:
             if BLOCK_SCALED:  # the first step's scales; each step loads the next one's
-                scale = _step_scales(a_scale_ptr, w_scale_ptr, m0, pid_n, 0, M, k_steps, acc_layout)
+                scale = _step_scales(
+                    a_scale_ptr, w_scale_ptr, m0, pid_n, 0, M, k_steps, num_pid_n, acc_layout
+                )
             for ki in range(k_steps):
                 slot = it % STAGES
                 mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
@@ -229,7 +231,15 @@ def _consumer(
                 if BLOCK_SCALED:
                     part = warpgroup_mma(a, b, zero, use_acc=False, is_async=True)
                     following = _step_scales(
-                        a_scale_ptr, w_scale_ptr, m0, pid_n, ki + 1, M, k_steps, acc_layout
+                        a_scale_ptr,
+                        w_scale_ptr,
+                        m0,
+                        pid_n,
+                        ki + 1,
+                        M,
+                        k_steps,
+                        num_pid_n,
+                        acc_layout,
                     )
                     part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
                     mbarrier.arrive(empty.index(slot), count=1)
@@ -268,6 +278,85 @@ def _consumer(
 
 
 @gluon.jit
+def _wide_fp8_consumer(
+    WG: gl.constexpr,
+    a_smem,
+    b_smem,
+    ready,
+    empty,
+    c_desc,
+    c_smem,
+    a_scale_ptr,
+    w_scale_ptr,
+    M,
+    N,
+    K,
+    GROUP_M: gl.constexpr,
+):
+    """The fp8 block-scaled mode at 128 x 256 tiles (half the L2 traffic per flop of 128 x 128):
+    each K step is two 64 x 128 products, one per weight scale block, each promoted into its own
+    fp32 accumulator (two of 64 registers a thread, and the 64 of the product: 192 of 232; one
+    64 x 256 product and its total would be 256 and spill). C leaves in two 64 x 128 halves."""
+    STAGES: gl.constexpr = empty.shape[0]
+    NUM_WG: gl.constexpr = a_smem.shape[0] // STAGES
+    HALF: gl.constexpr = c_smem.shape[2]  # 128 columns: one weight scale block
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF, 32]
+    )
+    num_pid_m = gl.cdiv(M, NUM_WG * WG_M)
+    num_pid_n = gl.cdiv(N, 2 * HALF)
+    n_blocks = gl.cdiv(N, HALF)
+    k_steps = gl.cdiv(K, a_smem.shape[2])
+    zero = gl.zeros([WG_M, HALF], gl.float32, layout=acc_layout)
+    it = 0
+    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
+        pid_m, pid_n = _tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
+        m0 = (pid_m * NUM_WG + WG) * WG_M
+        left, right = 2 * pid_n, 2 * pid_n + 1  # the tile's two weight scale blocks
+        acc0 = zero
+        acc1 = zero
+        part = zero  # each product's registers are the last one's (use_acc=False ignores them)
+        scale0 = _step_scales(
+            a_scale_ptr, w_scale_ptr, m0, left, 0, M, k_steps, n_blocks, acc_layout
+        )
+        scale1 = _step_scales(
+            a_scale_ptr, w_scale_ptr, m0, right, 0, M, k_steps, n_blocks, acc_layout
+        )
+        for ki in range(k_steps):
+            slot = it % STAGES
+            mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+            a = a_smem.index(slot * NUM_WG + WG)
+            w = b_smem.index(slot)  # (256, BLOCK_K): rows of W
+            part = warpgroup_mma(
+                a, w.slice(0, HALF).permute((1, 0)), part, use_acc=False, is_async=True
+            )
+            next0 = _step_scales(
+                a_scale_ptr, w_scale_ptr, m0, left, ki + 1, M, k_steps, n_blocks, acc_layout
+            )
+            part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+            acc0 = acc0 + part * gl.expand_dims(scale0, 1)
+            part = warpgroup_mma(
+                a, w.slice(HALF, HALF).permute((1, 0)), part, use_acc=False, is_async=True
+            )
+            next1 = _step_scales(
+                a_scale_ptr, w_scale_ptr, m0, right, ki + 1, M, k_steps, n_blocks, acc_layout
+            )
+            part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+            mbarrier.arrive(empty.index(slot), count=1)
+            acc1 = acc1 + part * gl.expand_dims(scale1, 1)
+            scale0 = next0
+            scale1 = next1
+            it += 1
+        tma.store_wait(0)
+        c_smem.index(2 * WG).store(acc0.to(c_desc.dtype))
+        c_smem.index(2 * WG + 1).store(acc1.to(c_desc.dtype))
+        fence_async_shared()
+        tma_store(c_desc, [m0, left * HALF], c_smem.index(2 * WG))
+        tma_store(c_desc, [m0, right * HALF], c_smem.index(2 * WG + 1))  # clipped past N
+    tma.store_wait(0)
+
+
+@gluon.jit
 def _operands(a_smem, b_smem, slot, WG: gl.constexpr, NUM_WG: gl.constexpr, B_T: gl.constexpr):
     """This consumer's A tile and the B tile of ring slot `slot`, B as a (BLOCK_K, BLOCK_N) view
     (with B_T, of the (N, K) rows TMA copied: wgmma reads either order)."""
@@ -279,16 +368,20 @@ def _operands(a_smem, b_smem, slot, WG: gl.constexpr, NUM_WG: gl.constexpr, B_T:
 
 
 @gluon.jit
-def _step_scales(a_scale_ptr, w_scale_ptr, m0, pid_n, ki, M, k_steps, layout: gl.constexpr):
+def _step_scales(
+    a_scale_ptr, w_scale_ptr, m0, w_block, ki, M, k_steps, n_blocks, layout: gl.constexpr
+):
     """The 64 rows' 1 x 128 activation scales of K block ki times the tile's 128 x 128 weight
     scale (a 128-column tile lies in one weight block: one scalar), as a row vector of the
     accumulator's layout. Loaded right after the step's wgmma is queued, so their latency runs
     under the product. Activation scales are K-block-major ((K / 128, M) viewed as (M, K / 128)),
     weight scales (N / 128, K / 128) row-major."""
     rows = m0 + gl.arange(0, WG_M, layout=gl.SliceLayout(1, layout))
-    in_k = ki < k_steps  # a step past the last (prefetched for nothing) reads nothing
+    # a step past the last (prefetched for nothing) or a block past N reads nothing
+    in_k = ki < k_steps
     sa = gl.load(a_scale_ptr + ki * M + rows, mask=rows < gl.where(in_k, M, 0), other=0.0)
-    return sa * gl.load(w_scale_ptr + pid_n * k_steps + ki, mask=in_k, other=0.0)
+    sw = gl.load(w_scale_ptr + w_block * k_steps + ki, mask=in_k & (w_block < n_blocks), other=0.0)
+    return sa * sw
 
 
 @gluon.jit
@@ -298,8 +391,12 @@ def _consumer_0(
     GROUP_M: gl.constexpr,
     BLOCK_SCALED: gl.constexpr,
     OVERLAP: gl.constexpr,
+    WIDE: gl.constexpr,
 ):
-    _consumer(0, *args, B_T, GROUP_M, BLOCK_SCALED, OVERLAP)
+    if WIDE:
+        _wide_fp8_consumer(0, *args, GROUP_M)
+    else:
+        _consumer(0, *args, B_T, GROUP_M, BLOCK_SCALED, OVERLAP)
 
 
 @gluon.jit
@@ -309,8 +406,12 @@ def _consumer_1(
     GROUP_M: gl.constexpr,
     BLOCK_SCALED: gl.constexpr,
     OVERLAP: gl.constexpr,
+    WIDE: gl.constexpr,
 ):
-    _consumer(1, *args, B_T, GROUP_M, BLOCK_SCALED, OVERLAP)
+    if WIDE:
+        _wide_fp8_consumer(1, *args, GROUP_M)
+    else:
+        _consumer(1, *args, B_T, GROUP_M, BLOCK_SCALED, OVERLAP)
 
 
 @gluon.jit
@@ -328,6 +429,7 @@ def gluon_matmul_kernel(
     GROUP_M: gl.constexpr,
     BLOCK_SCALED: gl.constexpr,
     OVERLAP: gl.constexpr,  # BLOCK_SCALED: queue the next K step before promoting this one
+    WIDE: gl.constexpr,  # BLOCK_SCALED at 128 x 256 (`_wide_fp8_consumer`)
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
@@ -343,7 +445,7 @@ def gluon_matmul_kernel(
         b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout
     )
     c_smem = gl.allocate_shared_memory(
-        c_desc.dtype, [NUM_WG] + c_desc.block_type.shape, c_desc.layout
+        c_desc.dtype, [NUM_WG * (2 if WIDE else 1)] + c_desc.block_type.shape, c_desc.layout
     )
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -356,8 +458,8 @@ def gluon_matmul_kernel(
     args = (a_smem, b_smem, ready, empty, c_desc, c_smem, a_scale_ptr, w_scale_ptr, M, N, K)
     gl.warp_specialize(
         [
-            (_consumer_0, (args, B_T, GROUP_M, BLOCK_SCALED, OVERLAP)),
-            (_consumer_1, (args, B_T, GROUP_M, BLOCK_SCALED, OVERLAP)),
+            (_consumer_0, (args, B_T, GROUP_M, BLOCK_SCALED, OVERLAP, WIDE)),
+            (_consumer_1, (args, B_T, GROUP_M, BLOCK_SCALED, OVERLAP, WIDE)),
             (_producer, (a_desc, b_desc, a_smem, b_smem, ready, empty, M, N, K, B_T, GROUP_M)),
         ],
         [4, 1],
@@ -417,6 +519,7 @@ def check_gluon_args(
 def _launch(
     descs, scales, M, N, K, *, b_t, stages, group_m, block_scaled, block_n, device, overlap=False
 ):
+    """One CTA per SM (or per tile); the fp8 mode at block_n 256 runs `_wide_fp8_consumer`."""
     tiles = triton.cdiv(M, NUM_WG * WG_M.value) * triton.cdiv(N, block_n)
     grid = (min(tiles, _sm_count(device.index or 0)),)
     gluon_matmul_kernel[grid](
@@ -430,6 +533,7 @@ def _launch(
         GROUP_M=group_m,
         BLOCK_SCALED=block_scaled,
         OVERLAP=overlap,
+        WIDE=block_scaled and block_n == 256,
         CONSUMER_REGS=CONSUMER_REGS,
         PRODUCER_REGS=PRODUCER_REGS,
         num_warps=4,
@@ -480,22 +584,33 @@ def gluon_fp8_matmul_block_scaled(
     stages: int = FP8_STAGES,
     group_m: int = GROUP_M,
     overlap: bool = FP8_OVERLAP,
+    block_n: int = FP8_BLOCK_N,
 ) -> torch.Tensor:
     """C (M, N) bf16 = A @ W.T from e4m3 a8 (M, K) with its 1 x 128 scales and w8 (N, K) with
     its 128 x 128 scales (`triton_fp8_matmul.quantize_activation` / `quantize_weight`), by the
     warp-specialized kernel: 128 x 128 tiles, each 128-deep K step's wgmma product promoted into
     fp32 registers with its scales (DeepGEMM's scheme); `overlap`: queue each step's product
-    before promoting the one before (three accumulators a warpgroup instead of two). Rows off
+    before promoting the one before (three accumulators a warpgroup instead of two); `block_n`
+    256: 128 x 256 tiles, two 128-column products a step (`_wide_fp8_consumer`; 2 or 3 stages,
+    no overlap). Rows off
     16-byte boundaries (K or N not a multiple of 16 or 8) go through padded copies
     (`triton_fp8_matmul.tma_operands`, `output`). FeatureMissing off sm_90."""
     op = "gluon_fp8_matmul_block_scaled"
     runtime.require(REQUIRES, op)
-    if stages not in range(2, 6):
-        raise ValueError(f"{op}: stages {stages}; supported: 2 to 5")
+    deepest = 3 if block_n == 256 else 5  # 48 KiB stages at 256 beside 64 KiB for C
+    if block_n not in (128, 256) or stages not in range(2, deepest + 1):
+        raise ValueError(
+            f"{op}: block_n {block_n}, stages {stages}; supported: block_n 128 with 2 to 5 "
+            "stages, 256 with 2 or 3"
+        )
+    if overlap and block_n == 256:
+        raise ValueError(f"{op}: the overlap needs a third accumulator: block_n 128 only")
     M, N, K = triton_fp8_matmul.check_fp8_args(op, a8, w8, a_scales, w_scales, block_scaled=True)
     a8, w8 = triton_fp8_matmul.tma_operands(op, a8, w8)
     c = triton_fp8_matmul.output(op, out, M, N, a8.device)
-    descs = _descriptors(a8, w8, True, c, FP8_BLOCK_N, triton_fp8_matmul.SCALE_BLOCK)
+    descs = _descriptors(
+        a8, w8, True, c, block_n, triton_fp8_matmul.SCALE_BLOCK, split=block_n == 256
+    )
     _launch(
         descs,
         (a_scales, w_scales),
@@ -506,7 +621,7 @@ def gluon_fp8_matmul_block_scaled(
         stages=stages,
         group_m=group_m,
         block_scaled=True,
-        block_n=FP8_BLOCK_N,
+        block_n=block_n,
         device=a8.device,
         overlap=overlap,
     )
@@ -519,7 +634,7 @@ def compile_for(
     b_t: bool = False,
     stages: int | None = None,
     block_scaled: bool = False,
-    block_n: int = BLOCK_N,
+    block_n: int | None = None,
     overlap: bool = False,
     split: bool = False,
 ):
@@ -532,10 +647,14 @@ def compile_for(
     if block_scaled:
         inputs = torch.empty((128, 128), dtype=triton_fp8_matmul.FP8)
         c = torch.empty((64, 64), dtype=torch.bfloat16)
-        descs = _descriptors(inputs, inputs, True, c, FP8_BLOCK_N, triton_fp8_matmul.SCALE_BLOCK)
+        block_n = block_n or FP8_BLOCK_N
+        descs = _descriptors(
+            inputs, inputs, True, c, block_n, triton_fp8_matmul.SCALE_BLOCK, split=block_n == 256
+        )
         b_t, stages = True, stages or FP8_STAGES
     else:
         buffer = torch.empty((64, 64), dtype=getattr(torch, dtype))
+        block_n = block_n or BLOCK_N
         descs = _descriptors(buffer, buffer, b_t, buffer, block_n, split=split)
         stages = stages or STAGES
     constants = {
@@ -544,6 +663,7 @@ def compile_for(
         "GROUP_M": GROUP_M,
         "BLOCK_SCALED": block_scaled,
         "OVERLAP": overlap,
+        "WIDE": block_scaled and block_n == 256,
         "CONSUMER_REGS": CONSUMER_REGS,
         "PRODUCER_REGS": PRODUCER_REGS,
     }
