@@ -113,11 +113,9 @@ def test_gluon_argument_checks():
     a_t, b = make_inputs(72, 136, 200, torch.bfloat16, "tn")
     with pytest.raises(ValueError, match="a must have contiguous rows"):
         check_gluon_args(a_t, b)
-    with pytest.raises(ValueError, match="stages 4; supported at block_n 256: 2 to 3"):
+    with pytest.raises(ValueError, match="stages 4; supported: 2 to 3"):
         check_gluon_args(a, b, stages=4)
-    with pytest.raises(ValueError, match="stages 7; supported at block_n 128: 2 to 6"):
-        check_gluon_args(a, b, stages=7, block_n=128)
-    with pytest.raises(ValueError, match="stages 5; supported at block_n 256: 2 to 4"):
+    with pytest.raises(ValueError, match="stages 5; supported with split: 2 to 4"):
         check_gluon_args(a, b, stages=5, split=True)
     with pytest.raises(ValueError, match="out must be"):
         check_gluon_args(a, b, out=torch.empty(72, 135, dtype=torch.bfloat16))
@@ -136,7 +134,6 @@ COMPILED = [
     ("gluon_matmul", {"block_scaled": True}),  # fp8 e4m3, 128 x 128 tiles, 4 stages
     ("gluon_matmul", {"block_scaled": True, "stages": 5}),
     ("gluon_matmul", {"block_scaled": True, "overlap": True}),  # three accumulators a thread
-    ("gluon_matmul", {"block_n": 128, "stages": 6}),
     ("gluon_matmul", {"split": True, "stages": 4}),  # C in two halves: room for a 4th stage
 ]
 
@@ -181,9 +178,8 @@ def test_compiles_for_hopper_without_a_gpu(compiled_offline, module, options):
         else:
             assert made["wgmma_fp8"] == 0
             stages = options.get("stages", gluon_matmul.STAGES)
-            block_n = options.get("block_n", gluon_matmul.BLOCK_N)
             split = options.get("split", False)
-            assert made["shared_bytes"] >= gluon_matmul.shared_bytes(block_n, stages, split)
+            assert made["shared_bytes"] >= gluon_matmul.shared_bytes(stages=stages, split=split)
     else:
         assert made["warps"] == 8
 
@@ -215,12 +211,7 @@ def test_gluon_kernel_matches_fp64(shape, layout, dtype, stages):
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "options",
-    [
-        dict(block_n=128, stages=4),
-        dict(block_n=128, stages=6),
-        dict(group_m=16),
-        dict(split=True, stages=4),
-    ],
+    [dict(group_m=16), dict(split=True, stages=4), dict(split=True, stages=3)],
     ids=lambda o: str(o).replace(" ", ""),
 )
 @pytest.mark.parametrize("layout", ["nn", "nt"])

@@ -36,10 +36,9 @@ other warpgroup's product runs.
 Scope: fp16 and bf16 (and e4m3 in the fp8 mode, W as (N, K)); A row-major (its rows may be
 strided), B row-major (K, N) or the transpose of a row-major (N, K) weight (`b = W.T`,
 nn.Linear's layout); any M, N, K (an operand whose rows are off TMA's 16-byte boundaries is copied
-into a buffer with padded rows, and so is C: `tma_view`, `tma_output`). Tiles 128 x 256 (up to 3
-stages) or 128 x 128 (up to 6). Needs wgmma (sm_90: H100, H200): both wrappers raise
-FeatureMissing anywhere else, before any compilation; the portable kernels are
-`triton_matmul.py`'s.
+into a buffer with padded rows, and so is C: `tma_view`, `tma_output`). Needs wgmma (sm_90:
+H100, H200): both wrappers raise FeatureMissing anywhere else, before any compilation; the
+portable kernels are `triton_matmul.py`'s.
 """
 
 from __future__ import annotations
@@ -487,23 +486,19 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def max_stages(block_n: int, split: bool = False) -> int:
-    """The deepest ring that fits beside the epilogue buffer at 128 x block_n tiles."""
-    return max(s for s in range(1, 9) if shared_bytes(block_n, s, split) <= SHARED_BYTES)
+def max_stages(split: bool = False) -> int:
+    """The deepest ring that fits beside the epilogue buffer (half of it with `split`)."""
+    return max(s for s in range(1, 9) if shared_bytes(BLOCK_N, s, split) <= SHARED_BYTES)
 
 
-def check_gluon_args(
-    a, b, out=None, stages: int = STAGES, block_n: int = BLOCK_N, split: bool = False
-):
+def check_gluon_args(a, b, out=None, stages: int = STAGES, split: bool = False):
     """(M, N, K, A's view, B's view or its (N, K) buffer, whether B is transposed, C) for
     `gluon_matmul`, or a TypeError/ValueError saying what the kernel does not take."""
     M, N, K = check_matmul_args(a, b, out, op="gluon_matmul")
-    if block_n not in (128, 256):
-        raise ValueError(f"gluon_matmul: block_n {block_n}; supported: 128, 256")
-    if not 2 <= stages <= max_stages(block_n, split):
+    if not 2 <= stages <= max_stages(split):
         raise ValueError(
-            f"gluon_matmul: stages {stages}; supported at block_n {block_n}: 2 to "
-            f"{max_stages(block_n, split)} (the ring and the epilogue buffer must fit in "
+            f"gluon_matmul: stages {stages}; supported{' with split' if split else ''}: 2 to "
+            f"{max_stages(split)} (the ring and the epilogue buffer must fit in "
             f"{SHARED_BYTES // 1024} KiB)"
         )
     a_view, a_t = tma_view(a, "a", "gluon_matmul")
@@ -547,17 +542,16 @@ def gluon_matmul(
     *,
     stages: int = STAGES,
     group_m: int = GROUP_M,
-    block_n: int = BLOCK_N,
     split: bool = False,
 ) -> torch.Tensor:
     """a @ b (fp16 or bf16, fp32 accumulation) by the warp-specialized kernel; `out` (M, N),
-    contiguous, receives C if given. Tiles are 128 x `block_n` (256 or 128); `stages`: the
-    ring's depth (2 to `max_stages(block_n, split)`: 3 at 256, 4 with `split`, 6 at 128);
-    `split`: C stored in two halves through a staging buffer half the size; `group_m`: row
-    tiles per group of the tile order. FeatureMissing off sm_90, before any compilation."""
+    contiguous, receives C if given. Tiles are 128 x 256; `stages`: the ring's depth (2 to
+    `max_stages(split)`: 3, or 4 with `split`: C stored in two halves through a staging buffer
+    half the size); `group_m`: row tiles per group of the tile order. FeatureMissing off sm_90,
+    before any compilation."""
     runtime.require(REQUIRES, "gluon_matmul")
-    M, N, K, a_view, b_view, b_t, c = check_gluon_args(a, b, out, stages, block_n, split)
-    descs = _descriptors(a_view, b_view, b_t, c, block_n, split=split)
+    M, N, K, a_view, b_view, b_t, c = check_gluon_args(a, b, out, stages, split)
+    descs = _descriptors(a_view, b_view, b_t, c, BLOCK_N, split=split)
     _launch(
         descs,
         (c, c),
@@ -568,7 +562,7 @@ def gluon_matmul(
         stages=stages,
         group_m=group_m,
         block_scaled=False,
-        block_n=block_n,
+        block_n=BLOCK_N,
         device=a.device,
     )
     return deliver(c, out)
@@ -654,8 +648,7 @@ def compile_for(
         b_t, stages = True, stages or FP8_STAGES
     else:
         buffer = torch.empty((64, 64), dtype=getattr(torch, dtype))
-        block_n = block_n or BLOCK_N
-        descs = _descriptors(buffer, buffer, b_t, buffer, block_n, split=split)
+        descs = _descriptors(buffer, buffer, b_t, buffer, BLOCK_N, split=split)
         stages = stages or STAGES
     constants = {
         "B_T": b_t,
