@@ -140,18 +140,13 @@ def fp8(ceil: dict) -> list[dict]:
 # gluon_matmul (16-bit) and gluon_fp8_matmul_block_scaled; the Triton block-scaled kernel's are
 # its GPU_TILES that fit a promoted product.
 GLUON_VARIANTS = {
-    "128x256 s3 g8": dict(stages=3, group_m=8),
     "128x256 s3 g16": dict(stages=3, group_m=16),
-    "128x256 s3 g8 split": dict(stages=3, group_m=8, split=True),
-    "128x256 s4 g8 split": dict(stages=4, group_m=8, split=True),
-    "128x256 s4 g16 split": dict(stages=4, group_m=16, split=True),
+    "128x256 s3 g8": dict(stages=3, group_m=8),
 }
 GLUON_FP8_VARIANTS = {
-    "s4": dict(stages=4),
-    "s5": dict(stages=5),
-    "overlap s4": dict(stages=4, overlap=True),
-    "128x256 s3": dict(stages=3, block_n=256),
-    "128x256 s2": dict(stages=2, block_n=256),
+    "s4 g8": dict(stages=4, group_m=8),
+    "s5 g8": dict(stages=5, group_m=8),
+    "s4 g16": dict(stages=4, group_m=16),
 }
 
 

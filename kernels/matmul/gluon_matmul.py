@@ -70,7 +70,10 @@ NUM_WG = 2  # consumer warpgroups: BLOCK_M = 128
 BLOCK_N = 256  # one wgmma N: the largest the instruction takes
 BLOCK_K = 64  # 128 bytes of 16-bit values: one 128-byte swizzled row of shared memory
 STAGES = 3  # 3 x 48 KiB ring + 64 KiB epilogue buffer = 208 KiB of the 227 a CTA has
-GROUP_M = 8  # row tiles that walk the column tiles together (L2 reuse of B)
+# Row tiles that walk the column tiles together (L2 reuse of B): 16 measured 1.020-1.034x cuBLAS
+# on the H200 against 1.018-1.032x for 8 (the fp8 mode was timed with 8 only).
+GROUP_M = 16
+FP8_GROUP_M = 8
 # setmaxnreg budgets, registers per thread: 2 x 128 x 232 + 128 x 40 = 64,512 of 65,536.
 CONSUMER_REGS = 232
 PRODUCER_REGS = 40
@@ -80,7 +83,6 @@ SHARED_BYTES = 227 * 1024
 # e4m3). A stage is 16 + 16 KiB; 4 stages and the 32 KiB epilogue buffer are 160 KiB.
 FP8_BLOCK_N = 128
 FP8_STAGES = 4
-FP8_OVERLAP = False  # queue step k + 1's product before promoting step k's (`_consumer`)
 GL_DTYPES = {
     torch.float16: gl.float16,
     torch.bfloat16: gl.bfloat16,
@@ -91,11 +93,10 @@ tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_glob
 tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
 
 
-def shared_bytes(block_n: int = BLOCK_N, stages: int = STAGES, split: bool = False) -> int:
-    """The ring (A: NUM_WG x 64 rows, B: block_n columns, BLOCK_K deep) and C's staging buffer
-    (half a tile's columns with `split`)."""
+def shared_bytes(block_n: int = BLOCK_N, stages: int = STAGES) -> int:
+    """The ring (A: NUM_WG x 64 rows, B: block_n columns, BLOCK_K deep) and C's staging buffer"""
     block_m = NUM_WG * WG_M.value
-    return 2 * (stages * (block_m + block_n) * BLOCK_K + block_m * block_n // (1 + split))
+    return 2 * (stages * (block_m + block_n) * BLOCK_K + block_m * block_n)
 
 
 @gluon.jit
@@ -162,18 +163,15 @@ def _consumer(
     B_T: gl.constexpr,
     GROUP_M: gl.constexpr,
     BLOCK_SCALED: gl.constexpr,
-    OVERLAP: gl.constexpr,
 ):
     """One warpgroup: rows WG * 64 .. WG * 64 + 63 of each of the CTA's tiles, accumulated by
     wgmma from the ring, stored by TMA. BLOCK_SCALED (fp8): each K step's product (one 128-deep
-    scale block) starts from zero, then is scaled and added into the fp32 accumulator; with
-    OVERLAP the next step's product is queued before this one's promotion, so the warpgroup's
-    FMAs run while its own next wgmma does (a third 64 x BLOCK_N accumulator)."""
+    scale block) starts from zero, then is scaled and added into the fp32 accumulator; the next
+    step's scales are loaded while this step's product runs."""
     STAGES: gl.constexpr = empty.shape[0]
     NUM_WG: gl.constexpr = a_smem.shape[0] // STAGES
     BLOCK_K: gl.constexpr = a_smem.shape[2]
     BLOCK_N: gl.constexpr = b_smem.shape[1] if B_T else b_smem.shape[2]
-    C_N: gl.constexpr = c_smem.shape[2]  # BLOCK_N, or half of it (the epilogue in two halves)
     # The wgmma accumulator: the 4 warps stacked along M, instruction m64 x n(BLOCK_N) x k(32
     # bytes of the inputs: 16 for 16-bit, 32 for fp8).
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -191,167 +189,38 @@ def _consumer(
         pid_m, pid_n = _tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
         m0 = (pid_m * NUM_WG + WG) * WG_M
         acc = zero
-        if BLOCK_SCALED and OVERLAP:
+        if BLOCK_SCALED:  # the first step's scales; each step loads the next one's
+            scale = _step_scales(a_scale_ptr, w_scale_ptr, m0, pid_n, 0, M, k_steps, acc_layout)
+        for ki in range(k_steps):
             slot = it % STAGES
             mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
             a, b = _operands(a_smem, b_smem, slot, WG, NUM_WG, B_T)
-            part = warpgroup_mma(a, b, zero, use_acc=False, is_async=True)
-            for ki in range(1, k_steps):
-                following = (it + 1) % STAGES
-                mbarrier.wait(ready.index(following), ((it + 1) // STAGES) & 1)
-                a, b = _operands(a_smem, b_smem, following, WG, NUM_WG, B_T)
-                queued = warpgroup_mma(a, b, zero, use_acc=False, is_async=True)
-                scale = _step_scales(
-                    a_scale_ptr, w_scale_ptr, m0, pid_n, ki - 1, M, k_steps, num_pid_n, acc_layout
+            if BLOCK_SCALED:
+                part = warpgroup_mma(a, b, zero, use_acc=False, is_async=True)
+                following = _step_scales(
+                    a_scale_ptr, w_scale_ptr, m0, pid_n, ki + 1, M, k_steps, acc_layout
                 )
-                # One product left in flight: the one just queued. Step ki - 1's is done.
-                part = warpgroup_mma_wait(num_outstanding=1, deps=(part,))
+                part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
                 mbarrier.arrive(empty.index(slot), count=1)
                 acc = acc + part * gl.expand_dims(scale, 1)  # the promotion
-                part = queued
-                slot = following
-                it += 1
-            scale = _step_scales(
-                a_scale_ptr, w_scale_ptr, m0, pid_n, k_steps - 1, M, k_steps, num_pid_n, acc_layout
-            )
-            part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
-            mbarrier.arrive(empty.index(slot), count=1)
-            acc = acc + part * gl.expand_dims(scale, 1)
+                scale = following
+            else:
+                acc = warpgroup_mma(a, b, acc, is_async=True)
+                # Products retire in issue order: with one left in flight, the step before is
+                # done and its slot can be refilled.
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                if ki > 0:
+                    mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)
             it += 1
-        else:
-            if BLOCK_SCALED:  # the first step's scales; each step loads the next one's
-                scale = _step_scales(
-                    a_scale_ptr, w_scale_ptr, m0, pid_n, 0, M, k_steps, num_pid_n, acc_layout
-                )
-            for ki in range(k_steps):
-                slot = it % STAGES
-                mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
-                a, b = _operands(a_smem, b_smem, slot, WG, NUM_WG, B_T)
-                if BLOCK_SCALED:
-                    part = warpgroup_mma(a, b, zero, use_acc=False, is_async=True)
-                    following = _step_scales(
-                        a_scale_ptr,
-                        w_scale_ptr,
-                        m0,
-                        pid_n,
-                        ki + 1,
-                        M,
-                        k_steps,
-                        num_pid_n,
-                        acc_layout,
-                    )
-                    part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
-                    mbarrier.arrive(empty.index(slot), count=1)
-                    acc = acc + part * gl.expand_dims(scale, 1)  # the promotion
-                    scale = following
-                else:
-                    acc = warpgroup_mma(a, b, acc, is_async=True)
-                    # Products retire in issue order: with one left in flight, the step before is
-                    # done and its slot can be refilled.
-                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-                    if ki > 0:
-                        mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)
-                it += 1
         if not BLOCK_SCALED:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)
         # The epilogue: the last tile's copy must have read the staging buffer before it is
         # overwritten (by now long done: a whole tile of products ran since).
-        if BLOCK_N == C_N:
-            tma.store_wait(0)
-            staging.store(acc.to(c_desc.dtype))
-            fence_async_shared()  # the threads' shared-memory writes, before the copy reads them
-            tma_store(c_desc, [m0, pid_n * BLOCK_N], staging)
-        else:  # two halves of C_N columns through a buffer half the size
-            halves = gl.permute(gl.reshape(acc, [WG_M, 2, C_N]), [0, 2, 1])
-            left, right = gl.split(halves)
-            tma.store_wait(0)
-            staging.store(left.to(c_desc.dtype))
-            fence_async_shared()
-            tma_store(c_desc, [m0, pid_n * BLOCK_N], staging)
-            tma.store_wait(0)  # the copy has read the left half
-            staging.store(right.to(c_desc.dtype))
-            fence_async_shared()
-            tma_store(c_desc, [m0, pid_n * BLOCK_N + C_N], staging)
-    tma.store_wait(0)
-
-
-@gluon.jit
-def _wide_fp8_consumer(
-    WG: gl.constexpr,
-    a_smem,
-    b_smem,
-    ready,
-    empty,
-    c_desc,
-    c_smem,
-    a_scale_ptr,
-    w_scale_ptr,
-    M,
-    N,
-    K,
-    GROUP_M: gl.constexpr,
-):
-    """The fp8 block-scaled mode at 128 x 256 tiles (half the L2 traffic per flop of 128 x 128):
-    each K step is two 64 x 128 products, one per weight scale block, each promoted into its own
-    fp32 accumulator (two of 64 registers a thread, and the 64 of the product: 192 of 232; one
-    64 x 256 product and its total would be 256 and spill). C leaves in two 64 x 128 halves."""
-    STAGES: gl.constexpr = empty.shape[0]
-    NUM_WG: gl.constexpr = a_smem.shape[0] // STAGES
-    HALF: gl.constexpr = c_smem.shape[2]  # 128 columns: one weight scale block
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF, 32]
-    )
-    num_pid_m = gl.cdiv(M, NUM_WG * WG_M)
-    num_pid_n = gl.cdiv(N, 2 * HALF)
-    n_blocks = gl.cdiv(N, HALF)
-    k_steps = gl.cdiv(K, a_smem.shape[2])
-    zero = gl.zeros([WG_M, HALF], gl.float32, layout=acc_layout)
-    it = 0
-    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
-        pid_m, pid_n = _tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
-        m0 = (pid_m * NUM_WG + WG) * WG_M
-        left, right = 2 * pid_n, 2 * pid_n + 1  # the tile's two weight scale blocks
-        acc0 = zero
-        acc1 = zero
-        part = zero  # each product's registers are the last one's (use_acc=False ignores them)
-        scale0 = _step_scales(
-            a_scale_ptr, w_scale_ptr, m0, left, 0, M, k_steps, n_blocks, acc_layout
-        )
-        scale1 = _step_scales(
-            a_scale_ptr, w_scale_ptr, m0, right, 0, M, k_steps, n_blocks, acc_layout
-        )
-        for ki in range(k_steps):
-            slot = it % STAGES
-            mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
-            a = a_smem.index(slot * NUM_WG + WG)
-            w = b_smem.index(slot)  # (256, BLOCK_K): rows of W
-            part = warpgroup_mma(
-                a, w.slice(0, HALF).permute((1, 0)), part, use_acc=False, is_async=True
-            )
-            next0 = _step_scales(
-                a_scale_ptr, w_scale_ptr, m0, left, ki + 1, M, k_steps, n_blocks, acc_layout
-            )
-            part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
-            acc0 = acc0 + part * gl.expand_dims(scale0, 1)
-            part = warpgroup_mma(
-                a, w.slice(HALF, HALF).permute((1, 0)), part, use_acc=False, is_async=True
-            )
-            next1 = _step_scales(
-                a_scale_ptr, w_scale_ptr, m0, right, ki + 1, M, k_steps, n_blocks, acc_layout
-            )
-            part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
-            mbarrier.arrive(empty.index(slot), count=1)
-            acc1 = acc1 + part * gl.expand_dims(scale1, 1)
-            scale0 = next0
-            scale1 = next1
-            it += 1
         tma.store_wait(0)
-        c_smem.index(2 * WG).store(acc0.to(c_desc.dtype))
-        c_smem.index(2 * WG + 1).store(acc1.to(c_desc.dtype))
-        fence_async_shared()
-        tma_store(c_desc, [m0, left * HALF], c_smem.index(2 * WG))
-        tma_store(c_desc, [m0, right * HALF], c_smem.index(2 * WG + 1))  # clipped past N
+        staging.store(acc.to(c_desc.dtype))
+        fence_async_shared()  # the threads' shared-memory writes, before the copy reads them
+        tma_store(c_desc, [m0, pid_n * BLOCK_N], staging)
     tma.store_wait(0)
 
 
@@ -367,50 +236,26 @@ def _operands(a_smem, b_smem, slot, WG: gl.constexpr, NUM_WG: gl.constexpr, B_T:
 
 
 @gluon.jit
-def _step_scales(
-    a_scale_ptr, w_scale_ptr, m0, w_block, ki, M, k_steps, n_blocks, layout: gl.constexpr
-):
+def _step_scales(a_scale_ptr, w_scale_ptr, m0, pid_n, ki, M, k_steps, layout: gl.constexpr):
     """The 64 rows' 1 x 128 activation scales of K block ki times the tile's 128 x 128 weight
     scale (a 128-column tile lies in one weight block: one scalar), as a row vector of the
     accumulator's layout. Loaded right after the step's wgmma is queued, so their latency runs
     under the product. Activation scales are K-block-major ((K / 128, M) viewed as (M, K / 128)),
     weight scales (N / 128, K / 128) row-major."""
     rows = m0 + gl.arange(0, WG_M, layout=gl.SliceLayout(1, layout))
-    # a step past the last (prefetched for nothing) or a block past N reads nothing
-    in_k = ki < k_steps
+    in_k = ki < k_steps  # a step past the last (prefetched for nothing) reads nothing
     sa = gl.load(a_scale_ptr + ki * M + rows, mask=rows < gl.where(in_k, M, 0), other=0.0)
-    sw = gl.load(w_scale_ptr + w_block * k_steps + ki, mask=in_k & (w_block < n_blocks), other=0.0)
-    return sa * sw
+    return sa * gl.load(w_scale_ptr + pid_n * k_steps + ki, mask=in_k, other=0.0)
 
 
 @gluon.jit
-def _consumer_0(
-    args,
-    B_T: gl.constexpr,
-    GROUP_M: gl.constexpr,
-    BLOCK_SCALED: gl.constexpr,
-    OVERLAP: gl.constexpr,
-    WIDE: gl.constexpr,
-):
-    if WIDE:
-        _wide_fp8_consumer(0, *args, GROUP_M)
-    else:
-        _consumer(0, *args, B_T, GROUP_M, BLOCK_SCALED, OVERLAP)
+def _consumer_0(args, B_T: gl.constexpr, GROUP_M: gl.constexpr, BLOCK_SCALED: gl.constexpr):
+    _consumer(0, *args, B_T, GROUP_M, BLOCK_SCALED)
 
 
 @gluon.jit
-def _consumer_1(
-    args,
-    B_T: gl.constexpr,
-    GROUP_M: gl.constexpr,
-    BLOCK_SCALED: gl.constexpr,
-    OVERLAP: gl.constexpr,
-    WIDE: gl.constexpr,
-):
-    if WIDE:
-        _wide_fp8_consumer(1, *args, GROUP_M)
-    else:
-        _consumer(1, *args, B_T, GROUP_M, BLOCK_SCALED, OVERLAP)
+def _consumer_1(args, B_T: gl.constexpr, GROUP_M: gl.constexpr, BLOCK_SCALED: gl.constexpr):
+    _consumer(1, *args, B_T, GROUP_M, BLOCK_SCALED)
 
 
 @gluon.jit
@@ -427,8 +272,6 @@ def gluon_matmul_kernel(
     STAGES: gl.constexpr,
     GROUP_M: gl.constexpr,
     BLOCK_SCALED: gl.constexpr,
-    OVERLAP: gl.constexpr,  # BLOCK_SCALED: queue the next K step before promoting this one
-    WIDE: gl.constexpr,  # BLOCK_SCALED at 128 x 256 (`_wide_fp8_consumer`)
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
@@ -444,7 +287,7 @@ def gluon_matmul_kernel(
         b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout
     )
     c_smem = gl.allocate_shared_memory(
-        c_desc.dtype, [NUM_WG * (2 if WIDE else 1)] + c_desc.block_type.shape, c_desc.layout
+        c_desc.dtype, [NUM_WG] + c_desc.block_type.shape, c_desc.layout
     )
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -457,8 +300,8 @@ def gluon_matmul_kernel(
     args = (a_smem, b_smem, ready, empty, c_desc, c_smem, a_scale_ptr, w_scale_ptr, M, N, K)
     gl.warp_specialize(
         [
-            (_consumer_0, (args, B_T, GROUP_M, BLOCK_SCALED, OVERLAP, WIDE)),
-            (_consumer_1, (args, B_T, GROUP_M, BLOCK_SCALED, OVERLAP, WIDE)),
+            (_consumer_0, (args, B_T, GROUP_M, BLOCK_SCALED)),
+            (_consumer_1, (args, B_T, GROUP_M, BLOCK_SCALED)),
             (_producer, (a_desc, b_desc, a_smem, b_smem, ready, empty, M, N, K, B_T, GROUP_M)),
         ],
         [4, 1],
@@ -466,9 +309,9 @@ def gluon_matmul_kernel(
     )
 
 
-def _descriptors(a, b_view, b_t: bool, c, block_n: int, block_k: int = BLOCK_K, split=False):
+def _descriptors(a, b_view, b_t: bool, c, block_n: int, block_k: int = BLOCK_K):
     """Gluon TMA descriptors over A (64 x block_k tiles), B or its (N, K) buffer, and C (64 x
-    block_n, or block_n / 2 with `split`), each in the default swizzled layout of its tile."""
+    block_n), each in the default swizzled shared-memory layout of its tile."""
 
     def desc(t, block):
         layout = gl.NVMMASharedLayout.get_default_for(block, GL_DTYPES[t.dtype])
@@ -477,7 +320,7 @@ def _descriptors(a, b_view, b_t: bool, c, block_n: int, block_k: int = BLOCK_K, 
     return (
         desc(a, [WG_M.value, block_k]),
         desc(b_view, [block_n, block_k] if b_t else [block_k, block_n]),
-        desc(c, [WG_M.value, block_n // (2 if split else 1)]),
+        desc(c, [WG_M.value, block_n]),
     )
 
 
@@ -486,20 +329,14 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def max_stages(split: bool = False) -> int:
-    """The deepest ring that fits beside the epilogue buffer (half of it with `split`)."""
-    return max(s for s in range(1, 9) if shared_bytes(BLOCK_N, s, split) <= SHARED_BYTES)
-
-
-def check_gluon_args(a, b, out=None, stages: int = STAGES, split: bool = False):
+def check_gluon_args(a, b, out=None, stages: int = STAGES):
     """(M, N, K, A's view, B's view or its (N, K) buffer, whether B is transposed, C) for
     `gluon_matmul`, or a TypeError/ValueError saying what the kernel does not take."""
     M, N, K = check_matmul_args(a, b, out, op="gluon_matmul")
-    if not 2 <= stages <= max_stages(split):
+    if stages not in (2, 3):
         raise ValueError(
-            f"gluon_matmul: stages {stages}; supported{' with split' if split else ''}: 2 to "
-            f"{max_stages(split)} (the ring and the epilogue buffer must fit in "
-            f"{SHARED_BYTES // 1024} KiB)"
+            f"gluon_matmul: stages {stages}; supported: 2, 3 (the ring and the "
+            f"epilogue buffer must fit in {SHARED_BYTES // 1024} KiB)"
         )
     a_view, a_t = tma_view(a, "a", "gluon_matmul")
     if a_t:
@@ -511,10 +348,7 @@ def check_gluon_args(a, b, out=None, stages: int = STAGES, split: bool = False):
     return M, N, K, a_view, b_view, b_t, tma_output(out, M, N, a.dtype, a.device)
 
 
-def _launch(
-    descs, scales, M, N, K, *, b_t, stages, group_m, block_scaled, block_n, device, overlap=False
-):
-    """One CTA per SM (or per tile); the fp8 mode at block_n 256 runs `_wide_fp8_consumer`."""
+def _launch(descs, scales, M, N, K, *, b_t, stages, group_m, block_scaled, block_n, device):
     tiles = triton.cdiv(M, NUM_WG * WG_M.value) * triton.cdiv(N, block_n)
     grid = (min(tiles, _sm_count(device.index or 0)),)
     gluon_matmul_kernel[grid](
@@ -527,8 +361,6 @@ def _launch(
         STAGES=stages,
         GROUP_M=group_m,
         BLOCK_SCALED=block_scaled,
-        OVERLAP=overlap,
-        WIDE=block_scaled and block_n == 256,
         CONSUMER_REGS=CONSUMER_REGS,
         PRODUCER_REGS=PRODUCER_REGS,
         num_warps=4,
@@ -542,16 +374,14 @@ def gluon_matmul(
     *,
     stages: int = STAGES,
     group_m: int = GROUP_M,
-    split: bool = False,
 ) -> torch.Tensor:
     """a @ b (fp16 or bf16, fp32 accumulation) by the warp-specialized kernel; `out` (M, N),
-    contiguous, receives C if given. Tiles are 128 x 256; `stages`: the ring's depth (2 to
-    `max_stages(split)`: 3, or 4 with `split`: C stored in two halves through a staging buffer
-    half the size); `group_m`: row tiles per group of the tile order. FeatureMissing off sm_90,
-    before any compilation."""
+    contiguous, receives C if given. `stages`: the ring's depth (2 or 3: 4 does not fit beside
+    the epilogue buffer); `group_m`: row tiles per group of the tile order. FeatureMissing on
+    anything but sm_90, before any compilation."""
     runtime.require(REQUIRES, "gluon_matmul")
-    M, N, K, a_view, b_view, b_t, c = check_gluon_args(a, b, out, stages, split)
-    descs = _descriptors(a_view, b_view, b_t, c, BLOCK_N, split=split)
+    M, N, K, a_view, b_view, b_t, c = check_gluon_args(a, b, out, stages)
+    descs = _descriptors(a_view, b_view, b_t, c, BLOCK_N)
     _launch(
         descs,
         (c, c),
@@ -576,35 +406,22 @@ def gluon_fp8_matmul_block_scaled(
     *,
     out=None,
     stages: int = FP8_STAGES,
-    group_m: int = GROUP_M,
-    overlap: bool = FP8_OVERLAP,
-    block_n: int = FP8_BLOCK_N,
+    group_m: int = FP8_GROUP_M,
 ) -> torch.Tensor:
     """C (M, N) bf16 = A @ W.T from e4m3 a8 (M, K) with its 1 x 128 scales and w8 (N, K) with
     its 128 x 128 scales (`triton_fp8_matmul.quantize_activation` / `quantize_weight`), by the
     warp-specialized kernel: 128 x 128 tiles, each 128-deep K step's wgmma product promoted into
-    fp32 registers with its scales (DeepGEMM's scheme); `overlap`: queue each step's product
-    before promoting the one before (three accumulators a warpgroup instead of two); `block_n`
-    256: 128 x 256 tiles, two 128-column products a step (`_wide_fp8_consumer`; 2 or 3 stages,
-    no overlap). Rows off
+    fp32 registers with its scales (DeepGEMM's scheme). Rows off
     16-byte boundaries (K or N not a multiple of 16 or 8) go through padded copies
     (`triton_fp8_matmul.tma_operands`, `output`). FeatureMissing off sm_90."""
     op = "gluon_fp8_matmul_block_scaled"
     runtime.require(REQUIRES, op)
-    deepest = 3 if block_n == 256 else 5  # 48 KiB stages at 256 beside 64 KiB for C
-    if block_n not in (128, 256) or stages not in range(2, deepest + 1):
-        raise ValueError(
-            f"{op}: block_n {block_n}, stages {stages}; supported: block_n 128 with 2 to 5 "
-            "stages, 256 with 2 or 3"
-        )
-    if overlap and block_n == 256:
-        raise ValueError(f"{op}: the overlap needs a third accumulator: block_n 128 only")
+    if stages not in range(2, 6):
+        raise ValueError(f"{op}: stages {stages}; supported: 2 to 5")
     M, N, K = triton_fp8_matmul.check_fp8_args(op, a8, w8, a_scales, w_scales, block_scaled=True)
     a8, w8 = triton_fp8_matmul.tma_operands(op, a8, w8)
     c = triton_fp8_matmul.output(op, out, M, N, a8.device)
-    descs = _descriptors(
-        a8, w8, True, c, block_n, triton_fp8_matmul.SCALE_BLOCK, split=block_n == 256
-    )
+    descs = _descriptors(a8, w8, True, c, FP8_BLOCK_N, triton_fp8_matmul.SCALE_BLOCK)
     _launch(
         descs,
         (a_scales, w_scales),
@@ -615,9 +432,8 @@ def gluon_fp8_matmul_block_scaled(
         stages=stages,
         group_m=group_m,
         block_scaled=True,
-        block_n=block_n,
+        block_n=FP8_BLOCK_N,
         device=a8.device,
-        overlap=overlap,
     )
     return deliver(c, out)
 
@@ -628,9 +444,6 @@ def compile_for(
     b_t: bool = False,
     stages: int | None = None,
     block_scaled: bool = False,
-    block_n: int | None = None,
-    overlap: bool = False,
-    split: bool = False,
 ):
     """The kernel compiled for `arch` without a GPU (`offline.compile_offline` runs this in a
     process of its own); `block_scaled`: the fp8 kernel (e4m3 in, bf16 out, `dtype` unused).
@@ -641,22 +454,17 @@ def compile_for(
     if block_scaled:
         inputs = torch.empty((128, 128), dtype=triton_fp8_matmul.FP8)
         c = torch.empty((64, 64), dtype=torch.bfloat16)
-        block_n = block_n or FP8_BLOCK_N
-        descs = _descriptors(
-            inputs, inputs, True, c, block_n, triton_fp8_matmul.SCALE_BLOCK, split=block_n == 256
-        )
+        descs = _descriptors(inputs, inputs, True, c, FP8_BLOCK_N, triton_fp8_matmul.SCALE_BLOCK)
         b_t, stages = True, stages or FP8_STAGES
     else:
         buffer = torch.empty((64, 64), dtype=getattr(torch, dtype))
-        descs = _descriptors(buffer, buffer, b_t, buffer, BLOCK_N, split=split)
+        descs = _descriptors(buffer, buffer, b_t, buffer, BLOCK_N)
         stages = stages or STAGES
     constants = {
         "B_T": b_t,
         "STAGES": stages,
-        "GROUP_M": GROUP_M,
+        "GROUP_M": FP8_GROUP_M if block_scaled else GROUP_M,
         "BLOCK_SCALED": block_scaled,
-        "OVERLAP": overlap,
-        "WIDE": block_scaled and block_n == 256,
         "CONSUMER_REGS": CONSUMER_REGS,
         "PRODUCER_REGS": PRODUCER_REGS,
     }
