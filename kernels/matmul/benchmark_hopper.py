@@ -138,7 +138,7 @@ def fp8(ceil: dict) -> list[dict]:
 
 # The candidates timed against each other by the `variants` section: keyword arguments of
 # gluon_matmul (16-bit) and gluon_fp8_matmul_block_scaled; the Triton block-scaled kernel's are
-# its GPU_TILES that fit a promoted product.
+# its GPU_TILES that fit a promoted product (with the weight scale as one scalar).
 GLUON_VARIANTS = {
     "128x256 s3 g16": dict(stages=3, group_m=16),
     "128x256 s3 g8": dict(stages=3, group_m=8),
@@ -201,23 +201,12 @@ def variants(ceil: dict) -> list[dict]:
             for name, options in GLUON_FP8_VARIANTS.items()
         }
         for tile in f8.GPU_TILES:
-            config = f8.tile_config(*tile)
+            config = f8.tile_config(*tile, one_w_scale=True)
             if f8.fits(config, promoted=True):
-                bm, bn, warps, stages = tile
-                candidates[f"triton fp8 {bm}x{bn} w{warps} s{stages}"] = functools.partial(
-                    f8.fp8_matmul_block_scaled, ab8, sab, wb8, swb, config=config
+                bm, bn, warps, stages, k_blocks = tile
+                candidates[f"triton fp8 {bm}x{bn} w{warps} s{stages} k{k_blocks}"] = (
+                    functools.partial(f8.fp8_matmul_block_scaled, ab8, sab, wb8, swb, config=config)
                 )
-        for (bm, bn, warps, stages), k_blocks, one in (
-            *((t, 2, False) for t in f8.PAIRED_TILES),
-            *((t, 2, True) for t in f8.PAIRED_TILES),
-            ((128, 128, 8, 3), 1, True),
-            ((128, 128, 8, 4), 1, True),
-        ):
-            config = f8.tile_config(bm, bn, warps, stages, k_blocks, one_w_scale=one)
-            name = f"triton fp8 {bm}x{bn} w{warps} s{stages} k{k_blocks}{' one-w' if one else ''}"
-            candidates[name] = functools.partial(
-                f8.fp8_matmul_block_scaled, ab8, sab, wb8, swb, config=config
-            )
         fns = {"cuBLAS fp8 per-tensor": lambda: f8.fp8_matmul_scaled_mm(a8, w8, sa, sw)}
         errors, failed = {}, {}
 

@@ -67,25 +67,23 @@ DEEPGEMM_DIFF_BOUND = 1e-3
 # |A| |W|^T of the exact one (the GPU tests' bound; `promoted_error_bound`).
 TENSOR_CORE_SUM_BITS = 13
 PER_TENSOR, BLOCK_SCALED = 0, 1
-# (BLOCK_M, BLOCK_N, num_warps, num_stages), BLOCK_K = 128 (one scale block, 128 bytes: one
-# swizzled row of shared memory). A stage of fp8 A and W is (BLOCK_M + BLOCK_N) x 128 bytes: 48 KiB
-# at 128 x 256; the bf16 epilogue buffer, halved, 32 KiB. A promoted product holds two accumulators
-# (the K block's partial sum and the fp32 total), which at 128 x 256 do not fit (`fits`): ptxas
-# spilled 624 bytes at 8 warps, and at 16 warps (128 registers a thread) 840 (sm_90, offline).
-# The last tile is for sm_89's 99 KiB of shared memory (no spills there, offline).
+# (BLOCK_M, BLOCK_N, num_warps, num_stages, k_blocks), BLOCK_K = 128 (one scale block, 128
+# bytes: one swizzled row of shared memory). A stage of fp8 A and W is k_blocks x (BLOCK_M +
+# BLOCK_N) x 128 bytes: 48 KiB at 128 x 256; the bf16 epilogue buffer, halved, 32 KiB. A promoted
+# product holds two accumulators (the K block's partial sum and the fp32 total), which at 128 x 256
+# do not fit (`fits`): ptxas spilled 624 bytes at 8 warps, and at 16 warps (128 registers a
+# thread) 840 (sm_90, offline). k_blocks = 2 (block-scaled only: two K blocks' products queued
+# before their promotions) at 3 stages is 213 KiB, 254 registers, no spills. On the H200 the
+# block-scaled product ran best at 128 x 128 with 3 or 4 stages, or 3 with k_blocks = 2
+# (PERFORMANCE.md); the last tile is for sm_89's 99 KiB of shared memory (no spills there).
 GPU_TILES = [
-    (128, 256, 8, 4),
-    (128, 256, 8, 3),
-    (128, 128, 8, 4),
-    (128, 128, 8, 5),
-    (128, 128, 8, 3),
-    (128, 128, 8, 2),
+    (128, 256, 8, 4, 1),
+    (128, 256, 8, 3, 1),
+    (128, 128, 8, 4, 1),
+    (128, 128, 8, 3, 1),
+    (128, 128, 8, 3, 2),
+    (128, 128, 8, 2, 1),
 ]
-# Block-scaled tiles whose loop step is two K blocks (`tile_config`'s k_blocks = 2), candidates
-# timed by the benchmark's `variants` section: (BLOCK_M, BLOCK_N, num_warps, num_stages), each
-# stage two K blocks deep. Offline for sm_90: 3 stages 213 KiB, 254 registers, no spills; 4 stages
-# do not fit (278 KiB).
-PAIRED_TILES = [(128, 128, 8, 3), (128, 128, 8, 2)]
 # fp32 accumulator registers a thread may hold (of 255) without spilling, measured offline on
 # sm_90: 128 (one 128 x 256 accumulator at 8 warps, or two 128 x 128 ones) fits, 256 does not.
 ACC_REGS = 128
@@ -174,9 +172,9 @@ def tile_config(
     )
 
 
-def shared_bytes(bm: int, bn: int, stages: int) -> int:
+def shared_bytes(bm: int, bn: int, stages: int, k_blocks: int = 1) -> int:
     """fp8 A and W tiles of 128 bytes a row per stage, and half a bf16 C tile for the epilogue."""
-    return stages * (bm + bn) * SCALE_BLOCK + bm * bn
+    return stages * k_blocks * (bm + bn) * SCALE_BLOCK + bm * bn
 
 
 def accumulator_registers(bm: int, bn: int, warps: int, promoted: bool) -> int:
@@ -186,24 +184,32 @@ def accumulator_registers(bm: int, bn: int, warps: int, promoted: bool) -> int:
 
 def fits(c: triton.Config, *, promoted: bool) -> bool:
     """Registers (`ACC_REGS`) and this GPU's shared memory (sm_90's 227 KiB in CPU mode)."""
-    bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
+    bm, bn, k_blocks = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["K_BLOCKS"]
     return (
         accumulator_registers(bm, bn, c.num_warps, promoted) <= ACC_REGS
-        and shared_bytes(bm, bn, c.num_stages) <= runtime.shared_memory_budget()
+        and shared_bytes(bm, bn, c.num_stages, k_blocks) <= runtime.shared_memory_budget()
     )
 
 
 def prune_configs(configs, named_args, **kwargs):
-    """The autotuner's early pruner: the configurations that fit (`fits`) this kind of product."""
+    """The autotuner's early pruner: the configurations that fit (`fits`) this kind of product
+    (two K blocks a step only for the block-scaled one)."""
     args = {**named_args, **kwargs}
-    promoted = args["SCALING"] == BLOCK_SCALED or args["PROMOTE_K"] > 0
-    return [c for c in configs if fits(c, promoted=promoted)] or configs[:1]
+    block_scaled = args["SCALING"] == BLOCK_SCALED
+    promoted = block_scaled or args["PROMOTE_K"] > 0
+    kept = [
+        c
+        for c in configs
+        if fits(c, promoted=promoted) and (block_scaled or c.kwargs["K_BLOCKS"] == 1)
+    ]
+    return kept or configs[:1]
 
 
 def _configs() -> list[triton.Config]:
     if not runtime.ON_GPU:  # the interpreter: one small configuration (it cannot time several)
         return [tile_config(32, 32, 1, 1)]
-    return [tile_config(*t) for t in GPU_TILES]
+    # the weight scale as one scalar where it was measured faster: sm_90 (on sm_89 it spills)
+    return [tile_config(*t, one_w_scale=runtime.has("wgmma")) for t in GPU_TILES]
 
 
 @triton.jit
@@ -505,7 +511,6 @@ def compile_for(
     scaling: int = BLOCK_SCALED,
     promote_k: int = 0,
     tile: int = 0,
-    k_blocks: int = 1,
     one_w_scale: bool = False,
 ):
     """The kernel compiled for `arch` (sm_89 or sm_90) without a GPU (`offline.compile_offline`
@@ -514,7 +519,7 @@ def compile_for(
     from kernels.matmul.offline import compile_triton, descriptor_type
 
     runtime.require(REQUIRES, "fp8_matmul")
-    bm, bn, warps, stages = GPU_TILES[tile]
+    bm, bn, warps, stages, k_blocks = GPU_TILES[tile]
     fp8 = torch.empty((64, 64), dtype=FP8)
     bf16 = torch.empty((64, 64), dtype=torch.bfloat16)
 
