@@ -510,16 +510,34 @@ def compile_for(
     arch: str = "sm_90",
     scaling: int = BLOCK_SCALED,
     promote_k: int = 0,
-    tile: int = 0,
-    one_w_scale: bool = False,
+    tile: int | None = None,
+    one_w_scale: bool | None = None,
 ):
-    """The kernel compiled for `arch` (sm_89 or sm_90) without a GPU (`offline.compile_offline`
-    runs this in a process of its own), in the tile GPU_TILES[tile]. FeatureMissing on an arch
-    without fp8, before compiling."""
+    """The kernel compiled for `arch` (sm_89 and newer) without a GPU (`offline.compile_offline`
+    runs this in a process of its own), in the tile GPU_TILES[tile]; with no tile named, the
+    first that suits the product (`prune_configs`) and whose compiled shared memory fits the
+    arch's (`runtime.shared_memory_budget`). `one_w_scale` None: as the autotuner offers it
+    there. FeatureMissing on an arch without fp8, before compiling."""
+    runtime.require(REQUIRES, "fp8_matmul")
+    if one_w_scale is None:
+        one_w_scale = runtime.has("wgmma")
+    if tile is not None:
+        return _compile_tile(arch, scaling, promote_k, GPU_TILES[tile], one_w_scale)
+    args = {"SCALING": scaling, "PROMOTE_K": promote_k}
+    configs = [tile_config(*t) for t in GPU_TILES]
+    kept = {id(c) for c in prune_configs(configs, args)}
+    for t, config in zip(GPU_TILES, configs):
+        if id(config) in kept:
+            kernel = _compile_tile(arch, scaling, promote_k, t, one_w_scale)
+            if kernel.metadata.shared <= runtime.shared_memory_budget():
+                return kernel
+    raise ValueError(f"fp8_matmul: no tile of GPU_TILES fits {arch}'s shared memory")
+
+
+def _compile_tile(arch, scaling, promote_k, tile, one_w_scale):
     from kernels.matmul.offline import compile_triton, descriptor_type
 
-    runtime.require(REQUIRES, "fp8_matmul")
-    bm, bn, warps, stages, k_blocks = GPU_TILES[tile]
+    bm, bn, warps, stages, k_blocks = tile
     fp8 = torch.empty((64, 64), dtype=FP8)
     bf16 = torch.empty((64, 64), dtype=torch.bfloat16)
 

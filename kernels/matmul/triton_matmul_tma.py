@@ -61,6 +61,7 @@ GPU_TILES = [
     (256, 128, 64, 8, 3, True, True),
     (128, 128, 64, 8, 4, False, True),
     (128, 128, 64, 4, 4, False, True),
+    (128, 64, 64, 4, 3, True, False),  # 80 KiB: for GPUs with 99 KiB a block (sm_120)
 ]
 
 
@@ -277,16 +278,26 @@ def compile_for(
     dtype: str = "bfloat16",
     a_t: bool = False,
     b_t: bool = False,
-    tile: int = 0,
+    tile: int | None = None,
 ):
     """The kernel compiled for `arch` without a GPU (`offline.compile_offline` runs this in a
-    process of its own), in the tile GPU_TILES[tile]. FeatureMissing on an arch without TMA,
-    before compiling."""
+    process of its own), in the tile GPU_TILES[tile]; with no tile named, the first whose
+    compiled shared memory fits the arch's (`runtime.shared_memory_budget`: sm_90's choice is
+    GPU_TILES[0]). FeatureMissing on an arch without TMA, before compiling."""
+    runtime.require(REQUIRES, "matmul_tma")
+    if tile is not None:
+        return _compile_tile(arch, dtype, a_t, b_t, GPU_TILES[tile])
+    for t in GPU_TILES:
+        kernel = _compile_tile(arch, dtype, a_t, b_t, t)
+        if kernel.metadata.shared <= runtime.shared_memory_budget():
+            return kernel
+    raise ValueError(f"matmul_tma: no tile of GPU_TILES fits {arch}'s shared memory")
+
+
+def _compile_tile(arch, dtype, a_t, b_t, tile):
     from kernels.matmul.offline import compile_triton, descriptor_type
 
-    runtime.require(REQUIRES, "matmul_tma")
-
-    bm, bn, bk, warps, stages, subtile, flatten = GPU_TILES[tile]
+    bm, bn, bk, warps, stages, subtile, flatten = tile
     torch_dtype = getattr(torch, dtype)
     buffer = torch.empty((64, 64), dtype=torch_dtype)
 
