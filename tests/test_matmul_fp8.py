@@ -10,6 +10,7 @@ import torch
 from kernels import runtime
 from kernels.matmul import triton_fp8_matmul as fp8
 from kernels.testing import generator, poison_
+from tests.test_matmul_hopper import needs
 
 # (M, N, K): none a multiple of the tiles; K not a multiple of the 128-wide scale blocks (a
 # partial last block) but of 16 (TMA's 16-byte rows of e4m3); N past one 128-row weight block.
@@ -108,6 +109,7 @@ def test_per_block_scaling_keeps_an_outlier_from_flattening_the_rest():
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
+@needs("fp8")
 def test_block_scaled_matches_fp64(shape):
     c, deq, original = run_block_scaled(*shape)
     check_kernel_error(c, *deq)
@@ -118,12 +120,14 @@ def test_block_scaled_matches_fp64(shape):
 # On the GPU the never-promoted sum is not held to the promoted bound: that is what it shows.
 @pytest.mark.parametrize("promote_k", runtime.pick(gpu=[128, 64], cpu=[0, 128]))
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
+@needs("fp8")
 def test_per_tensor_matches_fp64(shape, promote_k):
     c, deq, original, _ = run_per_tensor(*shape, promote_k)
     check_kernel_error(c, *deq)
     assert fp8.fp8_errors(c, deq, original)["original"]["calc_diff"] < fp8.DEEPGEMM_DIFF_BOUND
 
 
+@needs("fp8")
 def test_wrong_scales_are_caught():
     """The check can fail: the weight's scale blocks swapped along N give a C far off the
     dequantized product."""
@@ -137,6 +141,7 @@ def test_wrong_scales_are_caught():
         check_kernel_error(c, *deq)
 
 
+@needs("fp8")
 def test_arguments_are_checked():
     a, w = make_inputs(16, 32, 256)
     a8, sa = fp8.quantize_activation(a)
@@ -233,6 +238,7 @@ def test_a_gpu_without_fp8_is_not_even_compiled_for():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", CUBLAS_SHAPES, ids=str)
+@needs("fp8")
 def test_per_tensor_agrees_with_cublas(shape):
     c, _, _, (a8, w8, sa, sw) = run_per_tensor(*shape, promote_k=128)
     cublas = fp8.fp8_matmul_scaled_mm(a8, w8, sa, sw)
@@ -240,6 +246,7 @@ def test_per_tensor_agrees_with_cublas(shape):
 
 
 @pytest.mark.gpu
+@needs("fp8")
 def test_promotion_does_not_lose_to_the_tensor_cores_own_sum():
     """At K = 16384 the per-tensor product promoted every 128 is at least as close to the exact
     product of its inputs as the one summed on the tensor cores alone (promote_k = 0)."""
@@ -252,6 +259,7 @@ def test_promotion_does_not_lose_to_the_tensor_cores_own_sum():
 @pytest.mark.gpu
 @pytest.mark.parametrize("stages", [2, 4, 5])
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+@needs("wgmma")
 def test_gluon_block_scaled_matches_fp64(shape, stages):
     """The warp-specialized fp8 kernel (gluon_matmul.py), every ring depth it takes."""
     from kernels.matmul.gluon_matmul import gluon_fp8_matmul_block_scaled
@@ -272,6 +280,7 @@ def test_gluon_block_scaled_refuses_off_sm_90():
 
 
 @pytest.mark.parametrize("k_blocks, one_w_scale", [(2, False), (2, True), (1, True)])
+@needs("fp8")
 def test_tile_options_match_fp64(k_blocks, one_w_scale):
     """k_blocks = 2: two K blocks' products issued before their promotions (K = 300 is three
     blocks, so the last step's second block lies past K: zeros, zero scales); one_w_scale: the
@@ -284,6 +293,26 @@ def test_tile_options_match_fp64(k_blocks, one_w_scale):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(runtime.has("fp8") and runtime.has("wgmma"), reason="this GPU has fp8, wgmma")
+def test_a_gpu_without_fp8_or_wgmma_refuses():
+    """What the `needs` marks stand for: each fp8 kernel refuses a GPU without its feature with
+    one sentence naming it, before any compilation."""
+    from kernels.matmul.gluon_matmul import gluon_fp8_matmul_block_scaled
+
+    a, w = make_inputs(16, 128, 128)
+    blocked = (*fp8.quantize_activation(a), *fp8.quantize_weight(w))
+    kernels = (
+        (fp8.fp8_matmul_block_scaled, "fp8"),
+        (gluon_fp8_matmul_block_scaled, "wgmma"),
+    )
+    for fn, feature in kernels:
+        if not runtime.has(feature):
+            with pytest.raises(runtime.FeatureMissing, match=f"needs {feature}"):
+                fn(*blocked)
+
+
+@pytest.mark.gpu
+@needs("fp8")
 def test_each_configuration_matches_fp64():
     """Every configuration the pruner keeps, not only the one the autotuner picked."""
     for tile in fp8.GPU_TILES:
@@ -294,6 +323,7 @@ def test_each_configuration_matches_fp64():
 
 
 @pytest.mark.parametrize("kind", ["block-scaled", "per-tensor"])
+@needs("fp8")
 def test_rows_off_16_byte_boundaries_are_padded(kind):
     """e4m3 rows of 40 bytes (K = 40) and bf16 rows of C of 36 x 2 bytes (N = 36) are not on
     16-byte boundaries: TMA reads and writes padded copies, and C is still right."""
