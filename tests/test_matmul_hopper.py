@@ -282,11 +282,13 @@ def test_each_kernel_names_the_feature_it_needs():
     architectures reads: TMA (sm_90+), wgmma (sm_90 only), fp8 (sm_89+)."""
     from kernels.matmul import gluon_matmul, triton_fp8_matmul, triton_matmul_tma
 
-    needs = {m.__name__: m.REQUIRES for m in (triton_matmul_tma, gluon_matmul, triton_fp8_matmul)}
-    assert set(needs.values()) <= set(runtime.FEATURE_GPUS)
+    required = {
+        m.__name__: m.REQUIRES for m in (triton_matmul_tma, gluon_matmul, triton_fp8_matmul)
+    }
+    assert set(required.values()) <= set(runtime.FEATURE_GPUS)
     only = {
         name: [p.arch for p in runtime.GPU_PROFILES.values() if p.has(feature)]
-        for name, feature in needs.items()
+        for name, feature in required.items()
     }
     assert set(only["kernels.matmul.gluon_matmul"]) == {"sm_90"}
     assert "sm_89" in only["kernels.matmul.triton_fp8_matmul"]
