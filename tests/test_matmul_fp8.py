@@ -10,11 +10,17 @@ import torch
 from kernels import runtime
 from kernels.matmul import triton_fp8_matmul as fp8
 from kernels.testing import generator, poison_
+from tests.test_matmul_hopper import needs
 
 # (M, N, K): none a multiple of the tiles; K not a multiple of the 128-wide scale blocks (a
 # partial last block) but of 16 (TMA's 16-byte rows of e4m3); N past one 128-row weight block.
 CPU_SHAPES = [(72, 200, 272), (1, 136, 144), (40, 16, 48)]
-GPU_SHAPES = [(200, 264, 400), (1000, 1000, 1040), (3000, 2056, 4096)]
+# (130, 100, 300): K off e4m3's 16-byte rows and N off bf16's, so the operands and C go through
+# buffers with padded rows.
+GPU_SHAPES = [(200, 264, 400), (1000, 1000, 1040), (3000, 2056, 4096), (130, 100, 300)]
+# torch._scaled_mm takes only K and N that are multiples of 16 (it raises on the others), so the
+# per-tensor kernel is compared with cuBLAS at those shapes alone.
+CUBLAS_SHAPES = [(3000, 2048, 4096), (200, 272, 400), (1, 1024, 2048)]
 SHAPES = runtime.pick(gpu=GPU_SHAPES, cpu=CPU_SHAPES)
 
 
@@ -103,6 +109,7 @@ def test_per_block_scaling_keeps_an_outlier_from_flattening_the_rest():
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
+@needs("fp8")
 def test_block_scaled_matches_fp64(shape):
     c, deq, original = run_block_scaled(*shape)
     check_kernel_error(c, *deq)
@@ -113,24 +120,28 @@ def test_block_scaled_matches_fp64(shape):
 # On the GPU the never-promoted sum is not held to the promoted bound: that is what it shows.
 @pytest.mark.parametrize("promote_k", runtime.pick(gpu=[128, 64], cpu=[0, 128]))
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
+@needs("fp8")
 def test_per_tensor_matches_fp64(shape, promote_k):
     c, deq, original, _ = run_per_tensor(*shape, promote_k)
     check_kernel_error(c, *deq)
     assert fp8.fp8_errors(c, deq, original)["original"]["calc_diff"] < fp8.DEEPGEMM_DIFF_BOUND
 
 
+@needs("fp8")
 def test_wrong_scales_are_caught():
     """The check can fail: the weight's scale blocks swapped along N give a C far off the
     dequantized product."""
     a, w = make_inputs(32, 256, 256, seed=4)
     a8, sa = fp8.quantize_activation(a)
-    w8, sw = fp8.quantize_weight(w * torch.tensor([1.0, 8.0]).repeat_interleave(128)[:, None])
+    gain = torch.tensor([1.0, 8.0], device=w.device).repeat_interleave(128)
+    w8, sw = fp8.quantize_weight(w * gain[:, None])
     deq = (fp8.dequantize(a8, sa, 1), fp8.dequantize(w8, sw, 128))
     c = fp8.fp8_matmul_block_scaled(a8, sa, w8, sw.flip(0).contiguous())
     with pytest.raises(AssertionError):
         check_kernel_error(c, *deq)
 
 
+@needs("fp8")
 def test_arguments_are_checked():
     a, w = make_inputs(16, 32, 256)
     a8, sa = fp8.quantize_activation(a)
@@ -157,8 +168,10 @@ COMPILED = [
     ("sm_90", {"scaling": fp8.PER_TENSOR, "promote_k": 32, "tile": 2}),
     ("sm_90", {"scaling": fp8.PER_TENSOR, "promote_k": 0, "tile": 2}),
     ("sm_90", {"scaling": fp8.PER_TENSOR, "promote_k": 0, "tile": 0}),  # 128 x 256
-    ("sm_89", {"tile": 4}),
-    ("sm_89", {"scaling": fp8.PER_TENSOR, "promote_k": 0, "tile": 4}),
+    ("sm_90", {"tile": 2, "one_w_scale": True}),  # the weight scale as one scalar
+    ("sm_90", {"tile": 4, "one_w_scale": True}),  # two K blocks a step: 213 KiB
+    ("sm_89", {"tile": 5}),
+    ("sm_89", {"scaling": fp8.PER_TENSOR, "promote_k": 0, "tile": 5}),
 ]
 
 
@@ -182,11 +195,12 @@ def test_compiles_without_a_gpu(compiled_offline, arch, options):
     ordinary loads. Every tile the pruner keeps for its product compiles without spilling, in
     the shared memory the architecture has."""
     made = compiled_offline[arch, str(options)]
-    bm, bn, warps, stages = fp8.GPU_TILES[options["tile"]]
+    tile = fp8.GPU_TILES[options["tile"]]
+    warps = tile[2]
     promoted = options.get("scaling", fp8.BLOCK_SCALED) == fp8.BLOCK_SCALED or options.get(
         "promote_k", 0
     )
-    assert fp8.fits(fp8.tile_config(bm, bn, warps, stages), promoted=bool(promoted))
+    assert fp8.fits(fp8.tile_config(*tile), promoted=bool(promoted))
     assert made["spill_bytes"] == 0, made
     assert made["warps"] == warps
     if arch == "sm_90":
@@ -223,7 +237,8 @@ def test_a_gpu_without_fp8_is_not_even_compiled_for():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+@pytest.mark.parametrize("shape", CUBLAS_SHAPES, ids=str)
+@needs("fp8")
 def test_per_tensor_agrees_with_cublas(shape):
     c, _, _, (a8, w8, sa, sw) = run_per_tensor(*shape, promote_k=128)
     cublas = fp8.fp8_matmul_scaled_mm(a8, w8, sa, sw)
@@ -231,6 +246,7 @@ def test_per_tensor_agrees_with_cublas(shape):
 
 
 @pytest.mark.gpu
+@needs("fp8")
 def test_promotion_does_not_lose_to_the_tensor_cores_own_sum():
     """At K = 16384 the per-tensor product promoted every 128 is at least as close to the exact
     product of its inputs as the one summed on the tensor cores alone (promote_k = 0)."""
@@ -243,6 +259,7 @@ def test_promotion_does_not_lose_to_the_tensor_cores_own_sum():
 @pytest.mark.gpu
 @pytest.mark.parametrize("stages", [2, 4, 5])
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+@needs("wgmma")
 def test_gluon_block_scaled_matches_fp64(shape, stages):
     """The warp-specialized fp8 kernel (gluon_matmul.py), every ring depth it takes."""
     from kernels.matmul.gluon_matmul import gluon_fp8_matmul_block_scaled
@@ -262,19 +279,56 @@ def test_gluon_block_scaled_refuses_off_sm_90():
         gluon_fp8_matmul_block_scaled(*fp8.quantize_activation(a), *fp8.quantize_weight(w))
 
 
+@pytest.mark.parametrize("k_blocks, one_w_scale", [(2, False), (2, True), (1, True)])
+@needs("fp8")
+def test_tile_options_match_fp64(k_blocks, one_w_scale):
+    """k_blocks = 2: two K blocks' products issued before their promotions (K = 300 is three
+    blocks, so the last step's second block lies past K: zeros, zero scales); one_w_scale: the
+    128-column tile's weight scale loaded as one scalar (N = 300: the last block is partial)."""
+    bm, bn, warps, stages = runtime.pick(gpu=(128, 128, 8, 3), cpu=(32, 128, 1, 1))
+    for shape in runtime.pick(gpu=[(1000, 1016, 520), (130, 300, 300)], cpu=[(40, 300, 300)]):
+        config = fp8.tile_config(bm, bn, warps, stages, k_blocks, one_w_scale)
+        c, deq, _ = run_block_scaled(*shape, seed=7, config=config)
+        check_kernel_error(c, *deq)
+
+
 @pytest.mark.gpu
+@pytest.mark.skipif(runtime.has("fp8") and runtime.has("wgmma"), reason="this GPU has fp8, wgmma")
+def test_a_gpu_without_fp8_or_wgmma_refuses():
+    """What the `needs` marks stand for: each fp8 kernel refuses a GPU without its feature with
+    one sentence naming it, before any compilation."""
+    from kernels.matmul.gluon_matmul import gluon_fp8_matmul_block_scaled
+
+    a, w = make_inputs(16, 128, 128)
+    blocked = (*fp8.quantize_activation(a), *fp8.quantize_weight(w))
+    kernels = (
+        (fp8.fp8_matmul_block_scaled, "fp8"),
+        (gluon_fp8_matmul_block_scaled, "wgmma"),
+    )
+    for fn, feature in kernels:
+        if not runtime.has(feature):
+            with pytest.raises(runtime.FeatureMissing, match=f"needs {feature}"):
+                fn(*blocked)
+
+
+@pytest.mark.gpu
+@needs("fp8")
 def test_each_configuration_matches_fp64():
     """Every configuration the pruner keeps, not only the one the autotuner picked."""
-    budget = runtime.shared_memory_budget()
     for tile in fp8.GPU_TILES:
-        config = fp8.tile_config(*tile)
-        if fp8.fits(config, promoted=True) and fp8.shared_bytes(*tile[:2], tile[3]) <= budget:
+        config = fp8.tile_config(*tile, one_w_scale=runtime.has("wgmma"))
+        if fp8.fits(config, promoted=True):
             c, deq, _ = run_block_scaled(1000, 1016, 520, seed=6, config=config)
             check_kernel_error(c, *deq)
 
 
-def test_rows_tma_cannot_read_are_refused():
-    """e4m3 rows of 40 bytes (K = 40) are not on 16-byte boundaries."""
-    a, w = make_inputs(16, 32, 40)
-    with pytest.raises(ValueError, match="a8's rows are 40 elements apart.*16-byte boundary"):
-        fp8.fp8_matmul_block_scaled(*fp8.quantize_activation(a), *fp8.quantize_weight(w))
+@pytest.mark.parametrize("kind", ["block-scaled", "per-tensor"])
+@needs("fp8")
+def test_rows_off_16_byte_boundaries_are_padded(kind):
+    """e4m3 rows of 40 bytes (K = 40) and bf16 rows of C of 36 x 2 bytes (N = 36) are not on
+    16-byte boundaries: TMA reads and writes padded copies, and C is still right."""
+    if kind == "block-scaled":
+        c, deq, _ = run_block_scaled(17, 36, 40, seed=3)
+    else:
+        c, deq, _, _ = run_per_tensor(17, 36, 40, promote_k=128, seed=3)
+    check_kernel_error(c, *deq)

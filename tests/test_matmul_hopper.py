@@ -18,6 +18,7 @@ from kernels.testing import poison_
 # K shorter than one K tile. TMA needs 16-byte row strides, so the dimensions that are a
 # contiguous row's length (K for "n" a, N for "n" b and C, M for "t" a) are multiples of 8.
 CPU_SHAPES = [(72, 136, 200), (8, 40, 16), (1, 8, 24)]
+
 GPU_SHAPES = [
     (200, 264, 328),
     (8, 8, 8),
@@ -25,7 +26,18 @@ GPU_SHAPES = [
     # 24 x 9 = 216 tiles of 128 x 256 on 132 CTAs: a CTA takes one or two, the ring's position
     # and phases run on across them; K = 4096 (64 steps of 64) wraps the 3-slot ring many times.
     (3000, 2056, 4096),
+    (67, 100, 300),  # rows off 16-byte boundaries: operands and C through padded buffers
 ]
+
+
+def needs(feature: str):
+    """On a GPU without `feature` the kernels refuse with FeatureMissing (asserted by the
+    `refuses` tests): their other tests are skipped there, naming the feature. CPU mode runs
+    them in the interpreter."""
+    return pytest.mark.skipif(
+        runtime.ON_GPU and not runtime.has(feature),
+        reason=f"this GPU has no {feature}: the kernels refuse it (tested by the refusal test)",
+    )
 
 
 def _run_and_check(fn, M, N, K, dtype, layout, seed=0):
@@ -40,12 +52,14 @@ def _run_and_check(fn, M, N, K, dtype, layout, seed=0):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("shape", runtime.pick(gpu=GPU_SHAPES, cpu=CPU_SHAPES), ids=str)
+@needs("tma")
 def test_tma_kernel_matches_fp64(shape, layout, dtype):
     from kernels.matmul.triton_matmul_tma import matmul_tma
 
     _run_and_check(matmul_tma, *shape, dtype, layout)
 
 
+@needs("tma")
 def test_tma_kernel_reads_rows_of_a_wider_buffer():
     """A row stride longer than the row (a column slice of a wider matrix) is still TMA's: the
     descriptor takes the stride, not the shape."""
@@ -59,6 +73,7 @@ def test_tma_kernel_reads_rows_of_a_wider_buffer():
     assert result.ok, result
 
 
+@needs("tma")
 def test_tma_kernel_odd_m():
     """M is no row length in the "nn" layout: any M works, 67 included."""
     from kernels.matmul.triton_matmul_tma import matmul_tma
@@ -66,12 +81,20 @@ def test_tma_kernel_odd_m():
     _run_and_check(matmul_tma, 67, 40, 48, torch.bfloat16, "nn")
 
 
+@pytest.mark.parametrize("layout", ["nn", "tt"])
+@needs("tma")
+def test_tma_kernel_pads_rows_off_16_byte_boundaries(layout):
+    """K = 36 and N = 20: rows of 72 and 40 bytes, off TMA's 16-byte boundaries in either
+    orientation; the operands and C go through buffers with padded rows."""
+    from kernels.matmul.triton_matmul_tma import matmul_tma
+
+    _run_and_check(matmul_tma, 12, 20, 36, torch.bfloat16, layout)
+
+
+@needs("tma")
 def test_tma_kernel_says_what_it_cannot_read():
     from kernels.matmul.triton_matmul_tma import matmul_tma
 
-    a, b = make_inputs(16, 24, 36, torch.bfloat16, "nn")  # a's rows: 36 x 2 = 72 bytes apart
-    with pytest.raises(ValueError, match="a's rows are 36 elements apart.*16-byte boundary"):
-        matmul_tma(a, b)
     a, b = make_inputs(16, 24, 32, torch.bfloat16, "nn")
     with pytest.raises(ValueError, match="TMA needs one of its dimensions contiguous"):
         matmul_tma(a[::2, ::2], b[::2])
@@ -188,15 +211,32 @@ def test_other_architectures_are_not_even_compiled(module):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("layout", ["nn", "nt"])
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+@needs("wgmma")
 def test_gluon_kernel_matches_fp64(shape, layout, dtype, stages):
-    if not runtime.has("wgmma"):
-        pytest.fail("the Gluon GEMM's GPU tests need an sm_90 GPU (H100, H200)")
     from kernels.matmul.gluon_matmul import gluon_matmul
 
     _run_and_check(lambda a, b, out: gluon_matmul(a, b, out, stages=stages), *shape, dtype, layout)
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(
+    runtime.has("tma") and runtime.has("wgmma"), reason="this GPU has TMA and wgmma"
+)
+def test_a_gpu_without_tma_or_wgmma_refuses():
+    """What the `needs` marks stand for: on a GPU without the feature each kernel refuses with
+    one sentence naming it, before any compilation."""
+    from kernels.matmul.gluon_matmul import gluon_matmul
+    from kernels.matmul.triton_matmul_tma import matmul_tma
+
+    a, b = make_inputs(64, 64, 64, torch.float16, "nn")
+    for fn, feature in ((matmul_tma, "tma"), (gluon_matmul, "wgmma")):
+        if not runtime.has(feature):
+            with pytest.raises(runtime.FeatureMissing, match=f"needs {feature}"):
+                fn(a, b)
+
+
+@pytest.mark.gpu
+@needs("tma")
 def test_each_tma_configuration_matches_fp64():
     """Every configuration the autotuner may pick, not only the one it picked."""
     from kernels.matmul import triton_matmul_tma as tma
@@ -242,11 +282,13 @@ def test_each_kernel_names_the_feature_it_needs():
     architectures reads: TMA (sm_90+), wgmma (sm_90 only), fp8 (sm_89+)."""
     from kernels.matmul import gluon_matmul, triton_fp8_matmul, triton_matmul_tma
 
-    needs = {m.__name__: m.REQUIRES for m in (triton_matmul_tma, gluon_matmul, triton_fp8_matmul)}
-    assert set(needs.values()) <= set(runtime.FEATURE_GPUS)
+    required = {
+        m.__name__: m.REQUIRES for m in (triton_matmul_tma, gluon_matmul, triton_fp8_matmul)
+    }
+    assert set(required.values()) <= set(runtime.FEATURE_GPUS)
     only = {
         name: [p.arch for p in runtime.GPU_PROFILES.values() if p.has(feature)]
-        for name, feature in needs.items()
+        for name, feature in required.items()
     }
     assert set(only["kernels.matmul.gluon_matmul"]) == {"sm_90"}
     assert "sm_89" in only["kernels.matmul.triton_fp8_matmul"]

@@ -320,25 +320,42 @@ def print_section(name: str, rows) -> None:
         print(bench.table(table, floatfmt=".2f"))
 
 
-def main(argv: list[str]) -> int:
-    wanted = argv or list(SECTIONS)
-    unknown = [s for s in wanted if s not in SECTIONS]
+def main(
+    argv: list[str],
+    *,
+    sections: dict | None = None,
+    results_name: str = RESULTS_NAME,
+    targets=None,
+    printers: dict | None = None,
+    requires: str | None = None,
+) -> int:
+    """Run the sections named in argv (all of `sections` when none; this module's by default),
+    print each (`printers[section]`, else `print_section`), check `targets(results)` and save
+    data/results/<gpu>/<results_name>.json, keeping the sections not run. `requires`: a device
+    feature (runtime.require) the kernels need. Exit status 2 when a target is missed."""
+    sections = sections or SECTIONS
+    targets = targets or performance_targets
+    printers = printers or {}
+    wanted = argv or list(sections)
+    unknown = [s for s in wanted if s not in sections]
     if unknown:
-        print(f"unknown sections {unknown}; known: {', '.join(SECTIONS)}")
+        print(f"unknown sections {unknown}; known: {', '.join(sections)}")
         return 1
     if not runtime.ON_GPU:
         print(bench.NOT_MEASURED)
         return 1
+    if requires:
+        runtime.require(requires, results_name)
     ceil = bench.ceilings()
-    path = bench.RESULTS_DIR / runtime.gpu_info().slug / f"{RESULTS_NAME}.json"
+    path = bench.RESULTS_DIR / runtime.gpu_info().slug / f"{results_name}.json"
     results = json.loads(path.read_text()) if path.exists() else {}
     results["fingerprint"] = runtime.fingerprint()
     results["ceilings"] = {k: v for k, v in ceil.items() if k != "fingerprint"}
     for section in wanted:
-        results[section] = SECTIONS[section](ceil)
-        print_section(section, results[section])
-    results["targets"] = performance_targets(results)
-    bench.save_results(RESULTS_NAME, results)
+        results[section] = sections[section](ceil)
+        printers.get(section, print_section)(section, results[section])
+    results["targets"] = targets(results)
+    bench.save_results(results_name, results)
     print()
     print(bench.table(results["targets"], floatfmt=".3f"))
     print(f"wrote {path}")

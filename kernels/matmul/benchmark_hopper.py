@@ -1,15 +1,18 @@
 """Benchmarks of the Hopper and fp8 matrix products: the measurements behind notebook 02b's Hopper
 and fp8 parts and data/results/<gpu>/02b_matmul_hopper.json.
 
-    python -m kernels.matmul.benchmark_hopper              # both sections
-    python -m kernels.matmul.benchmark_hopper hopper fp8   # either
+    python -m kernels.matmul.benchmark_hopper                       # every section
+    python -m kernels.matmul.benchmark_hopper hopper fp8 variants   # some
 
 `hopper`: cuBLAS, the tiled and persistent Triton kernels (`triton_matmul.py`), the persistent TMA
 kernel (`triton_matmul_tma.py`) and the warp-specialized Gluon kernel (`gluon_matmul.py`), bf16 and
 fp16, at the shapes of the targets. `fp8`: cuBLAS in bf16 and in fp8 per tensor
 (`torch._scaled_mm`), the course's per-tensor kernel promoted every 128 and never promoted, and the
 block-scaled ones (Triton, and the warp-specialized Gluon kernel's fp8 mode); each with its error
-against float64 products (`triton_fp8_matmul.fp8_errors`).
+against float64 products (`triton_fp8_matmul.fp8_errors`). `variants`: every candidate
+configuration of the Gluon kernel and of both block-scaled kernels at the target shapes, against
+the same anchors: what picks each kernel's default. A candidate that fails its check is reported
+and left out of the timing.
 
 As `kernels.matmul.benchmark`: every kernel is checked against float64 before it is timed (a wrong
 kernel raises instead of getting a number), timed interleaved with its anchors, L2 flushed before
@@ -20,13 +23,13 @@ the other's rows in the results file. Needs an sm_90 GPU: on any other the kerne
 
 from __future__ import annotations
 
-import json
+import functools
 import sys
 
 import torch
 
-from kernels import bench, runtime
-from kernels.matmul import gluon_matmul, reference, triton_fp8_matmul, triton_matmul
+from kernels import bench
+from kernels.matmul import benchmark, gluon_matmul, reference, triton_fp8_matmul, triton_matmul
 from kernels.matmul import triton_matmul_tma as tma
 from kernels.matmul.benchmark import DTYPES, TRITON_SHAPES, checked, print_section, timed
 from kernels.matmul.reference import make_inputs
@@ -133,7 +136,128 @@ def fp8(ceil: dict) -> list[dict]:
     return out
 
 
-SECTIONS = {"hopper": hopper, "fp8": fp8}
+# The candidates timed against each other by the `variants` section: keyword arguments of
+# gluon_matmul (16-bit) and gluon_fp8_matmul_block_scaled; the Triton block-scaled kernel's are
+# its GPU_TILES that fit a promoted product (with the weight scale as one scalar).
+GLUON_VARIANTS = {
+    "128x256 s3 g16": dict(stages=3, group_m=16),
+    "128x256 s3 g8": dict(stages=3, group_m=8),
+}
+GLUON_FP8_VARIANTS = {
+    "s4 g8": dict(stages=4, group_m=8),
+    "s5 g8": dict(stages=5, group_m=8),
+    "s4 g16": dict(stages=4, group_m=16),
+}
+
+
+def _checked_or_reason(check) -> str | None:
+    """None when `check()` passes, else why not: a variant that fails is reported, not timed,
+    and does not stop the others."""
+    try:
+        check()
+    except Exception as error:  # noqa: BLE001 (any failure of a candidate is its result)
+        return f"{type(error).__name__}: {str(error)[:300]}"
+    return None
+
+
+def variants(ceil: dict) -> list[dict]:
+    """Every candidate configuration of the Gluon and TMA kernels (16-bit, at the target shapes,
+    both dtypes) and of the two block-scaled fp8 kernels, timed in one run against their anchors
+    (cuBLAS; cuBLAS fp8 per tensor): the measurements that pick each kernel's default."""
+    out = []
+    for shape in TARGET_SHAPES:
+        for dtype in DTYPES.values():
+            a, b = make_inputs(*shape, dtype, seed=2)
+            fns = {"cuBLAS": lambda a=a, b=b: a @ b}
+            failed = {}
+            candidates = {
+                f"gluon {name}": functools.partial(gluon_matmul.gluon_matmul, a, b, **options)
+                for name, options in GLUON_VARIANTS.items()
+            }
+            for config in tma.candidate_configs():
+                candidates[f"triton TMA {tma.config_name(config)}"] = functools.partial(
+                    tma.matmul_tma, a, b, config=config
+                )
+            for name, fn in candidates.items():
+                reason = _checked_or_reason(lambda fn=fn, name=name: checked(name, fn(), a, b))
+                if reason:
+                    failed[name] = reason
+                else:
+                    fns[name] = fn
+            row = timed(fns, shape, dtype, ceil)
+            row["failed"] = failed
+            out.append(row)
+    f8 = triton_fp8_matmul
+    for M, N, K in TARGET_SHAPES:
+        a, w = make_inputs(M, N, K, torch.bfloat16, layout="nt", seed=4)
+        w = w.T
+        (a8, sa), (w8, sw) = f8.quantize_per_tensor(a), f8.quantize_per_tensor(w)
+        (ab8, sab), (wb8, swb) = f8.quantize_activation(a), f8.quantize_weight(w)
+        blocked = (f8.dequantize(ab8, sab, 1), f8.dequantize(wb8, swb, f8.SCALE_BLOCK))
+        candidates = {
+            f"gluon fp8 {name}": functools.partial(
+                gluon_matmul.gluon_fp8_matmul_block_scaled, ab8, sab, wb8, swb, **options
+            )
+            for name, options in GLUON_FP8_VARIANTS.items()
+        }
+        for tile in f8.GPU_TILES:
+            config = f8.tile_config(*tile, one_w_scale=True)
+            if f8.fits(config, promoted=True):
+                bm, bn, warps, stages, k_blocks = tile
+                candidates[f"triton fp8 {bm}x{bn} w{warps} s{stages} k{k_blocks}"] = (
+                    functools.partial(f8.fp8_matmul_block_scaled, ab8, sab, wb8, swb, config=config)
+                )
+        fns = {"cuBLAS fp8 per-tensor": lambda: f8.fp8_matmul_scaled_mm(a8, w8, sa, sw)}
+        errors, failed = {}, {}
+
+        def check(name, fn):
+            errors[name] = f8.fp8_errors(fn(), blocked, (a, w))
+            if not errors[name]["dequantized"]["calc_diff"] < WRONG_KERNEL_DIFF:
+                raise AssertionError(f"{name} at {(M, N, K)}: {errors[name]}")
+
+        for name, fn in candidates.items():
+            reason = _checked_or_reason(functools.partial(check, name, fn))
+            if reason:
+                failed[name] = reason
+            else:
+                fns[name] = fn
+        timings = bench.benchmark(fns)
+        flops = reference.matmul_flops(M, N, K)
+        anchor = timings["cuBLAS fp8 per-tensor"]
+        out.append(
+            {
+                "shape": [M, N, K],
+                "dtype": "float8_e4m3fn",
+                "impls": {
+                    name: {
+                        **t.summary(),
+                        "tflops": t.tflops(flops),
+                        "vs_cublas_fp8": bench.ratio(anchor, t),
+                        "errors": errors.get(name),
+                    }
+                    for name, t in timings.items()
+                },
+                "failed": failed,
+            }
+        )
+    return out
+
+
+def print_variants(section: str, rows) -> None:
+    """Each candidate's rate and ratio to its anchor, then those that failed their check."""
+    for row in rows:
+        ratio = "vs_cublas_fp8" if row["dtype"] == "float8_e4m3fn" else "vs_cublas"
+        print(f"\n{section} {'x'.join(map(str, row['shape']))} {row['dtype']}")
+        table = [
+            {"impl": name, "tflops": impl["tflops"], ratio: impl[ratio]}
+            for name, impl in row["impls"].items()
+        ]
+        print(bench.table(table, floatfmt=".3f"))
+        for name, reason in row["failed"].items():
+            print(f"FAILED {name}: {reason}")
+
+
+SECTIONS = {"hopper": hopper, "fp8": fp8, "variants": variants}
 
 
 def _impls(results, section, shape, dtype):
@@ -189,8 +313,9 @@ def performance_targets(results: dict) -> list[dict]:
     return checks
 
 
-def print_fp8_errors(rows) -> None:
-    """The fp8 rows' ratio to cuBLAS's fp8 and their errors, beside the speeds printed above."""
+def print_fp8(section: str, rows) -> None:
+    """The fp8 rows as every section's, then their ratio to cuBLAS's fp8 and their errors."""
+    print_section(section, rows)
     for row in rows:
         print(f"\n{'x'.join(map(str, row['shape']))} fp8: x cuBLAS fp8, calc_diff")
         table = [
@@ -206,31 +331,14 @@ def print_fp8_errors(rows) -> None:
 
 
 def main(argv: list[str]) -> int:
-    wanted = argv or list(SECTIONS)
-    unknown = [s for s in wanted if s not in SECTIONS]
-    if unknown:
-        print(f"unknown sections {unknown}; known: {', '.join(SECTIONS)}")
-        return 1
-    if not runtime.ON_GPU:
-        print(bench.NOT_MEASURED)
-        return 1
-    runtime.require("wgmma", "kernels.matmul.benchmark_hopper")
-    ceil = bench.ceilings()
-    path = bench.RESULTS_DIR / runtime.gpu_info().slug / f"{RESULTS_NAME}.json"
-    results = json.loads(path.read_text()) if path.exists() else {}
-    results["fingerprint"] = runtime.fingerprint()
-    results["ceilings"] = {k: v for k, v in ceil.items() if k != "fingerprint"}
-    for section in wanted:
-        results[section] = SECTIONS[section](ceil)
-        print_section(section, results[section])
-        if section == "fp8":
-            print_fp8_errors(results[section])
-    results["targets"] = performance_targets(results)
-    bench.save_results(RESULTS_NAME, results)
-    print()
-    print(bench.table(results["targets"], floatfmt=".3f"))
-    print(f"wrote {path}")
-    return 0 if all(c["pass"] for c in results["targets"]) else 2
+    return benchmark.main(
+        argv,
+        sections=SECTIONS,
+        results_name=RESULTS_NAME,
+        targets=performance_targets,
+        printers={"fp8": print_fp8, "variants": print_variants},
+        requires="wgmma",
+    )
 
 
 if __name__ == "__main__":

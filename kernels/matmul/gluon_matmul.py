@@ -34,10 +34,11 @@ cores, then is multiplied by its scales and added into fp32 registers (the promo
 other warpgroup's product runs.
 
 Scope: fp16 and bf16 (and e4m3 in the fp8 mode, W as (N, K)); A row-major (its rows may be
-strided: any row stride on a 16-byte boundary), B row-major (K, N) or the transpose of a row-major
-(N, K) weight (`b = W.T`, nn.Linear's layout); any M, N, K whose row strides are 16-byte aligned
-(TMA's rule). Needs wgmma (sm_90: H100, H200): both wrappers raise FeatureMissing anywhere else,
-before any compilation; the portable kernels are `triton_matmul.py`'s.
+strided), B row-major (K, N) or the transpose of a row-major (N, K) weight (`b = W.T`,
+nn.Linear's layout); any M, N, K (an operand whose rows are off TMA's 16-byte boundaries is copied
+into a buffer with padded rows, and so is C: `tma_view`, `tma_output`). Needs wgmma (sm_90:
+H100, H200): both wrappers raise FeatureMissing anywhere else, before any compilation; the
+portable kernels are `triton_matmul.py`'s.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from kernels import runtime
 from kernels.matmul import triton_fp8_matmul
 from kernels.matmul.reference import check_matmul_args
-from kernels.matmul.triton_matmul_tma import tma_view
+from kernels.matmul.triton_matmul_tma import deliver, tma_output, tma_view
 
 # The feature this kernel needs (runtime.FEATURE_GPUS): wgmma and setmaxnreg, sm_90 only.
 REQUIRES = "wgmma"
@@ -69,7 +70,10 @@ NUM_WG = 2  # consumer warpgroups: BLOCK_M = 128
 BLOCK_N = 256  # one wgmma N: the largest the instruction takes
 BLOCK_K = 64  # 128 bytes of 16-bit values: one 128-byte swizzled row of shared memory
 STAGES = 3  # 3 x 48 KiB ring + 64 KiB epilogue buffer = 208 KiB of the 227 a CTA has
-GROUP_M = 8  # row tiles that walk the column tiles together (L2 reuse of B)
+# Row tiles that walk the column tiles together (L2 reuse of B): 16 measured 1.020-1.034x cuBLAS
+# on the H200 against 1.018-1.032x for 8 (the fp8 mode was timed with 8 only).
+GROUP_M = 16
+FP8_GROUP_M = 8
 # setmaxnreg budgets, registers per thread: 2 x 128 x 232 + 128 x 40 = 64,512 of 65,536.
 CONSUMER_REGS = 232
 PRODUCER_REGS = 40
@@ -90,7 +94,7 @@ tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_s
 
 
 def shared_bytes(block_n: int = BLOCK_N, stages: int = STAGES) -> int:
-    """The ring (A: NUM_WG x 64 rows, B: block_n columns, BLOCK_K deep) and C's staging buffer."""
+    """The ring (A: NUM_WG x 64 rows, B: block_n columns, BLOCK_K deep) and C's staging buffer"""
     block_m = NUM_WG * WG_M.value
     return 2 * (stages * (block_m + block_n) * BLOCK_K + block_m * block_n)
 
@@ -162,11 +166,12 @@ def _consumer(
 ):
     """One warpgroup: rows WG * 64 .. WG * 64 + 63 of each of the CTA's tiles, accumulated by
     wgmma from the ring, stored by TMA. BLOCK_SCALED (fp8): each K step's product (one 128-deep
-    scale block) starts from zero, then is scaled and added into the fp32 accumulator."""
+    scale block) starts from zero, then is scaled and added into the fp32 accumulator; the next
+    step's scales are loaded while this step's product runs."""
     STAGES: gl.constexpr = empty.shape[0]
     NUM_WG: gl.constexpr = a_smem.shape[0] // STAGES
     BLOCK_K: gl.constexpr = a_smem.shape[2]
-    BLOCK_N: gl.constexpr = c_smem.shape[2]
+    BLOCK_N: gl.constexpr = b_smem.shape[1] if B_T else b_smem.shape[2]
     # The wgmma accumulator: the 4 warps stacked along M, instruction m64 x n(BLOCK_N) x k(32
     # bytes of the inputs: 16 for 16-bit, 32 for fp8).
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -184,19 +189,21 @@ def _consumer(
         pid_m, pid_n = _tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
         m0 = (pid_m * NUM_WG + WG) * WG_M
         acc = zero
+        if BLOCK_SCALED:  # the first step's scales; each step loads the next one's
+            scale = _step_scales(a_scale_ptr, w_scale_ptr, m0, pid_n, 0, M, k_steps, acc_layout)
         for ki in range(k_steps):
             slot = it % STAGES
             mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
-            if B_T:
-                b = b_smem.index(slot).permute((1, 0))  # (BLOCK_K, BLOCK_N) view of (N, K) rows
-            else:
-                b = b_smem.index(slot)
-            a = a_smem.index(slot * NUM_WG + WG)
+            a, b = _operands(a_smem, b_smem, slot, WG, NUM_WG, B_T)
             if BLOCK_SCALED:
                 part = warpgroup_mma(a, b, zero, use_acc=False, is_async=True)
+                following = _step_scales(
+                    a_scale_ptr, w_scale_ptr, m0, pid_n, ki + 1, M, k_steps, acc_layout
+                )
                 part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
                 mbarrier.arrive(empty.index(slot), count=1)
-                acc = _promote(acc, part, a_scale_ptr, w_scale_ptr, m0, pid_n, ki, M, N, k_steps)
+                acc = acc + part * gl.expand_dims(scale, 1)  # the promotion
+                scale = following
             else:
                 acc = warpgroup_mma(a, b, acc, is_async=True)
                 # Products retire in issue order: with one left in flight, the step before is
@@ -218,19 +225,27 @@ def _consumer(
 
 
 @gluon.jit
-def _promote(acc, part, a_scale_ptr, w_scale_ptr, m0, pid_n, ki, M, N, k_steps):
-    """acc + part x (the 64 rows' 1 x 128 activation scales) x (each column's 128 x 128 weight
-    scale) of K block ki, in fp32 registers: the promotion. Activation scales are K-block-major
-    ((K / 128, M) viewed as (M, K / 128)), weight scales (N / 128, K / 128) row-major."""
-    layout: gl.constexpr = acc.type.layout
-    BLOCK_N: gl.constexpr = acc.shape[1]
-    rows = m0 + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, layout))
-    sa = gl.load(a_scale_ptr + ki * M + rows, mask=rows < M, other=0.0)
-    col_blocks = (pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))) // 128
-    sw = gl.load(
-        w_scale_ptr + col_blocks * k_steps + ki, mask=col_blocks < gl.cdiv(N, 128), other=0.0
-    )
-    return acc + part * (gl.expand_dims(sa, 1) * gl.expand_dims(sw, 0))
+def _operands(a_smem, b_smem, slot, WG: gl.constexpr, NUM_WG: gl.constexpr, B_T: gl.constexpr):
+    """This consumer's A tile and the B tile of ring slot `slot`, B as a (BLOCK_K, BLOCK_N) view
+    (with B_T, of the (N, K) rows TMA copied: wgmma reads either order)."""
+    if B_T:
+        b = b_smem.index(slot).permute((1, 0))
+    else:
+        b = b_smem.index(slot)
+    return a_smem.index(slot * NUM_WG + WG), b
+
+
+@gluon.jit
+def _step_scales(a_scale_ptr, w_scale_ptr, m0, pid_n, ki, M, k_steps, layout: gl.constexpr):
+    """The 64 rows' 1 x 128 activation scales of K block ki times the tile's 128 x 128 weight
+    scale (a 128-column tile lies in one weight block: one scalar), as a row vector of the
+    accumulator's layout. Loaded right after the step's wgmma is queued, so their latency runs
+    under the product. Activation scales are K-block-major ((K / 128, M) viewed as (M, K / 128)),
+    weight scales (N / 128, K / 128) row-major."""
+    rows = m0 + gl.arange(0, WG_M, layout=gl.SliceLayout(1, layout))
+    in_k = ki < k_steps  # a step past the last (prefetched for nothing) reads nothing
+    sa = gl.load(a_scale_ptr + ki * M + rows, mask=rows < gl.where(in_k, M, 0), other=0.0)
+    return sa * gl.load(w_scale_ptr + pid_n * k_steps + ki, mask=in_k, other=0.0)
 
 
 @gluon.jit
@@ -330,9 +345,7 @@ def check_gluon_args(a, b, out=None, stages: int = STAGES):
             "triton_matmul_tma.matmul_tma); pass a.contiguous()"
         )
     b_view, b_t = tma_view(b, "b", "gluon_matmul")
-    c = torch.empty((M, N), dtype=a.dtype, device=a.device) if out is None else out
-    tma_view(c, "out", "gluon_matmul")
-    return M, N, K, a_view, b_view, b_t, c
+    return M, N, K, a_view, b_view, b_t, tma_output(out, M, N, a.dtype, a.device)
 
 
 def _launch(descs, scales, M, N, K, *, b_t, stages, group_m, block_scaled, block_n, device):
@@ -382,21 +395,31 @@ def gluon_matmul(
         block_n=BLOCK_N,
         device=a.device,
     )
-    return c
+    return deliver(c, out)
 
 
 def gluon_fp8_matmul_block_scaled(
-    a8, a_scales, w8, w_scales, *, out=None, stages: int = FP8_STAGES, group_m: int = GROUP_M
+    a8,
+    a_scales,
+    w8,
+    w_scales,
+    *,
+    out=None,
+    stages: int = FP8_STAGES,
+    group_m: int = FP8_GROUP_M,
 ) -> torch.Tensor:
     """C (M, N) bf16 = A @ W.T from e4m3 a8 (M, K) with its 1 x 128 scales and w8 (N, K) with
     its 128 x 128 scales (`triton_fp8_matmul.quantize_activation` / `quantize_weight`), by the
     warp-specialized kernel: 128 x 128 tiles, each 128-deep K step's wgmma product promoted into
-    fp32 registers with its scales (DeepGEMM's scheme). FeatureMissing off sm_90."""
+    fp32 registers with its scales (DeepGEMM's scheme). Rows off
+    16-byte boundaries (K or N not a multiple of 16 or 8) go through padded copies
+    (`triton_fp8_matmul.tma_operands`, `output`). FeatureMissing off sm_90."""
     op = "gluon_fp8_matmul_block_scaled"
     runtime.require(REQUIRES, op)
     if stages not in range(2, 6):
         raise ValueError(f"{op}: stages {stages}; supported: 2 to 5")
     M, N, K = triton_fp8_matmul.check_fp8_args(op, a8, w8, a_scales, w_scales, block_scaled=True)
+    a8, w8 = triton_fp8_matmul.tma_operands(op, a8, w8)
     c = triton_fp8_matmul.output(op, out, M, N, a8.device)
     descs = _descriptors(a8, w8, True, c, FP8_BLOCK_N, triton_fp8_matmul.SCALE_BLOCK)
     _launch(
@@ -412,7 +435,7 @@ def gluon_fp8_matmul_block_scaled(
         block_n=FP8_BLOCK_N,
         device=a8.device,
     )
-    return c
+    return deliver(c, out)
 
 
 def compile_for(
@@ -440,7 +463,7 @@ def compile_for(
     constants = {
         "B_T": b_t,
         "STAGES": stages,
-        "GROUP_M": GROUP_M,
+        "GROUP_M": FP8_GROUP_M if block_scaled else GROUP_M,
         "BLOCK_SCALED": block_scaled,
         "CONSUMER_REGS": CONSUMER_REGS,
         "PRODUCER_REGS": PRODUCER_REGS,

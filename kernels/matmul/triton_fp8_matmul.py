@@ -32,6 +32,10 @@ error) and of the original bf16 inputs (what a model sees; adds the quantization
 figure of merit is DeepGEMM's `calc_diff`, 1 - 2 sum(x y) / sum(x^2 + y^2), which its tests accept
 below 1e-3.
 
+Odd shapes: TMA needs rows on 16-byte boundaries, K a multiple of 16 for e4m3 and N of 8 for C;
+other operands are copied into buffers with padded rows (and C out of one): one extra pass over
+them (`tma_operands`, `output`), where the ragged K block is zero-filled by TMA.
+
 Gated on fp8 (sm_89+: `runtime.require("fp8")`): the descriptors compile to TMA copies on sm_90 and
 to ordinary loads on sm_89 (Triton rewrites them). The interpreter emulates e4m3 on the CPU; its
 tl.dot multiplies the tiles after they are converted to fp32 (UPCAST), which is exact for e4m3
@@ -47,7 +51,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels import runtime
 from kernels.matmul.triton_matmul import GROUP_M, sm_programs, tile_coordinates
-from kernels.matmul.triton_matmul_tma import descriptor, launch, tma_view
+from kernels.matmul.triton_matmul_tma import deliver, descriptor, launch, tma_output, tma_view
 from kernels.runtime import UPCAST
 
 # The feature this kernel needs (runtime.FEATURE_GPUS): fp8 tensor cores, sm_89 and newer.
@@ -63,18 +67,22 @@ DEEPGEMM_DIFF_BOUND = 1e-3
 # |A| |W|^T of the exact one (the GPU tests' bound; `promoted_error_bound`).
 TENSOR_CORE_SUM_BITS = 13
 PER_TENSOR, BLOCK_SCALED = 0, 1
-# (BLOCK_M, BLOCK_N, num_warps, num_stages), BLOCK_K = 128 (one scale block, 128 bytes: one
-# swizzled row of shared memory). A stage of fp8 A and W is (BLOCK_M + BLOCK_N) x 128 bytes: 48 KiB
-# at 128 x 256; the bf16 epilogue buffer, halved, 32 KiB. A promoted product holds two accumulators
-# (the K block's partial sum and the fp32 total), which at 128 x 256 do not fit (`fits`): ptxas
-# spilled 624 bytes at 8 warps, and at 16 warps (128 registers a thread) 840 (sm_90, offline).
-# The last tile is for sm_89's 99 KiB of shared memory (no spills there, offline).
+# (BLOCK_M, BLOCK_N, num_warps, num_stages, k_blocks), BLOCK_K = 128 (one scale block, 128
+# bytes: one swizzled row of shared memory). A stage of fp8 A and W is k_blocks x (BLOCK_M +
+# BLOCK_N) x 128 bytes: 48 KiB at 128 x 256; the bf16 epilogue buffer, halved, 32 KiB. A promoted
+# product holds two accumulators (the K block's partial sum and the fp32 total), which at 128 x 256
+# do not fit (`fits`): ptxas spilled 624 bytes at 8 warps, and at 16 warps (128 registers a
+# thread) 840 (sm_90, offline). k_blocks = 2 (block-scaled only: two K blocks' products queued
+# before their promotions) at 3 stages is 213 KiB, 254 registers, no spills. On the H200 the
+# block-scaled product ran best at 128 x 128 with 3 or 4 stages, or 3 with k_blocks = 2
+# (PERFORMANCE.md); the last tile is for sm_89's 99 KiB of shared memory (no spills there).
 GPU_TILES = [
-    (128, 256, 8, 4),
-    (128, 256, 8, 3),
-    (128, 128, 8, 4),
-    (128, 128, 8, 5),
-    (128, 128, 8, 2),
+    (128, 256, 8, 4, 1),
+    (128, 256, 8, 3, 1),
+    (128, 128, 8, 4, 1),
+    (128, 128, 8, 3, 1),
+    (128, 128, 8, 3, 2),
+    (128, 128, 8, 2, 1),
 ]
 # fp32 accumulator registers a thread may hold (of 255) without spilling, measured offline on
 # sm_90: 128 (one 128 x 256 accumulator at 8 warps, or two 128 x 128 ones) fits, 256 does not.
@@ -143,18 +151,30 @@ def set_block_shapes(nargs):
     nargs["c_desc"].block_shape = [bm, bn // 2]
 
 
-def tile_config(bm: int, bn: int, warps: int, stages: int) -> triton.Config:
+def tile_config(
+    bm: int, bn: int, warps: int, stages: int, k_blocks: int = 1, one_w_scale: bool = False
+) -> triton.Config:
+    """`k_blocks` (block-scaled only): K blocks whose products are issued together before their
+    promotions (2: the second wgmma runs while nothing waits for the first); `one_w_scale`
+    (block-scaled, bn = 128): the tile's weight scale loaded once a K block, not per column."""
     return triton.Config(
-        {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": SCALE_BLOCK, "GROUP_M": GROUP_M},
+        {
+            "BLOCK_M": bm,
+            "BLOCK_N": bn,
+            "BLOCK_K": SCALE_BLOCK,
+            "GROUP_M": GROUP_M,
+            "K_BLOCKS": k_blocks,
+            "ONE_W_SCALE": one_w_scale and bn == SCALE_BLOCK,
+        },
         num_warps=warps,
         num_stages=stages,
         pre_hook=set_block_shapes,
     )
 
 
-def shared_bytes(bm: int, bn: int, stages: int) -> int:
+def shared_bytes(bm: int, bn: int, stages: int, k_blocks: int = 1) -> int:
     """fp8 A and W tiles of 128 bytes a row per stage, and half a bf16 C tile for the epilogue."""
-    return stages * (bm + bn) * SCALE_BLOCK + bm * bn
+    return stages * k_blocks * (bm + bn) * SCALE_BLOCK + bm * bn
 
 
 def accumulator_registers(bm: int, bn: int, warps: int, promoted: bool) -> int:
@@ -164,24 +184,66 @@ def accumulator_registers(bm: int, bn: int, warps: int, promoted: bool) -> int:
 
 def fits(c: triton.Config, *, promoted: bool) -> bool:
     """Registers (`ACC_REGS`) and this GPU's shared memory (sm_90's 227 KiB in CPU mode)."""
-    bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
+    bm, bn, k_blocks = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["K_BLOCKS"]
     return (
         accumulator_registers(bm, bn, c.num_warps, promoted) <= ACC_REGS
-        and shared_bytes(bm, bn, c.num_stages) <= runtime.shared_memory_budget()
+        and shared_bytes(bm, bn, c.num_stages, k_blocks) <= runtime.shared_memory_budget()
     )
 
 
 def prune_configs(configs, named_args, **kwargs):
-    """The autotuner's early pruner: the configurations that fit (`fits`) this kind of product."""
+    """The autotuner's early pruner: the configurations that fit (`fits`) this kind of product
+    (two K blocks a step only for the block-scaled one)."""
     args = {**named_args, **kwargs}
-    promoted = args["SCALING"] == BLOCK_SCALED or args["PROMOTE_K"] > 0
-    return [c for c in configs if fits(c, promoted=promoted)] or configs[:1]
+    block_scaled = args["SCALING"] == BLOCK_SCALED
+    promoted = block_scaled or args["PROMOTE_K"] > 0
+    kept = [
+        c
+        for c in configs
+        if fits(c, promoted=promoted) and (block_scaled or c.kwargs["K_BLOCKS"] == 1)
+    ]
+    return kept or configs[:1]
 
 
 def _configs() -> list[triton.Config]:
     if not runtime.ON_GPU:  # the interpreter: one small configuration (it cannot time several)
         return [tile_config(32, 32, 1, 1)]
-    return [tile_config(*t) for t in GPU_TILES]
+    # the weight scale as one scalar where it was measured faster: sm_90 (on sm_89 it spills)
+    return [tile_config(*t, one_w_scale=runtime.has("wgmma")) for t in GPU_TILES]
+
+
+@triton.jit
+def _block_scales(
+    a_scale_ptr,
+    w_scale_ptr,
+    rows,
+    n0,
+    ki,
+    M,
+    N,
+    k_tiles,
+    BLOCK_N: tl.constexpr,
+    ONE_W_SCALE: tl.constexpr,
+):
+    """K block ki's activation scales times the weight's, to multiply a (BLOCK_M, BLOCK_N)
+    product; zero past the last K block or row. ONE_W_SCALE (BLOCK_N = 128: the tile lies in one
+    weight block): one scalar load, a (BLOCK_M, 1) result; else each column's block gathered
+    (on sm_89, at 128 x 128 and 2 stages, the scalar form spills 552 bytes offline)."""
+    in_k = ki < k_tiles
+    sa = tl.load(a_scale_ptr + ki * M + rows, mask=rows < tl.where(in_k, M, 0), other=0.0)
+    if ONE_W_SCALE:
+        scales = (sa * tl.load(w_scale_ptr + n0 // 128 * k_tiles + ki, mask=in_k, other=0.0))[
+            :, None
+        ]
+    else:
+        col_blocks = (n0 + tl.arange(0, BLOCK_N)) // 128
+        sw = tl.load(
+            w_scale_ptr + col_blocks * k_tiles + ki,
+            mask=col_blocks < tl.where(in_k, tl.cdiv(N, 128), 0),
+            other=0.0,
+        )
+        scales = sa[:, None] * sw[None, :]
+    return scales
 
 
 @triton.autotune(
@@ -207,6 +269,8 @@ def fp8_matmul_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,  # 128: one scale block
     GROUP_M: tl.constexpr,
+    K_BLOCKS: tl.constexpr,  # block-scaled: K blocks multiplied before their promotions (1, 2)
+    ONE_W_SCALE: tl.constexpr,  # block-scaled, BLOCK_N = 128: the weight scale as one scalar
     UPCAST: tl.constexpr,  # the interpreter: multiply the (exactly converted) tiles in fp32
 ):
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -217,29 +281,44 @@ def fp8_matmul_kernel(
         m0 = pid_m * BLOCK_M
         n0 = pid_n * BLOCK_N
         rows = m0 + tl.arange(0, BLOCK_M)
-        # the weight's 128-row scale block of each output column
-        col_blocks = (n0 + tl.arange(0, BLOCK_N)) // BLOCK_K
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(k_tiles):
-            a = a_desc.load([m0, ki * BLOCK_K])
-            w = w_desc.load([n0, ki * BLOCK_K])
-            if UPCAST:
-                a = a.to(tl.float32)
-                w = w.to(tl.float32)
-            if SCALING == 1:
-                # This K block's product from zero on the tensor cores, then scaled and promoted
-                # into the fp32 accumulator: promotion every 128 of K by construction.
-                sa = tl.load(a_scale_ptr + ki * M + rows, mask=rows < M, other=0.0)
-                sw = tl.load(
-                    w_scale_ptr + col_blocks * k_tiles + ki,
-                    mask=col_blocks < tl.cdiv(N, BLOCK_K),
-                    other=0.0,
+        for ki in range(0, k_tiles, K_BLOCKS):
+            if SCALING == 1 and K_BLOCKS == 2:
+                # Both products queued on the tensor cores before either is promoted. Past the
+                # last K block (k_tiles odd) TMA reads zeros and the scales are zero.
+                a0 = a_desc.load([m0, ki * BLOCK_K])
+                w0 = w_desc.load([n0, ki * BLOCK_K])
+                a1 = a_desc.load([m0, (ki + 1) * BLOCK_K])
+                w1 = w_desc.load([n0, (ki + 1) * BLOCK_K])
+                if UPCAST:
+                    a0, w0 = a0.to(tl.float32), w0.to(tl.float32)
+                    a1, w1 = a1.to(tl.float32), w1.to(tl.float32)
+                p0 = tl.dot(a0, w0.T)
+                p1 = tl.dot(a1, w1.T)
+                s0 = _block_scales(
+                    a_scale_ptr, w_scale_ptr, rows, n0, ki, M, N, k_tiles, BLOCK_N, ONE_W_SCALE
                 )
-                acc += tl.dot(a, w.T) * (sa[:, None] * sw[None, :])
-            elif PROMOTE_K > 0:
-                acc = tl.dot(a, w.T, acc, max_num_imprecise_acc=PROMOTE_K)
+                s1 = _block_scales(
+                    a_scale_ptr, w_scale_ptr, rows, n0, ki + 1, M, N, k_tiles, BLOCK_N, ONE_W_SCALE
+                )
+                acc += p0 * s0 + p1 * s1
             else:
-                acc = tl.dot(a, w.T, acc)
+                a = a_desc.load([m0, ki * BLOCK_K])
+                w = w_desc.load([n0, ki * BLOCK_K])
+                if UPCAST:
+                    a = a.to(tl.float32)
+                    w = w.to(tl.float32)
+                if SCALING == 1:
+                    # This K block's product from zero on the tensor cores, then scaled and
+                    # promoted into the fp32 accumulator: promotion every 128 of K.
+                    scales = _block_scales(
+                        a_scale_ptr, w_scale_ptr, rows, n0, ki, M, N, k_tiles, BLOCK_N, ONE_W_SCALE
+                    )
+                    acc += tl.dot(a, w.T) * scales
+                elif PROMOTE_K > 0:
+                    acc = tl.dot(a, w.T, acc, max_num_imprecise_acc=PROMOTE_K)
+                else:
+                    acc = tl.dot(a, w.T, acc)
         if SCALING == 0:
             acc = acc * (tl.load(a_scale_ptr) * tl.load(w_scale_ptr))
         halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
@@ -294,23 +373,29 @@ def check_fp8_args(op: str, a8, w8, a_scale, w_scale, block_scaled: bool) -> tup
                 f"{op}: {name} must have strides {strides} (as the quantizer makes "
                 f"it), got {t.stride()}"
             )
-    for name, t in (("a8", a8), ("w8", w8)):
-        tma_view(t, name, op)  # rows 16-byte aligned: K a multiple of 16
     return M, N, K
 
 
+def tma_operands(op: str, a8, w8) -> tuple[torch.Tensor, torch.Tensor]:
+    """a8 and w8 as TMA reads them: themselves, or (K not a multiple of 16: e4m3 rows off
+    16-byte boundaries) copies with padded rows (`tma_view`), an extra pass over each operand."""
+    return tma_view(a8, "a8", op)[0], tma_view(w8, "w8", op)[0]
+
+
 def output(op: str, out, M: int, N: int, device) -> torch.Tensor:
-    """C: `out` checked (contiguous (M, N) bf16, TMA-aligned), or a new one."""
-    c = torch.empty((M, N), dtype=torch.bfloat16, device=device) if out is None else out
-    if c.shape != (M, N) or c.dtype != torch.bfloat16 or not c.is_contiguous():
+    """The C the kernel writes: `out` checked (contiguous (M, N) bf16), or a new one; a buffer
+    with padded rows when N is not a multiple of 8 (`tma_output`; `deliver` copies it out)."""
+    if out is not None and (
+        out.shape != (M, N) or out.dtype != torch.bfloat16 or not out.is_contiguous()
+    ):
         raise ValueError(f"{op}: out must be a contiguous ({M}, {N}) bfloat16 tensor")
-    tma_view(c, "out", op)
-    return c
+    return tma_output(out, M, N, torch.bfloat16, device)
 
 
 def _launch(op, a8, w8, a_scale, w_scale, *, scaling: int, promote_k: int, out, config):
     runtime.require(REQUIRES, op)
     M, N, K = check_fp8_args(op, a8, w8, a_scale, w_scale, scaling == BLOCK_SCALED)
+    a8, w8 = tma_operands(op, a8, w8)
     c = output(op, out, M, N, a8.device)
     args = dict(
         a_desc=descriptor(a8),
@@ -327,7 +412,7 @@ def _launch(op, a8, w8, a_scale, w_scale, *, scaling: int, promote_k: int, out, 
         UPCAST=UPCAST,
     )
     launch(fp8_matmul_kernel, args, config)
-    return c
+    return deliver(c, out)
 
 
 def fp8_matmul_per_tensor(
@@ -422,15 +507,37 @@ def fp8_errors(c: torch.Tensor, dequantized: tuple, original: tuple) -> dict:
 
 
 def compile_for(
-    arch: str = "sm_90", scaling: int = BLOCK_SCALED, promote_k: int = 0, tile: int = 0
+    arch: str = "sm_90",
+    scaling: int = BLOCK_SCALED,
+    promote_k: int = 0,
+    tile: int | None = None,
+    one_w_scale: bool | None = None,
 ):
-    """The kernel compiled for `arch` (sm_89 or sm_90) without a GPU (`offline.compile_offline`
-    runs this in a process of its own), in the tile GPU_TILES[tile]. FeatureMissing on an arch
-    without fp8, before compiling."""
+    """The kernel compiled for `arch` (sm_89 and newer) without a GPU (`offline.compile_offline`
+    runs this in a process of its own), in the tile GPU_TILES[tile]; with no tile named, the
+    first that suits the product (`prune_configs`) and whose compiled shared memory fits the
+    arch's (`runtime.shared_memory_budget`). `one_w_scale` None: as the autotuner offers it
+    there. FeatureMissing on an arch without fp8, before compiling."""
+    runtime.require(REQUIRES, "fp8_matmul")
+    if one_w_scale is None:
+        one_w_scale = runtime.has("wgmma")
+    if tile is not None:
+        return _compile_tile(arch, scaling, promote_k, GPU_TILES[tile], one_w_scale)
+    args = {"SCALING": scaling, "PROMOTE_K": promote_k}
+    configs = [tile_config(*t) for t in GPU_TILES]
+    kept = {id(c) for c in prune_configs(configs, args)}
+    for t, config in zip(GPU_TILES, configs):
+        if id(config) in kept:
+            kernel = _compile_tile(arch, scaling, promote_k, t, one_w_scale)
+            if kernel.metadata.shared <= runtime.shared_memory_budget():
+                return kernel
+    raise ValueError(f"fp8_matmul: no tile of GPU_TILES fits {arch}'s shared memory")
+
+
+def _compile_tile(arch, scaling, promote_k, tile, one_w_scale):
     from kernels.matmul.offline import compile_triton, descriptor_type
 
-    runtime.require(REQUIRES, "fp8_matmul")
-    bm, bn, warps, stages = GPU_TILES[tile]
+    bm, bn, warps, stages, k_blocks = tile
     fp8 = torch.empty((64, 64), dtype=FP8)
     bf16 = torch.empty((64, 64), dtype=torch.bfloat16)
 
@@ -445,6 +552,8 @@ def compile_for(
         "BLOCK_N": bn,
         "BLOCK_K": SCALE_BLOCK,
         "GROUP_M": GROUP_M,
+        "K_BLOCKS": k_blocks,
+        "ONE_W_SCALE": one_w_scale and bn == SCALE_BLOCK,
         "UPCAST": False,
     }
     signature = {

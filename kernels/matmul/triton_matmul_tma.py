@@ -25,8 +25,10 @@ copy.
 Transposed operands: TMA needs the last dimension contiguous. An A stored as the transpose of a
 (K, M) buffer (a.T, say) is read through a descriptor over that buffer, in (BLOCK_K, BLOCK_M) tiles
 that the kernel transposes (`A_T`; wgmma reads either order from shared memory); B likewise
-(`B_T`: b = W.T of an (N, K) weight, the nn.Linear layout). Every other row stride must be a
-multiple of 16 bytes and the base 16-byte aligned, or `matmul_tma` says which operand is not.
+(`B_T`: b = W.T of an (N, K) weight, the nn.Linear layout). TMA also needs row strides on
+16-byte boundaries: an operand whose rows are not (K or N not a multiple of 8 in 16-bit) is copied
+into a buffer with padded rows first, and C is written to one and copied out (`tma_view`,
+`tma_output`): any shape works, at the cost of that copy.
 
 Needs TMA (sm_90+): `matmul_tma` refuses other GPUs with FeatureMissing; the portable kernel is
 `triton_matmul.py`'s. Descriptors built on the host work the same in Triton 3.6 and 3.9 and in the
@@ -59,6 +61,7 @@ GPU_TILES = [
     (256, 128, 64, 8, 3, True, True),
     (128, 128, 64, 8, 4, False, True),
     (128, 128, 64, 4, 4, False, True),
+    (128, 64, 64, 4, 3, True, False),  # 80 KiB: for GPUs with 99 KiB a block (sm_120)
 ]
 
 
@@ -154,33 +157,57 @@ def matmul_tma_kernel(
             c_desc.store([m0, n0], acc.to(c_desc.dtype))
 
 
+def tma_aligned(view: torch.Tensor) -> bool:
+    """Whether a descriptor can read `view` as it is: the last dimension contiguous, the row stride
+    and the base on 16-byte boundaries (TMA's rules)."""
+    size = view.element_size()
+    return view.stride(-1) == 1 and (view.stride(0) * size) % 16 == 0 and view.data_ptr() % 16 == 0
+
+
+def padded_rows(rows: int, cols: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """An uninitialized (rows, cols) view of a buffer whose rows are padded to 16 bytes: what TMA
+    reads when a tensor's own rows are not on 16-byte boundaries (the padding is never read: the
+    descriptor's shape stops at `cols` and TMA zero-fills past it)."""
+    step = 16 // torch.empty((), dtype=dtype).element_size()
+    return torch.empty((rows, -(-cols // step) * step), dtype=dtype, device=device)[:, :cols]
+
+
 def tma_view(t: torch.Tensor, name: str, op: str) -> tuple[torch.Tensor, bool]:
     """(the 2-D tensor a descriptor reads, whether it is t's transpose): t itself when its rows
-    are contiguous, else t.T when its columns are. TMA's rules: the last dimension contiguous,
-    the row stride and the base on 16-byte boundaries; ValueError when neither orientation keeps
-    them. The stride of a dimension of length 1 is never used: it is set to one TMA takes."""
+    are contiguous, else t.T when its columns are. When neither orientation has its rows on
+    16-byte boundaries (an odd K, say), a copy of t in a buffer with padded rows: one extra pass
+    over the operand, small beside the product's K passes. ValueError when neither dimension is
+    contiguous. The stride of a dimension of length 1 is never used: it is set to one TMA takes."""
     size = t.element_size()
-    problem = None
     for view, transposed in ((t, False), (t.T, True)):
         rows, cols = view.shape
         row_stride = view.stride(0) if rows > 1 else -(-cols * size // 16) * 16 // size
         if view.stride(1) != 1 and cols > 1:
             continue
         view = view.as_strided(view.shape, (row_stride, 1))
-        if (row_stride * size) % 16 == 0 and view.data_ptr() % 16 == 0:
+        if tma_aligned(view):
             return view, transposed
-        problem = problem or (
-            f"{op}: {name}'s rows are {row_stride} elements apart and it starts at "
-            f"{view.data_ptr():#x}; TMA needs both on a 16-byte boundary (a row stride that is a "
-            f"multiple of {16 // size} elements): use triton_matmul.py's kernel for this shape"
-        )
+        padded = padded_rows(rows, cols, t.dtype, t.device)
+        return padded.copy_(view), transposed
     raise ValueError(
-        problem
-        or (
-            f"{op}: {name} has strides {t.stride()}; TMA needs one of its dimensions contiguous "
-            f"(stride 1): pass {name}.contiguous()"
-        )
+        f"{op}: {name} has strides {t.stride()}; TMA needs one of its dimensions contiguous "
+        f"(stride 1): pass {name}.contiguous()"
     )
+
+
+def tma_output(out: torch.Tensor | None, M: int, N: int, dtype, device) -> torch.Tensor:
+    """The C a kernel's descriptor writes: `out` (or a new (M, N) tensor) when TMA can write its
+    rows, else a buffer with padded rows that `deliver` copies into it after the launch."""
+    c = torch.empty((M, N), dtype=dtype, device=device) if out is None else out
+    return c if tma_aligned(c) else padded_rows(M, N, dtype, device)
+
+
+def deliver(written: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """C as the caller asked for it: `out` (filled from the padded buffer if that was written)
+    or the kernel's own output, contiguous."""
+    if out is None:
+        return written.contiguous()
+    return out if written is out else out.copy_(written)
 
 
 def descriptor(t: torch.Tensor) -> TensorDescriptor:
@@ -203,8 +230,7 @@ def matmul_tma(
     M, N, K = check_matmul_args(a, b, out, op="matmul_tma")
     a_view, a_t = tma_view(a, "a", "matmul_tma")
     b_view, b_t = tma_view(b, "b", "matmul_tma")
-    c = torch.empty((M, N), dtype=a.dtype, device=a.device) if out is None else out
-    tma_view(c, "out", "matmul_tma")
+    c = tma_output(out, M, N, a.dtype, a.device)
     args = dict(
         a_desc=descriptor(a_view),
         b_desc=descriptor(b_view),
@@ -218,7 +244,7 @@ def matmul_tma(
         UPCAST=UPCAST,
     )
     launch(matmul_tma_kernel, args, config)
-    return c
+    return deliver(c, out)
 
 
 def launch(kernel, args: dict, config: triton.Config | None) -> None:
@@ -252,16 +278,26 @@ def compile_for(
     dtype: str = "bfloat16",
     a_t: bool = False,
     b_t: bool = False,
-    tile: int = 0,
+    tile: int | None = None,
 ):
     """The kernel compiled for `arch` without a GPU (`offline.compile_offline` runs this in a
-    process of its own), in the tile GPU_TILES[tile]. FeatureMissing on an arch without TMA,
-    before compiling."""
+    process of its own), in the tile GPU_TILES[tile]; with no tile named, the first whose
+    compiled shared memory fits the arch's (`runtime.shared_memory_budget`: sm_90's choice is
+    GPU_TILES[0]). FeatureMissing on an arch without TMA, before compiling."""
+    runtime.require(REQUIRES, "matmul_tma")
+    if tile is not None:
+        return _compile_tile(arch, dtype, a_t, b_t, GPU_TILES[tile])
+    for t in GPU_TILES:
+        kernel = _compile_tile(arch, dtype, a_t, b_t, t)
+        if kernel.metadata.shared <= runtime.shared_memory_budget():
+            return kernel
+    raise ValueError(f"matmul_tma: no tile of GPU_TILES fits {arch}'s shared memory")
+
+
+def _compile_tile(arch, dtype, a_t, b_t, tile):
     from kernels.matmul.offline import compile_triton, descriptor_type
 
-    runtime.require(REQUIRES, "matmul_tma")
-
-    bm, bn, bk, warps, stages, subtile, flatten = GPU_TILES[tile]
+    bm, bn, bk, warps, stages, subtile, flatten = tile
     torch_dtype = getattr(torch, dtype)
     buffer = torch.empty((64, 64), dtype=torch_dtype)
 
