@@ -3,14 +3,15 @@ GPU: sm_75 (T4), sm_80 (A100), sm_86 (A10, RTX 30xx), sm_89 (L4, RTX 40xx), sm_9
 sm_100 (B200) and sm_120 (RTX 50xx).
 
 `tools/compile_all.py` compiles each kernel in the configurations its wrappers launch, one process
-per architecture in which `runtime.features()` answers for that target, so each kernel compiles
-the path that GPU takes. `kernels/feature_table.py` says which kernels cannot exist where; this test
+per architecture in which `runtime.features()` answers for that target, so each kernel compiles the
+path that GPU takes. `kernels/feature_table.py` says which kernels cannot exist where; this test
 checks that it names every kernel in `kernels/`, that those kernels are never compiled there, and
 that everything else compiles and fits the target's shared memory. A Hopper instruction added
-without a gate fails here: ptxas refuses it for sm_80. Triton's cache (build/triton-cache) makes a
-second run take seconds. The suite compiles each kernel's first configuration on every
-architecture (about 30 s of CPU an architecture from a cold cache); COMPILE_CONFIGS=all compiles
-every configuration the wrappers launch (about 3 minutes an architecture).
+without a gate fails here: ptxas refuses it for sm_80. Triton's cache, outside the clone
+(~/.cache/gpu-kernels-course/triton), makes a second run take seconds. The suite compiles each
+kernel's first configuration on every architecture (about 30 s of CPU an architecture from a cold
+cache); COMPILE_CONFIGS=all compiles every configuration the wrappers launch (about 3 minutes an
+architecture).
 """
 
 from __future__ import annotations

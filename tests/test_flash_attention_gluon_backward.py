@@ -88,9 +88,12 @@ def test_gluon_backward_agrees_with_pytorch_sdpa():
 
 
 @pytest.mark.cpu
-def test_gluon_backward_refuses_what_it_does_not_cover():
-    """Checked before anything runs, so on any device: head sizes, dtypes, layouts, shapes."""
+def test_gluon_backward_refuses_what_it_does_not_cover(monkeypatch):
+    """Checked before anything runs, so on any device: head sizes, dtypes, layouts, shapes. The
+    device's wgmma is checked first (test_gpu_portability.py); here it is taken as present."""
     from kernels.flash_attention.gluon_flash_backward import gluon_attention_backward
+
+    monkeypatch.setattr(runtime, "has", lambda feature: True)
 
     def inputs(d=64, dtype=torch.float16, n=64):
         q, k, v = make((1, 2, n, d), (1, 2, n, d), dtype, seed=d + n)

@@ -8,15 +8,15 @@ KERNELS_COMPILE_ONLY=1 and KERNELS_TARGET_ARCH before importing `kernels`, so `r
 answers for that target and every gate (`runtime.has`, `runtime.shared_memory_budget`) picks the
 path and the tiles that GPU takes. Each kernel of `kernels.feature_table.KERNELS` is compiled with
 `triton.compile` for GPUTarget("cuda", cc, 32) in the configurations its wrappers launch (a
-representative set of their constexpr values); where the table says a kernel cannot exist, it is
-not compiled. A configuration passes when Triton and ptxas compile it and its shared memory fits the
+representative set of their constexpr values); where the table says a kernel cannot exist, it is not
+compiled. A configuration passes when Triton and ptxas compile it and its shared memory fits the
 target's budget. Only Triton runs here: it needs no driver, and its cache (TRITON_CACHE_DIR, by
-default build/triton-cache) keys every binary by source, options, target and Triton version, so a
-second run compiles only what changed.
+default ~/.cache/gpu-kernels-course/triton) keys every binary by source, options, target and
+Triton version, so a second run compiles only what changed.
 
-Run under another Triton by calling this file with that environment's Python. The result is one
-JSON line per configuration ({"arch", "kernel", "config", "ok", "shared", "budget", "error"}) and a
-count per architecture; the exit status is 1 when any configuration failed.
+Run under another Triton by calling this file with that environment's Python. The result is one JSON
+line per configuration ({"arch", "kernel", "config", "ok", "shared", "budget", "error"}) and a count
+per architecture; the exit status is 1 when any configuration failed.
 """
 
 from __future__ import annotations
@@ -34,7 +34,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CACHE = ROOT / "build" / "triton-cache"
+# Outside the clone, so a fresh clone on the same machine (CI's) finds what an earlier run compiled;
+# Triton keys every binary by source, options, target and its own version.
+DEFAULT_CACHE = (
+    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    / "gpu-kernels-course"
+    / "triton"
+)
 
 # Parameter types by name, for the kernels' non-constexpr arguments: integer pointers, float32
 # pointers, float scalars, integer scalars named in capitals; other capitals are data pointers.
