@@ -134,6 +134,7 @@ def test_every_mma_config_is_compiled_with_the_shared_memory_the_wrapper_gives()
 
 def test_mma_step_falls_back_where_shared_memory_is_short(monkeypatch):
     cm = cupy_matmul()
+    monkeypatch.setattr(runtime, "shared_memory_budget", lambda: 227 * 1024)  # Hopper
     assert cm.mma_config_for(b_kmajor=False) is cm.MMA_DEFAULT
     monkeypatch.setattr(runtime, "shared_memory_budget", lambda: 64 * 1024)  # Turing
     assert cm.mma_config_for(b_kmajor=True) is cm.MMA_FALLBACK
