@@ -59,23 +59,8 @@ def compile_offline_many(variants: list, module: str) -> list[dict]:
     `setmaxnreg` instructions and the register counts they set, `register_budgets`), and from
     ptxas's report the registers a thread at launch and the bytes spilled to local memory."""
     import json
-    import re
-    import subprocess
-    import sys
 
-    done = subprocess.run([sys.executable, "-c", _OFFLINE, json.dumps(variants), module],
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
-    if done.returncode != 0:  # the error, without the binding's reference-leak report after it
-        error = done.stderr.split("nanobind: leaked")[0]
-        raise RuntimeError("compiling for sm_90 failed:\n" + error[-3000:])
-    made, ptxas = [], ""
-    for line in done.stdout.splitlines():
-        if not line.startswith("{"):  # ptxas's report on the variant compiled next
-            ptxas += line + "\n"
-            continue
-        one = json.loads(line)
-        one["registers"] = max(map(int, re.findall(r"Used (\d+) registers", ptxas)), default=None)
-        one["spill_bytes"] = sum(map(int, re.findall(r"(\d+) bytes spill (?:stores|loads)", ptxas)))
-        made.append(one)
-        ptxas = ""
-    return made
+    from kernels.compile_report import run_compile_script
+
+    args = [json.dumps(variants), module]
+    return run_compile_script(_OFFLINE, args, "compiling for sm_90 failed")

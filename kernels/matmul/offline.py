@@ -12,9 +12,8 @@ Each kernel module has `compile_for(arch, **options)` returning the compiled ker
 from __future__ import annotations
 
 import json
-import re
-import subprocess
-import sys
+
+from kernels.compile_report import run_compile_script
 
 _SCRIPT = """
 import json, os, re, sys
@@ -47,26 +46,9 @@ def compile_offline(module: str, variants: list[dict], arch: str = "sm_90") -> l
     fp8 e4m3), mma.sync instructions, TMA copies, mbarrier waits, float32 adds (an fp8
     product's promotions into its fp32 accumulator), the `setmaxnreg` register
     budgets, the PTX target, and from ptxas the registers a thread and the bytes spilled."""
-    done = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, json.dumps(variants), module, arch],
-        capture_output=True,
-        text=True,
-        timeout=900,
+    return run_compile_script(
+        _SCRIPT, [json.dumps(variants), module, arch], f"compiling {module} for {arch} failed"
     )
-    if done.returncode != 0:  # the error, without the binding's reference-leak report after it
-        error = done.stderr.split("nanobind: leaked")[0]
-        raise RuntimeError(f"compiling {module} for {arch} failed:\n" + error[-3000:])
-    made, ptxas = [], ""
-    for line in done.stdout.splitlines():
-        if not line.startswith("{"):  # ptxas's report on the variant compiled next
-            ptxas += line + "\n"
-            continue
-        one = json.loads(line)
-        one["registers"] = max(map(int, re.findall(r"Used (\d+) registers", ptxas)), default=None)
-        one["spill_bytes"] = sum(map(int, re.findall(r"(\d+) bytes spill (?:stores|loads)", ptxas)))
-        made.append(one)
-        ptxas = ""
-    return made
 
 
 def compile_triton(
