@@ -309,8 +309,9 @@ def install_launch_hooks() -> None:
             _end_launch_mark(mark)
             state.depth -= 1
 
+    # The launcher's name, docstring and __wrapped__ (inspect.getsource reads the course's code)
+    functools.update_wrapper(launch, original_launch)
     launch._grading_hook = True
-    launch.__doc__ = original_launch.__doc__
     cuda.launch = launch
 
 
