@@ -165,7 +165,9 @@ def amax_scales(
     if pow2:
         scale = torch.pow(2.0, torch.floor(torch.log2(amax)) - FP8_EMAX[dtype])
     else:
-        scale = amax / FP8_MAX[dtype]
+        # in float64, then rounded: IEEE float32 division on every device (CUDA's `tensor / number`
+        # multiplies by the reciprocal, one ulp off the kernels' div_rn for some amax)
+        scale = (amax.double() / FP8_MAX[dtype]).float()
     return torch.where(amax > 0, scale, torch.ones_like(scale)).float()
 
 
