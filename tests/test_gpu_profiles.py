@@ -95,3 +95,12 @@ def test_gluon_runs_only_where_wgmma_exists():
     else:
         with pytest.raises(runtime.FeatureMissing, match="wgmma.*H100, H200"):
             gluon_flash.gluon_attention_forward(q, q, q)
+
+
+def test_an_offline_compile_answers_for_its_target_not_this_gpu():
+    """Notebook 02b reads sm_90's code on any GPU: the compile's process must ask sm_90's features
+    (TMA), not this GPU's or the profile's (an A100 refused the TMA kernel before it compiled)."""
+    from kernels.matmul.offline import compile_offline
+
+    [made] = compile_offline("kernels.matmul.triton_matmul_tma", [{}], arch="sm_90")
+    assert made["target"] == "sm_90a" and made["tma_copies"] > 0

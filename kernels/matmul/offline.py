@@ -19,6 +19,8 @@ _SCRIPT = """
 import json, os, re, sys
 os.environ["KERNELS_COMPILE_ONLY"] = "1"  # compile for real: nothing here launches a kernel
 os.environ["KERNELS_TARGET_ARCH"] = sys.argv[3]
+os.environ["KERNELS_MODE"] = "cpu"  # answer for the target, not this GPU (an A100 building sm_90)
+os.environ.pop("KERNELS_GPU_PROFILE", None)
 os.environ.pop("TRITON_INTERPRET", None)
 os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"  # ptxas -v: registers and spills, printed to stdout
 os.environ["TRITON_ALWAYS_COMPILE"] = "1"  # so ptxas runs (and reports) even when cached
