@@ -216,7 +216,7 @@ def _kill(proc: subprocess.Popen) -> None:
             pass
 
 
-def _die_with_parent(parent: int) -> None:  # pragma: no cover - runs in the child before exec
+def die_with_parent(parent: int) -> None:  # pragma: no cover - runs in the child before exec
     """The worker, or bwrap around it, gets SIGKILL when the grader dies (Linux), set before it
     starts: bwrap's own --die-with-parent comes a moment later, and a grader killed in that moment
     left a sandbox running, adopted by init. A parent already gone is caught by its PID."""
@@ -261,7 +261,7 @@ class WorkerProcess:
         self.proc = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                      pass_fds=fds,
-                                     preexec_fn=functools.partial(_die_with_parent, os.getpid()))
+                                     preexec_fn=functools.partial(die_with_parent, os.getpid()))
         for fd in fds:
             os.close(fd)
         self.pid = self.proc.pid
@@ -524,14 +524,16 @@ class WorkerCaller:
         found = reply.get("result")
         return None if found is None else CaseResult(**found)
 
-    def run_group(self, job: dict, inputs: tuple):
-        """A process group's run in the worker (`GradedFunction.run_group`): its answer, read as
-        data only; the spec's `grade_group` checks every field before judging it."""
-        reply = self.worker.request({"op": "group", "name": self.name, "job": job,
-                                     "inputs": self._send(inputs)})
-        if reply.get("not_implemented"):
-            raise NotImplementedError
-        return load_worker_file(self.folder, reply.get("record"), self.record_limit())
+    def run_group(self, job: dict, per_rank: list, gates=None):
+        """A process group's run (`GradedFunction.grade_group`'s `call`): each rank a fresh
+        process in a sandbox of its own, given only its own inputs, its messages relayed through
+        this process (grading/ranks.py); the worker takes no part."""
+        from grading import ranks
+
+        return ranks.run_spawned(self.folder, self.name, job, per_rank, gates,
+                                 sandboxed=self.worker.sandboxed,
+                                 memory_gib=self.worker.opts.memory_gib,
+                                 env=worker_env(self.worker.opts), hidden=self.worker.opts.private)
 
     def measure(self, spec, config, seed: int, rows):
         from grading.results import PerfResult

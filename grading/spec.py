@@ -138,11 +138,12 @@ class GradedFunction:
       PyTorch's version,
       `bytes_moved` and `flops`).
     * `grade_group` / `run_group` optional: a function graded in a process group of several
-      processes (lab 08), not through the cases above. `run_group(fn, job, inputs)` runs where the
-      student's code runs (the worker): it starts the processes, calls `fn` in each, and returns
-      what each produced (plain data and tensors), no verdict. `grade_group(spec, kind, call, seed,
-      step)` runs in the grader: it makes the inputs, gets `run_group`'s answer through
-      `call(job, inputs)`, judges it and returns a `FunctionResult`.
+      processes (lab 08), not through the cases above. `run_group(fn, rank, world, job, inputs)`
+      runs in each rank (grading/ranks.py), on that rank's inputs only, and returns what it
+      produced (plain data and tensors), no verdict. `grade_group(spec, kind, call, seed, step)`
+      runs in the grader: it makes the inputs, has the ranks run through `call(job, per_rank,
+      gates)` (the relay's log comes back with their answers), judges and returns a
+      `FunctionResult`.
     """
 
     name: str

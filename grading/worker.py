@@ -15,7 +15,6 @@ sent and returns what the call did (a `CallRecord`); the parent, which made the 
   {"op": "graph", "name", "case", "seed"}         -> {"result"}    (GPU; a seed of its own)
   {"op": "perf", "name", "index", "seed"}         -> {"result"}    (GPU; a seed of its own)
   {"op": "guard"}                                 -> {"changed"}   (the grader's functions)
-  {"op": "group", "name", "job", "inputs"}        -> {"record"}    (a process group: lab 08)
   {"op": "mark", "index"}                         -> {}            (the kernel audit's marker)
 
 Any request may instead be answered {"not_implemented": true}, {"context_lost": message} (the
@@ -183,13 +182,6 @@ class Worker:
 
     def op_guard(self, req) -> dict:
         return {"changed": self.guard.changed()}
-
-    def op_group(self, req) -> dict:
-        """A function graded in a process group: the spec's `run_group` starts the processes and
-        calls it in each; what they produced goes back as a file, for the parent to judge."""
-        spec = self.lab.function(req["name"])
-        found = spec.run_group(self._fn(req["name"]), req["job"], self._load(req["inputs"]))
-        return {"record": self._save(found, f"group-{req['id']}.pt")}
 
     def op_mark(self, req) -> dict:
         from grading.kernel_audit import marker_launch
