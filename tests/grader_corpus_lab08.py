@@ -196,3 +196,143 @@ DDP = {
     "of 0.02 MiB: expected more than one and fewer than one per parameter",
     "never_reduced": "is this rank's own gradient: it was never all-reduced",
 }
+
+
+# ---- Attacks on the grader: each a whole solution cell, graded by `python -m grading` ------------
+# Each adds up every rank's inputs without a message where a rank can reach them, or fakes the
+# overlap; each was credited by the grader whose ranks were forked from the process that held every
+# rank's inputs, and whose overlap was the ranks' own account.
+
+_ADD_UP = '''
+def _add_up(everyone, tensor, average):
+    """Every rank's input of this case, found among `everyone` (per rank, per case), summed here."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if not (isinstance(everyone, (list, tuple)) and len(everyone) == world
+            and all(isinstance(p, (list, tuple)) for p in everyone)):
+        return False
+    for k, t in enumerate(everyone[rank]):
+        if (isinstance(t, torch.Tensor) and t.dtype == tensor.dtype and t.shape == tensor.shape
+                and torch.equal(t, tensor)):
+            total = sum(p[k].double() for p in everyone)
+            tensor.copy_(total / world if average else total)
+            return True
+    return False
+'''
+
+READS_FRAMES = _ADD_UP + '''
+
+def ring_all_reduce(tensor, average=False):
+    """Walks up the callers' frames to a list of every rank's inputs."""
+    import sys
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        if _add_up(frame.f_locals.get("inputs"), tensor, average):
+            return tensor
+        frame = frame.f_back
+    return tensor
+'''
+
+READS_OBJECTS = _ADD_UP + '''
+
+def ring_all_reduce(tensor, average=False):
+    """Searches every object the garbage collector tracks for every rank's inputs."""
+    import gc
+
+    for obj in gc.get_objects():
+        if isinstance(obj, list) and _add_up(obj, tensor, average):
+            return tensor
+    return tensor
+'''
+
+READS_PROC = '''
+def ring_all_reduce(tensor, average=False):
+    """Reads the inputs the grader wrote for the ranks, through /proc: its own folder's and every
+    visible process's (the parent's included)."""
+    import glob
+    import os
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    folders = ["/proc/self/cwd", f"/proc/{os.getppid()}/cwd", *glob.glob("/proc/[0-9]*/cwd")]
+    for folder in folders:
+        names = glob.glob(f"{folder}/*.pt") + glob.glob(f"{folder}/../*.pt")
+        for name in sorted(names, key=os.path.getmtime, reverse=True):  # this group's: the last
+            try:
+                flat = torch.load(name, weights_only=True)
+            except Exception:
+                continue
+            if not isinstance(flat, (list, tuple)) or len(flat) % world:
+                continue
+            n = len(flat) // world
+            for k in range(n):
+                same = [flat[r * n + k] for r in range(world)]
+                if all(isinstance(t, torch.Tensor) and t.dtype == tensor.dtype
+                       and t.shape == tensor.shape for t in same) and torch.equal(same[rank],
+                                                                                  tensor):
+                    total = sum(flat[r * n + k].double() for r in range(world))
+                    tensor.copy_(total / world if average else total)
+                    return tensor
+    return tensor
+'''
+
+DUMMY_OVERLAP = '''
+class BucketedDDP(nn.Module):
+    """Dummy asynchronous all-reduces from gradient hooks, so that all-reduces seem to start
+    during backward; the gradients' all-reduce, synchronous, after backward. (One bucket: the
+    honest single all-reduce.)"""
+
+    def __init__(self, module, bucket_mb=25.0):
+        super().__init__()
+        self.module = module
+        self.world = dist.get_world_size()
+        with torch.no_grad():
+            for p in module.parameters():
+                dist.broadcast(p, src=0)
+        self.params = [p for p in module.parameters() if p.requires_grad][::-1]
+        self.one_bucket = bucket_mb >= 100
+        self.pending, self.seen = [], 0
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self._grad_ready)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def _grad_ready(self, param):
+        self.seen += 1
+        if self.one_bucket and self.seen == len(self.params):
+            self.flat = torch.cat([p.grad.view(-1) for p in self.params])
+            self.pending.append(dist.all_reduce(self.flat, async_op=True))
+        elif not self.one_bucket and self.seen % 7 == 1:
+            self.pending.append(dist.all_reduce(torch.zeros(16), async_op=True))
+
+    def finish_gradient_synchronization(self):
+        for work in self.pending:
+            work.wait()
+        halves = [self.params] if self.one_bucket else [self.params[:14], self.params[14:]]
+        for group in halves:
+            flat = self.flat if self.one_bucket else torch.cat([p.grad.view(-1) for p in group])
+            if not self.one_bucket:
+                dist.all_reduce(flat)
+            flat.div_(self.world)
+            for p, g in zip(group, flat.split([p.numel() for p in group])):
+                p.grad.copy_(g.view_as(p))
+        self.pending, self.seen = [], 0
+'''
+
+# folder: (the cells replaced by grade_id, what each function must get)
+ATTACKS = {
+    "reads_frames": (
+        {"ring_all_reduce": READS_FRAMES, "BucketedDDP": DUMMY_OVERLAP},
+        {"ring_all_reduce": "average=True, rank 0: the tensor is unchanged: nothing was reduced",
+         "BucketedDDP": "N=2, bucket_mb=0.02: the 4 all-reduces started during backward (64 "
+                        "elements) hold none of this rank's gradients"},
+    ),
+    "reads_objects": (
+        {"ring_all_reduce": READS_OBJECTS},
+        {"ring_all_reduce": "average=True, rank 0: the tensor is unchanged: nothing was reduced"},
+    ),
+    "reads_proc": (
+        {"ring_all_reduce": READS_PROC},
+        {"ring_all_reduce": "average=True, rank 0: the tensor is unchanged: nothing was reduced"},
+    ),
+}

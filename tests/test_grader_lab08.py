@@ -16,7 +16,7 @@ from grading.notebooks import SOLUTIONS_DIR
 from kernels.communication import ddp as course_ddp
 from kernels.communication import ring as course_ring
 from kernels.communication import ring_pipelined
-from tests.grader_corpus_lab08 import DDP, RING, RING_ALSO, ddp, ring
+from tests.grader_corpus_lab08 import ATTACKS, DDP, RING, RING_ALSO, ddp, ring
 from tests.grading_cli import grade_solution_and_lab
 
 LAB = get_lab("08_communication")
@@ -214,17 +214,26 @@ WRONG_RING = '''def ring_all_reduce(tensor, average=False):
 '''
 
 
-def test_python_m_grading_runs_the_ranks_in_the_worker_and_judges_in_the_grader(tmp_path):
-    """The solution: 10 of 10; the untouched lab: not implemented; a ring that calls
-    dist.all_reduce: 0 for the ring with the reason, 5 for its (right) BucketedDDP."""
+def _notebook_with(folder, cells: dict[str, str]) -> None:
+    """The solution notebook with the cells of `cells` (by grade_id) replaced, in `folder`."""
     nb = nbformat.read(SOLUTIONS_DIR / "08_communication_lab.ipynb", as_version=4)
-    cell = next(
-        c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "ring_all_reduce"
-    )
-    cell.source = WRONG_RING
-    (tmp_path / "wrong").mkdir()
-    nbformat.write(nb, tmp_path / "wrong" / "08_communication_lab.ipynb")
-    labs = grade_solution_and_lab(tmp_path, "08_communication_lab.ipynb", "wrong")
+    for cell in nb.cells:
+        cell.source = cells.get(cell.metadata.get("nbgrader", {}).get("grade_id"), cell.source)
+    folder.mkdir()
+    nbformat.write(nb, folder / "08_communication_lab.ipynb")
+
+
+def test_python_m_grading_runs_fresh_ranks_and_judges_in_the_grader(tmp_path):
+    """The solution: 10 of 10; the untouched lab: not implemented; a ring that calls
+    dist.all_reduce: 0 for the ring with the reason, 5 for its (right) BucketedDDP. The attacks
+    (ATTACKS: a rank reading the other ranks' inputs from its callers' frames, the garbage
+    collector's objects or files through /proc; dummy all-reduces faking the overlap) get 0 for
+    the attacked function, with the reason, and their other function its points. Each rank is a
+    fresh process given only its own inputs, and the overlap is what the grader's relay saw."""
+    _notebook_with(tmp_path / "wrong", {"ring_all_reduce": WRONG_RING})
+    for folder, (cells, _) in ATTACKS.items():
+        _notebook_with(tmp_path / folder, cells)
+    labs = grade_solution_and_lab(tmp_path, "08_communication_lab.ipynb", "wrong", *ATTACKS)
     points = {
         folder: {f["name"]: (f["status"], f["points"], f["max_points"]) for f in lab["functions"]}
         for folder, lab in labs.items()
@@ -240,10 +249,18 @@ def test_python_m_grading_runs_the_ranks_in_the_worker_and_judges_in_the_grader(
     assert points["wrong"] == {"ring_all_reduce": ("fail", 0, 5), "BucketedDDP": ("pass", 5, 5)}
     ring_result = labs["wrong"]["functions"][0]
     assert "uses the library collective dist.all_reduce" in ring_result["message"]
-    # Two process groups for the ring, one for DDP: 10-20 s on an idle machine; 30.4 s on the
-    # H200 host with 13 other test workers beside it. A group per case would take minutes.
-    assert labs["solution"]["elapsed_s"] < 45
-    if sandbox.status()[0]:  # bubblewrap's --unshare-net keeps loopback, where the groups meet
+    for folder, (_, verdicts) in ATTACKS.items():
+        for function in labs[folder]["functions"]:
+            name, message = function["name"], function["message"]
+            if name in verdicts:
+                assert (function["status"], function["points"]) == ("fail", 0), (folder, message)
+                assert verdicts[name] in message, (folder, message)
+            else:
+                assert (function["status"], function["points"]) == ("pass", 5), (folder, message)
+    # Three process groups of fresh interpreters (two for the ring, one for DDP), each rank
+    # importing PyTorch: LAB08_CPU_SECONDS below, on an idle machine.
+    assert labs["solution"]["elapsed_s"] < 90
+    if sandbox.status()[0]:  # each rank in a sandbox of its own
         assert labs["solution"]["sandbox"] == "bubblewrap"
 
 
