@@ -524,16 +524,16 @@ class WorkerCaller:
         found = reply.get("result")
         return None if found is None else CaseResult(**found)
 
-    def run_group(self, job: dict, per_rank: list, gates=None):
-        """A process group's run (`GradedFunction.grade_group`'s `call`): each rank a fresh
+    def run_group(self, groups: list):
+        """Process groups' runs (`GradedFunction.grade_group`'s `call`): each rank a fresh
         process in a sandbox of its own, given only its own inputs, its messages relayed through
         this process (grading/ranks.py); the worker takes no part."""
         from grading import ranks
 
-        return ranks.run_spawned(self.folder, self.name, job, per_rank, gates,
-                                 sandboxed=self.worker.sandboxed,
-                                 memory_gib=self.worker.opts.memory_gib,
-                                 env=worker_env(self.worker.opts), hidden=self.worker.opts.private)
+        opts = self.worker.opts
+        return ranks.run_spawned(self.folder, self.name, groups, sandboxed=self.worker.sandboxed,
+                                 memory_gib=opts.memory_gib, env=worker_env(opts),
+                                 hidden=opts.private)
 
     def measure(self, spec, config, seed: int, rows):
         from grading.results import PerfResult

@@ -1,11 +1,12 @@
 """A process group whose every message passes through the process that started it (lab 08).
 
-    found = ranks.run_forked(body, fn, job, per_rank)                   # a check cell
-    found = ranks.run_spawned(folder, name, job, per_rank, sandboxed=True)  # python -m grading
+    found = ranks.run_forked(body, fn, groups)                      # a check cell
+    found = ranks.run_spawned(folder, name, groups, sandboxed=True)   # python -m grading
 
-`body(fn, rank, world, job, inputs)` runs in each rank and returns what it produced; `per_rank[r]`
-is the only input rank r is given. `found` is {"ranks": [what each body returned], "log": [...]}
-or {"error": why, "log": [...]}.
+Each of `groups` is `(job, per_rank, gates)`: `body(fn, rank, world, job, per_rank[rank])` runs in
+each of its len(per_rank) ranks and returns what it produced; `per_rank[r]` is the only input rank
+r is given. `found` holds per group {"ranks": [what each body returned], "log": [...]}, or
+{"error": why, "log": [...]}, or {"not_implemented": True, ...}.
 
 Each rank is a process of its own. Under `python -m grading` it is a fresh interpreter
 (`python -m grading.ranks`) in a sandbox of its own (grading/sandbox.py: its own folder, /tmp,
@@ -205,7 +206,8 @@ def _serve(conn: Connection, body, fn, header: dict) -> None:
     rank, world = int(header["rank"]), int(header["world"])
     torch.set_num_threads(1)  # the ranks share the machine's cores
     GROUP = RelayGroup(rank, world, conn)
-    dist.Backend.register_backend("relay", lambda *args: GROUP, devices=["cpu"])
+    if not hasattr(dist.Backend, "RELAY"):  # once per process: a spawned rank serves groups
+        dist.Backend.register_backend("relay", lambda *args: GROUP, devices=["cpu"])
     dist.init_process_group("relay", rank=rank, world_size=world, store=dist.HashStore())
     try:
         value = body(fn, rank, world, header["job"], header["inputs"])
@@ -232,7 +234,8 @@ def _forked_rank(conn: Connection, body, fn) -> None:
 
 def main() -> None:
     """`python -m grading.ranks --fd N`, in the rank's folder: import the graded module from
-    there, take this rank's header (lab, function, rank, inputs) from the socket, run."""
+    there, then serve the process groups the socket sends (a header each: lab, function, rank,
+    world, this rank's inputs) until it closes."""
     from grading.labs import get_lab
     from grading.notebooks import no_magics
     from grading.worker import limit_memory
@@ -242,20 +245,27 @@ def main() -> None:
     parser.add_argument("--memory-gib", type=float, default=8.0)
     args = parser.parse_args()
     conn = Connection(args.fd)
-    header = _unpack(conn.recv_bytes())
-    spec = get_lab(header["lab"]).function(header["name"])
-    limit_memory(args.memory_gib, 1.0)
-    path = Path.cwd() / f"student_{header['lab']}.py"
-    loader = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(loader)
-    module.get_ipython = no_magics
-    try:
-        loader.loader.exec_module(module)
-    except BaseException as exc:  # noqa: BLE001 - the graded module's error: the worker names it
-        conn.send_bytes(_pack({"op": "error", "message": f"importing the solution cells "
-                                                         f"{_last_lines(exc)}"}))
-        return
-    _serve(conn, spec.run_group, getattr(module, header["name"], None), header)
+    module = error = None
+    while True:
+        try:
+            header = _unpack(conn.recv_bytes())
+        except EOFError:
+            return
+        if module is None and error is None:
+            limit_memory(args.memory_gib, 1.0)
+            path = Path.cwd() / f"student_{header['lab']}.py"
+            loader = importlib.util.spec_from_file_location(path.stem, path)
+            module = importlib.util.module_from_spec(loader)
+            module.get_ipython = no_magics
+            try:
+                loader.loader.exec_module(module)
+            except BaseException as exc:  # noqa: BLE001 - the graded module's: the worker names it
+                error = f"importing the solution cells {_last_lines(exc)}"
+        if error is not None:
+            conn.send_bytes(_pack({"op": "error", "message": error}))
+            continue
+        spec = get_lab(header["lab"]).function(header["name"])
+        _serve(conn, spec.run_group, getattr(module, header["name"], None), header)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -427,7 +437,9 @@ def _exit_status(proc) -> int | None:
     return proc.poll() if isinstance(proc, subprocess.Popen) else proc.exitcode
 
 
-def _stop(procs: list) -> None:
+def _stop(procs: list, conns: list) -> None:
+    for conn in conns:
+        conn.close()
     for proc in procs:
         if isinstance(proc, subprocess.Popen):
             try:
@@ -440,53 +452,59 @@ def _stop(procs: list) -> None:
             proc.join()
 
 
-def _relay(conns, procs, headers, gates, timeout_s) -> dict:
-    try:
-        for conn, header in zip(conns, headers):
-            conn.send_bytes(_pack(header))
-        return Relay(conns, gates, timeout_s).run(procs)
-    finally:
-        _stop(procs)
-        for conn in conns:
-            conn.close()
+def _relay_groups(conns, procs, groups: list, name: str, timeout_s: float) -> list[dict]:
+    """Each group `(job, per_rank, gates)` on the first len(per_rank) ranks, in order; after a
+    group that ended in an error the ranks may be anywhere, so the later groups are not run."""
+    found = []
+    for job, per_rank, gates in groups:
+        if found and "ranks" not in found[-1]:
+            found.append({"error": "not run: an earlier process group failed", "log": []})
+            continue
+        world = len(per_rank)
+        for r, inputs in enumerate(per_rank):
+            conns[r].send_bytes(_pack({"lab": job.get("lab"), "name": name, "rank": r,
+                                       "world": world, "job": job, "inputs": inputs}))
+        found.append(Relay(conns[:world], gates, timeout_s).run(procs[:world]))
+    return found
 
 
-def _headers(job: dict, per_rank: list, name: str = "") -> list[dict]:
-    world = len(per_rank)
-    return [{"lab": job.get("lab"), "name": name, "rank": r, "world": world, "job": job,
-             "inputs": inputs} for r, inputs in enumerate(per_rank)]
-
-
-def run_forked(body, fn, job: dict, per_rank: list, gates=None,
-               timeout_s: float = TIMEOUT_S) -> dict:
-    """The ranks forked from this process (a check cell: `fn` may be defined in the notebook)."""
+def run_forked(body, fn, groups: list, timeout_s: float = TIMEOUT_S) -> list[dict]:
+    """Each group `(job, per_rank, gates)` in ranks forked from this process (a check cell: `fn`
+    may be defined in the notebook), fresh for each group."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("fork")
-    conns, procs = [], []
-    for _ in per_rank:
-        mine, theirs = ctx.Pipe()
-        proc = ctx.Process(target=_forked_rank, args=(theirs, body, fn), daemon=True)
-        proc.start()
-        theirs.close()
-        conns.append(mine)
-        procs.append(proc)
-    return _relay(conns, procs, _headers(job, per_rank), gates, timeout_s)
+    found = []
+    for job, per_rank, gates in groups:
+        conns, procs = [], []
+        try:
+            for _ in per_rank:
+                mine, theirs = ctx.Pipe()
+                proc = ctx.Process(target=_forked_rank, args=(theirs, body, fn), daemon=True)
+                proc.start()
+                theirs.close()
+                conns.append(mine)
+                procs.append(proc)
+            found += _relay_groups(conns, procs, [(job, per_rank, gates)], "", timeout_s)
+        finally:
+            _stop(procs, conns)
+    return found
 
 
-def run_spawned(folder: Path, name: str, job: dict, per_rank: list, gates=None, *,
-                sandboxed: bool, memory_gib: float = 8.0, env: dict | None = None,
-                hidden=(), timeout_s: float = TIMEOUT_S) -> dict:
-    """Each rank a fresh `python -m grading.ranks` in a folder of its own below `folder`, holding
-    a copy of the graded module `folder/student_<lab>.py` (in a sandbox of its own if
-    `sandboxed`); the relay in this process."""
+def run_spawned(folder: Path, name: str, groups: list, *, sandboxed: bool,
+                memory_gib: float = 8.0, env: dict | None = None, hidden=(),
+                timeout_s: float = TIMEOUT_S) -> list[dict]:
+    """Each group `(job, per_rank, gates)` in fresh `python -m grading.ranks` processes, each in
+    a folder of its own below `folder` holding a copy of the graded module `folder/student_<lab>.py`
+    (in a sandbox of its own if `sandboxed`); the relay in this process. The processes of the
+    largest group serve every group (a rank's imports, PyTorch's above all, take seconds)."""
     from grading import protocol
 
-    module = folder / f"student_{job['lab']}.py"
+    module = folder / f"student_{groups[0][0]['lab']}.py"
     conns, procs, extra = [], [], []
     env = {**(env or os.environ), "KERNELS_MODE": "cpu", "CUDA_VISIBLE_DEVICES": ""}
     try:
-        for rank in range(len(per_rank)):
+        for rank in range(max(len(per_rank) for _, per_rank, _ in groups)):
             home = Path(tempfile.mkdtemp(prefix=f"rank{rank}-", dir=folder))
             shutil.copyfile(module, home / module.name)
             mine, theirs = socket.socketpair()
@@ -509,9 +527,9 @@ def run_spawned(folder: Path, name: str, job: dict, per_rank: list, gates=None, 
                 os.close(fd)
             theirs.close()
             conns.append(Connection(mine.detach()))
-        return _relay(conns, procs, _headers(job, per_rank, name), gates, timeout_s)
+        return _relay_groups(conns, procs, groups, name, timeout_s)
     finally:
-        _stop(procs)
+        _stop(procs, conns)
         for fd in extra:
             os.close(fd)
 

@@ -141,9 +141,9 @@ class GradedFunction:
       processes (lab 08), not through the cases above. `run_group(fn, rank, world, job, inputs)`
       runs in each rank (grading/ranks.py), on that rank's inputs only, and returns what it
       produced (plain data and tensors), no verdict. `grade_group(spec, kind, call, seed, step)`
-      runs in the grader: it makes the inputs, has the ranks run through `call(job, per_rank,
-      gates)` (the relay's log comes back with their answers), judges and returns a
-      `FunctionResult`.
+      runs in the grader: it makes the inputs, has the ranks run through `call(groups)`, each
+      group `(job, per_rank, gates)` (the relay's log comes back with their answers), judges and
+      returns a `FunctionResult`.
     """
 
     name: str

@@ -264,35 +264,36 @@ def judge_ring(world: int, cases: list[dict], inputs, found) -> str:
     return ""
 
 
-def _ask(call, job: dict, per_rank: list, gates=None) -> dict:
-    """`call`'s answer; NotImplementedError where a rank said so."""
-    found = call(job, per_rank, gates)
-    if isinstance(found, dict) and found.get("not_implemented"):
+def _ask(call, groups: list) -> list[dict]:
+    """`call`'s answer per group; NotImplementedError where a rank said so."""
+    found = call(groups)
+    if not isinstance(found, list) or len(found) != len(groups):
+        return [{} for _ in groups]  # not results: each group's judge says so
+    if any(isinstance(f, dict) and f.get("not_implemented") for f in found):
         raise NotImplementedError
     return found
 
 
 def grade_ring(spec, kind, call, seed: int, step=None) -> FunctionResult:
-    """Grade a ring all-reduce: one process group per world size, `call(job, per_rank, gates)`
-    running it (`grading.ranks.run_forked` or `run_spawned`) and returning what they return."""
+    """Grade a ring all-reduce: one process group per world size, `call(groups)` running them
+    (`grading.ranks.run_forked` or `run_spawned`), each group `(job, per_rank, gates)`."""
     result = _result(spec, seed)
     if not _callable(result, kind, spec.name):
         return result
+    worlds = []
     for world in WORLDS:
         cases = ring_cases(seed, world)
-        inputs = ring_inputs(seed, world, cases)
-        if step is not None:
-            step(spec.name, f"N={world}: {len(cases)} tensors", "call")
-        try:
-            found = _ask(call, {"lab": LAB_ID, "world": world, "cases": cases}, inputs)
-        except NotImplementedError:
-            result.status, result.message, result.cases = (
-                "not implemented",
-                "not implemented yet",
-                [],
-            )
-            return result
-        problem = judge_ring(world, cases, inputs, found)
+        worlds.append((world, cases, ring_inputs(seed, world, cases)))
+    if step is not None:
+        step(spec.name, ", ".join(f"N={w}: {len(c)} tensors" for w, c, _ in worlds), "call")
+    try:
+        found = _ask(call, [({"lab": LAB_ID, "world": w, "cases": c}, inputs, None)
+                            for w, c, inputs in worlds])
+    except NotImplementedError:
+        result.status, result.message, result.cases = "not implemented", "not implemented yet", []
+        return result
+    for (world, cases, inputs), group in zip(worlds, found):
+        problem = judge_ring(world, cases, inputs, group)
         result.cases.append(CaseResult(f"N={world}: {len(cases)} tensors", not problem, problem))
         if problem:
             result.message = problem
@@ -580,8 +581,8 @@ def judge_overlap(label: str, seen: list[dict], bucket_mb: float, local: list,
 
 def grade_ddp(spec, kind, call, seed: int, step=None) -> FunctionResult:
     """Grade a bucketed, overlapping data-parallel wrapper: one process group of 2 ranks, both
-    bucket sizes, `call(job, per_rank, gates)` running it. Each rank is given its weights and its
-    rows of each batch, nothing else."""
+    bucket sizes, `call([(job, per_rank, gates)])` running it. Each rank is given its weights and
+    its rows of each batch, nothing else."""
     result = _result(spec, seed)
     if not _callable(result, kind, spec.name, what="class"):
         return result
@@ -597,7 +598,7 @@ def grade_ddp(spec, kind, call, seed: int, step=None) -> FunctionResult:
     if step is not None:
         step(spec.name, label, "call")
     try:
-        found = _ask(call, job, per_rank, gates)
+        [found] = _ask(call, [(job, per_rank, gates)])
     except NotImplementedError:
         result.status, result.message, result.cases = "not implemented", "not implemented yet", []
         return result
@@ -674,10 +675,9 @@ LAB = LabSpec(
 )
 
 
-def local_call(spec, fn, timeout_s: float | None = None):
+def local_call(spec, fn):
     """`call` with the ranks forked from this process: the notebook's check cells."""
-    return lambda job, per_rank, gates=None: ranks.run_forked(
-        spec.run_group, fn, job, per_rank, gates, timeout_s=timeout_s or TIMEOUT_S)
+    return lambda groups: ranks.run_forked(spec.run_group, fn, groups, timeout_s=TIMEOUT_S)
 
 
 def _print(name: str, result: FunctionResult) -> bool:
