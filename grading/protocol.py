@@ -216,7 +216,7 @@ def _kill(proc: subprocess.Popen) -> None:
             pass
 
 
-def die_with_parent(parent: int) -> None:  # pragma: no cover - runs in the child before exec
+def _die_with_parent(parent: int) -> None:  # pragma: no cover - runs in the child before exec
     """The worker, or bwrap around it, gets SIGKILL when the grader dies (Linux), set before it
     starts: bwrap's own --die-with-parent comes a moment later, and a grader killed in that moment
     left a sandbox running, adopted by init. A parent already gone is caught by its PID."""
@@ -261,7 +261,7 @@ class WorkerProcess:
         self.proc = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                      pass_fds=fds,
-                                     preexec_fn=functools.partial(die_with_parent, os.getpid()))
+                                     preexec_fn=functools.partial(_die_with_parent, os.getpid()))
         for fd in fds:
             os.close(fd)
         self.pid = self.proc.pid
@@ -533,7 +533,8 @@ class WorkerCaller:
         opts = self.worker.opts
         return ranks.run_spawned(self.folder, self.name, groups, sandboxed=self.worker.sandboxed,
                                  memory_gib=opts.memory_gib, env=worker_env(opts),
-                                 hidden=opts.private)
+                                 hidden=opts.private,
+                                 preexec_fn=functools.partial(_die_with_parent, os.getpid()))
 
     def measure(self, spec, config, seed: int, rows):
         from grading.results import PerfResult

@@ -238,11 +238,9 @@ def main() -> None:
     world, this rank's inputs) until it closes."""
     from grading.labs import get_lab
     from grading.notebooks import no_magics
-    from grading.worker import limit_memory
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--fd", type=int, required=True)
-    parser.add_argument("--memory-gib", type=float, default=8.0)
     args = parser.parse_args()
     conn = Connection(args.fd)
     module = error = None
@@ -252,7 +250,6 @@ def main() -> None:
         except EOFError:
             return
         if module is None and error is None:
-            limit_memory(args.memory_gib, 1.0)
             path = Path.cwd() / f"student_{header['lab']}.py"
             loader = importlib.util.spec_from_file_location(path.stem, path)
             module = importlib.util.module_from_spec(loader)
@@ -491,25 +488,37 @@ def run_forked(body, fn, groups: list, timeout_s: float = TIMEOUT_S) -> list[dic
     return found
 
 
+IMPORTS_GIB = 2.0  # a rank's address space before the student's code: PyTorch's, mostly (0.8)
+
+
+def _in_child(memory_gib: float, then) -> None:  # pragma: no cover - in the child, before exec
+    """The rank's memory cap: its imports and `memory_gib` (RLIMIT_AS, as the worker's)."""
+    import resource
+
+    cap = int((memory_gib + IMPORTS_GIB) * 2**30)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    if then is not None:
+        then()
+
+
 def run_spawned(folder: Path, name: str, groups: list, *, sandboxed: bool,
                 memory_gib: float = 8.0, env: dict | None = None, hidden=(),
-                timeout_s: float = TIMEOUT_S) -> list[dict]:
+                timeout_s: float = TIMEOUT_S, preexec_fn=None) -> list[dict]:
     """Each group `(job, per_rank, gates)` in fresh `python -m grading.ranks` processes, each in
     a folder of its own below `folder` holding a copy of the graded module `folder/student_<lab>.py`
     (in a sandbox of its own if `sandboxed`); the relay in this process. The processes of the
-    largest group serve every group (a rank's imports, PyTorch's above all, take seconds)."""
-    from grading import protocol
-
+    largest group serve every group (a rank's imports, PyTorch's above all, take seconds).
+    `preexec_fn` runs in each rank before it starts (the grader's: die with it)."""
     module = folder / f"student_{groups[0][0]['lab']}.py"
-    conns, procs, extra = [], [], []
+    conns, procs, extra, homes = [], [], [], []
     env = {**(env or os.environ), "KERNELS_MODE": "cpu", "CUDA_VISIBLE_DEVICES": ""}
     try:
         for rank in range(max(len(per_rank) for _, per_rank, _ in groups)):
             home = Path(tempfile.mkdtemp(prefix=f"rank{rank}-", dir=folder))
+            homes.append(home)
             shutil.copyfile(module, home / module.name)
             mine, theirs = socket.socketpair()
-            cmd = [sys.executable, "-m", "grading.ranks", "--fd", str(theirs.fileno()),
-                   "--memory-gib", str(memory_gib)]
+            cmd = [sys.executable, "-m", "grading.ranks", "--fd", str(theirs.fileno())]
             fds = [theirs.fileno()]
             if sandboxed:
                 from grading import sandbox
@@ -522,7 +531,7 @@ def run_spawned(folder: Path, name: str, groups: list, *, sandboxed: bool,
             procs.append(subprocess.Popen(
                 cmd, cwd=home, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, pass_fds=fds, start_new_session=True,
-                preexec_fn=functools.partial(protocol.die_with_parent, os.getpid())))
+                preexec_fn=functools.partial(_in_child, memory_gib, preexec_fn)))
             for fd in fds[1:]:
                 os.close(fd)
             theirs.close()
@@ -532,6 +541,8 @@ def run_spawned(folder: Path, name: str, groups: list, *, sandboxed: bool,
         _stop(procs, conns)
         for fd in extra:
             os.close(fd)
+        for home in homes:
+            shutil.rmtree(home, ignore_errors=True)
 
 
 if __name__ == "__main__":  # the module as `grading.ranks`, the one the lab's bodies import

@@ -257,9 +257,9 @@ def test_python_m_grading_runs_fresh_ranks_and_judges_in_the_grader(tmp_path):
                 assert verdicts[name] in message, (folder, message)
             else:
                 assert (function["status"], function["points"]) == ("pass", 5), (folder, message)
-    # Three process groups of fresh interpreters (two for the ring, one for DDP), each rank
-    # importing PyTorch: LAB08_CPU_SECONDS below, on an idle machine.
-    assert labs["solution"]["elapsed_s"] < 90
+    # Fresh interpreters, each importing PyTorch: 3 for the ring's two groups, 2 for DDP. 23 s for
+    # the solution where forked ranks took 17 s, back to back at a load of 4 on two cores.
+    assert labs["solution"]["elapsed_s"] < 60
     if sandbox.status()[0]:  # each rank in a sandbox of its own
         assert labs["solution"]["sandbox"] == "bubblewrap"
 
