@@ -40,8 +40,8 @@ def ring(mistake: str = ""):
     `dist.all_reduce`. "uses_a_thread": the collective, called from another thread.
     "not_in_place": returns a new tensor. "divisible_only": assumes N divides the size.
     "float32_inbox": receives into a float32 buffer whatever the dtype. "deadlock": every rank
-    receives before it sends. "star": every rank sends to rank 0, which sends the sum back.
-    "stub": not implemented."""
+    receives before it sends. "star": every rank sends to rank 0, which sends the sum back;
+    "star_in_a_thread": the same from another thread. "stub": not implemented."""
 
     def ring_all_reduce(tensor, average=False):
         if mistake == "stub":
@@ -60,6 +60,11 @@ def ring(mistake: str = ""):
         world, rank = dist.get_world_size(), dist.get_rank()
         if mistake == "star":
             _star(tensor, world, rank)
+            return tensor.div_(world) if average else tensor
+        if mistake == "star_in_a_thread":  # out of sight of a watcher in the calling thread
+            helper = threading.Thread(target=_star, args=(tensor, world, rank))
+            helper.start()
+            helper.join()
             return tensor.div_(world) if average else tensor
         right, left = (rank + 1) % world, (rank - 1) % world
         if mistake == "deadlock":
@@ -114,6 +119,7 @@ RING_ALSO = {  # more of the same message
     "float32_inbox": "do a send and its receive disagree in size or dtype?",
 }
 RING["star"] = "N=3, shape (0,) float32: rank 0 sent to ranks [1, 2] and received from [1, 2]"
+RING["star_in_a_thread"] = RING["star"]
 
 
 def ddp(mistake: str = ""):
