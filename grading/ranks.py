@@ -44,7 +44,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-MESSAGE_LIMIT = 256 * 2**20  # bytes: a rank's message larger than this is refused unread
+MESSAGE_LIMIT = 64 * 2**20  # bytes: a rank's message larger than this is refused unread
+# What one group may pass through the relay, which holds it in memory: lab 08's groups move a few
+# MiB in a few thousand messages.
+RELAY_BYTES, RELAY_MESSAGES = 512 * 2**20, 200_000
 TIMEOUT_S = 60.0  # a whole group, from the ranks' start: a rank computing forever
 # What each collective is called in torch.distributed (the relay offers the first three).
 LIBRARY = {
@@ -236,13 +239,21 @@ def main() -> None:
     """`python -m grading.ranks --fd N`, in the rank's folder: import the graded module from
     there, then serve the process groups the socket sends (a header each: lab, function, rank,
     world, this rank's inputs) until it closes."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--fd", type=int, required=True)
+    conn = Connection(parser.parse_args().fd)
+    try:
+        _serve_groups(conn)
+    except Exception as exc:  # noqa: BLE001 - the grader's own failure, said where it is read
+        conn.send_bytes(_pack({"op": "error", "message": f"the grader's rank process failed "
+                                                         f"(a bug in the grader, not in your "
+                                                         f"code): {_last_lines(exc)}"}))
+
+
+def _serve_groups(conn: Connection) -> None:
     from grading.labs import get_lab
     from grading.notebooks import no_magics
 
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--fd", type=int, required=True)
-    args = parser.parse_args()
-    conn = Connection(args.fd)
     module = error = None
     while True:
         try:
@@ -287,6 +298,7 @@ class Relay:
         self.results: dict[int, object] = {}  # index: the tensor every rank gets, or an error
         self.gates_passed = [0] * self.world
         self.ended: dict[int, dict] = {}  # rank: its last message (done, error, not implemented)
+        self.held = 0  # bytes of tensors received (the relay keeps them: mail, results, log)
 
     def _note(self, rank: int, op: str, **fields) -> None:
         self.log.append({"rank": rank, "op": op, "label": self.label[rank], **fields})
@@ -299,10 +311,25 @@ class Relay:
             pass  # the rank is gone: its end is noticed when its socket closes
 
     def _handle(self, rank: int, msg) -> None:
+        """One message of `rank`; a malformed one, or one past the group's budget, ends it."""
+        try:
+            self._handle_one(rank, msg)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+            self.ended[rank] = {"op": "error", "message": f"rank {rank} sent the grader's "
+                                                          f"process group a malformed message"}
+
+    def _handle_one(self, rank: int, msg) -> None:
         op = msg.get("op") if isinstance(msg, dict) else None
         tensor = msg.get("tensor") if op else None
         if tensor is not None and type(tensor) is not torch.Tensor:
             op = "malformed"
+        if tensor is not None:
+            self.held += tensor.numel() * tensor.element_size()
+        if self.held > RELAY_BYTES or len(self.log) > RELAY_MESSAGES:
+            self.ended[rank] = {"op": "error", "message": (
+                f"rank {rank} sent more than {RELAY_BYTES // 2**20} MiB or {RELAY_MESSAGES} "
+                f"messages through the grader's process group")}
+            return
         if op == "send":
             peer = int(msg["peer"])
             self.mail.setdefault((rank, peer), []).append((int(msg["tag"]), tensor))

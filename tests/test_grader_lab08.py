@@ -10,7 +10,7 @@ import nbformat
 import pytest
 import torch
 
-from grading import sandbox
+from grading import ranks, sandbox
 from grading.labs import get_lab, lab08_communication
 from grading.notebooks import SOLUTIONS_DIR
 from kernels.communication import ddp as course_ddp
@@ -270,3 +270,24 @@ def test_grading_check_points_a_group_function_to_its_check_cell():
 
     with pytest.raises(ValueError, match="process group of several ranks: use the check cell"):
         grading.check("08_communication", "ring_all_reduce", course_ring.ring_all_reduce)
+
+
+def _malformed(fn, rank, world, job, inputs):
+    ranks.GROUP.tell({"op": "send", "tensor": torch.ones(1)})  # to no one
+    return {}
+
+
+def _flood(fn, rank, world, job, inputs):
+    for _ in range(ranks.RELAY_BYTES // 2**24 + 2):  # 16 MiB a message, never received
+        ranks.GROUP.tell({"op": "send", "peer": 1 - rank, "tag": 0,
+                          "tensor": torch.zeros(2**22)})
+    return {}
+
+
+def test_the_relay_judges_a_rank_s_messages_as_data_and_holds_a_bounded_amount():
+    """The relay runs in the grader's process: a malformed message ends its rank with a reason,
+    and a group that sends more than the relay would hold is stopped."""
+    [found] = ranks.run_forked(_malformed, None, [({}, [None, None], None)])
+    assert found["error"].endswith("sent the grader's process group a malformed message")
+    [found] = ranks.run_forked(_flood, None, [({}, [None, None], None)])
+    assert "MiB or 200000 messages through the grader's process group" in found["error"]
