@@ -127,7 +127,8 @@ def ddp(mistake: str = ""):
     finish_gradient_synchronization (correct gradients, nothing overlapped). "synchronous": the
     hook's all-reduce without async_op. "no_broadcast": replicas keep their own initial weights.
     "per_parameter": one all-reduce per parameter whatever bucket_mb says. "never_reduced": waits
-    on nothing, averages nothing."""
+    on nothing, averages nothing. "dummy_overlap": asynchronous all-reduces of zeros from the
+    gradient hooks, the gradients' all-reduces after backward."""
 
     class BucketedDDP(nn.Module):
         def __init__(self, module, bucket_mb=25.0):
@@ -151,7 +152,7 @@ def ddp(mistake: str = ""):
                 self.buckets.append(current)
             self.bucket_of = {p: i for i, b in enumerate(self.buckets) for p in b}
             self.ready = [0] * len(self.buckets)
-            self.pending = []
+            self.pending, self.dummies = [], []
             if mistake not in ("after_backward", "never_reduced"):
                 for p in params:
                     p.register_post_accumulate_grad_hook(self._grad_ready)
@@ -165,6 +166,9 @@ def ddp(mistake: str = ""):
             self.pending.append((bucket, flat, work))
 
         def _grad_ready(self, param):
+            if mistake == "dummy_overlap":  # something all-reduced during backward, not gradients
+                self.dummies.append(dist.all_reduce(torch.zeros(16), async_op=True))
+                return
             self.ready[self.bucket_of[param]] += 1
             while len(self.pending) < len(self.buckets):
                 bucket = self.buckets[len(self.pending)]
@@ -175,7 +179,9 @@ def ddp(mistake: str = ""):
         def finish_gradient_synchronization(self):
             if mistake == "never_reduced":
                 return
-            if mistake == "after_backward":
+            if mistake in ("after_backward", "dummy_overlap"):
+                for work in self.dummies:
+                    work.wait()
                 for bucket in self.buckets:
                     self._launch(bucket)
             for bucket, flat, work in self.pending:
@@ -185,7 +191,7 @@ def ddp(mistake: str = ""):
                     flat.div_(self.world)
                 for p, g in zip(bucket, flat.split([p.numel() for p in bucket])):
                     p.grad.copy_(g.view_as(p))
-            self.pending, self.ready = [], [0] * len(self.buckets)
+            self.pending, self.dummies, self.ready = [], [], [0] * len(self.buckets)
 
     return BucketedDDP
 
@@ -201,6 +207,8 @@ DDP = {
     "per_parameter": "N=2, bucket_mb=0.02: 28 all-reduces per step for 28 parameters in buckets "
     "of 0.02 MiB: expected more than one and fewer than one per parameter",
     "never_reduced": "is this rank's own gradient: it was never all-reduced",
+    "dummy_overlap": "N=2, bucket_mb=0.02: the 26 all-reduces started during backward (416 "
+    "elements) hold none of this rank's gradients",
 }
 
 
