@@ -183,7 +183,7 @@ def grade_lab(notebook: Path, lab_id: str, seed: int, opts: Options,
     cmd = [sys.executable, "-m", "grading.worker", "--lab", lab_id, "--notebook", str(notebook),
            *opts.worker_args()]
     if spec.functions and all(f.run_group for f in spec.functions) and "--cpu" not in cmd:
-        cmd.append("--cpu")  # gloo groups of CPU processes: a worker without CUDA can fork them
+        cmd.append("--cpu")  # lab 08: CPU processes only, the ranks (ranks.py) and their worker
     audit = opts.kernel_audit and not opts.cpu and runtime.ON_GPU
     if audit:
         from grading import kernel_audit

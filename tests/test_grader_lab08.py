@@ -223,7 +223,7 @@ def _notebook_with(folder, cells: dict[str, str]) -> None:
     nbformat.write(nb, folder / "08_communication_lab.ipynb")
 
 
-def test_python_m_grading_runs_fresh_ranks_and_judges_in_the_grader(tmp_path):
+def test_python_m_grading_judges_fresh_ranks(tmp_path):
     """The solution: 10 of 10; the untouched lab: not implemented; a ring that calls
     dist.all_reduce: 0 for the ring with the reason, 5 for its (right) BucketedDDP. The attacks
     (ATTACKS: a rank reading the other ranks' inputs from its callers' frames, the garbage
