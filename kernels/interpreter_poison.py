@@ -110,21 +110,23 @@ def install() -> None:
         finally:
             _OTHER_GIVEN.pop()
 
-    def poisoned_masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
+    # the options after `other` differ between Triton releases (3.6: cache_modifier,
+    # eviction_policy, is_volatile; 3.9: cache_policy, is_volatile): passed on as they came
+    def poisoned_masked_load(self, ptrs, mask, other, *options):
         # Only a tl.load without other= (not an atomic or a descriptor load), with a lane masked.
         unfilled = other is None and _OTHER_GIVEN and not _OTHER_GIVEN[-1]
         if not unfilled or bool(np.all(mask.data)):
-            return masked_load(self, ptrs, mask, other, cache_policy, is_volatile)
+            return masked_load(self, ptrs, mask, other, *options)
         dtype_tt = ptrs.get_element_ty()
         dtype_np = interpreter._get_np_dtype(dtype_tt)
         # bfloat16 is held as its 16 bits in NumPy: the top half of the float32 poison
         bf16 = dtype_tt == tl.bfloat16
         poison = np.uint16(0x7FF5) if bf16 else _poison(np.dtype(dtype_np))
         if poison is None:
-            return masked_load(self, ptrs, mask, other, cache_policy, is_volatile)
+            return masked_load(self, ptrs, mask, other, *options)
         _SITES.setdefault(_kernel_line())
         fill = interpreter.TensorHandle(np.full(ptrs.data.shape, poison, dtype=dtype_np), dtype_tt)
-        return masked_load(self, ptrs, mask, fill, cache_policy, is_volatile)
+        return masked_load(self, ptrs, mask, fill, *options)
 
     poisoned_masked_load.poisons = True
     builder.create_masked_load = poisoned_masked_load
