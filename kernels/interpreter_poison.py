@@ -111,22 +111,23 @@ def install() -> None:
             _OTHER_GIVEN.pop()
 
     # the options after `other` differ between Triton releases (3.6: cache_modifier,
-    # eviction_policy, is_volatile; 3.9: cache_policy, is_volatile): passed on as they came
-    def poisoned_masked_load(self, ptrs, mask, other, *options):
+    # eviction_policy, is_volatile; 3.9: cache_policy, is_volatile, some by name): passed on as
+    # they came
+    def poisoned_masked_load(self, ptrs, mask, other, *options, **named):
         # Only a tl.load without other= (not an atomic or a descriptor load), with a lane masked.
         unfilled = other is None and _OTHER_GIVEN and not _OTHER_GIVEN[-1]
         if not unfilled or bool(np.all(mask.data)):
-            return masked_load(self, ptrs, mask, other, *options)
+            return masked_load(self, ptrs, mask, other, *options, **named)
         dtype_tt = ptrs.get_element_ty()
         dtype_np = interpreter._get_np_dtype(dtype_tt)
         # bfloat16 is held as its 16 bits in NumPy: the top half of the float32 poison
         bf16 = dtype_tt == tl.bfloat16
         poison = np.uint16(0x7FF5) if bf16 else _poison(np.dtype(dtype_np))
         if poison is None:
-            return masked_load(self, ptrs, mask, other, *options)
+            return masked_load(self, ptrs, mask, other, *options, **named)
         _SITES.setdefault(_kernel_line())
         fill = interpreter.TensorHandle(np.full(ptrs.data.shape, poison, dtype=dtype_np), dtype_tt)
-        return masked_load(self, ptrs, mask, fill, *options)
+        return masked_load(self, ptrs, mask, fill, *options, **named)
 
     poisoned_masked_load.poisons = True
     builder.create_masked_load = poisoned_masked_load
