@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from grading import harness
 from grading.correctness import LocalCaller, run_case
 from grading.harness import check_function, diagnose, watch
-from grading.labs import get_lab
+from grading.cases import make_inputs
+from grading.labs import LAB_MODULES, get_lab
 from grading.spec import Case
 from kernels import runtime
 from kernels.elementwise_add import triton_add
@@ -496,3 +497,17 @@ def test_wrong_timed_outputs_cost_the_correctness_points_and_tiers_are_read_here
     assert cached.status == "fail" and cached.points == 0 and cached.perf[0].tier == "F"
     assert "performance 64M: output wrong in 99 of 100" in cached.message
     assert "the outputs of timed calls must be right too" in cached.message
+
+
+@pytest.mark.parametrize("lab_id", sorted(LAB_MODULES))
+def test_every_memory_budget_takes_its_cases_parameters(lab_id):
+    """The budget is asked on the GPU only, with the case's parameters as keywords (lab 05's drawn
+    ignore_index once reached a budget that took none, and every GPU grade of the lab failed):
+    ask it here, for the fixed cases and those drawn for a few seeds."""
+    budgets = [f for f in get_lab(lab_id).functions if f.memory_budget is not None]
+    for spec in budgets:
+        for seed in range(3):
+            for case in spec.cases_for(seed):
+                inputs = make_inputs(spec, case, torch.Generator().manual_seed(seed), device="cpu")
+                budget = spec.memory_budget(*inputs, **case.kwargs)
+                assert isinstance(budget, int) and budget > 0, (case, budget)

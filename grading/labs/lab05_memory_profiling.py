@@ -109,10 +109,10 @@ def _flops(x, w, targets):
     return 2.0 * x.shape[0] * x.shape[1] * w.shape[0]
 
 
-def _budget(x, w, targets):
+def _budget(x, w, targets, ignore_index=reference.IGNORE_INDEX):
     """An eighth of the (tokens, vocab) logits, and at least 1 MiB: a kernel that streams the
-    vocabulary
-    needs nothing beyond its output; one that stores the logits needs all of them."""
+    vocabulary needs nothing beyond its output; one that stores the logits needs all of them. The
+    case's ignore_index changes which losses are 0, not the memory."""
     return max(2**20, x.shape[0] * w.shape[0] * x.element_size() // 8)
 
 
