@@ -179,9 +179,15 @@ class LocalCaller:
         return graph_capture(self.fn, spec, case, seed)
 
     def measure(self, spec: GradedFunction, config, seed: int, rows: dict | None):
-        from grading.performance import measure
+        """In this process (the notebook's check cells): the course's kernel is timed beside the
+        student's function, as the grader times it in a clean worker (grading/performance.py)."""
+        from grading.performance import measure, time_batch, time_course
 
-        return measure(self.fn, spec, config, seed, rows)
+        return measure(lambda batch, rounds: time_batch(self.fn, spec, config, seed + batch,
+                                                        rounds),
+                       lambda who, batch, rounds: time_course(who, spec, config, seed + batch,
+                                                              rounds),
+                       config, rows)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -141,7 +141,7 @@ def judge_timed_outputs(result: FunctionResult) -> None:
             p.tier = "F"
         else:
             p.tier = tier(p.ratio_to_reference or 0.0)
-    wrong = [p for p in result.perf if not p.correct]
+    wrong = [p for p in result.perf if p.correct is False]  # None: not timed, not judged wrong
     if wrong and result.status == "pass":
         result.status, result.points = "fail", 0
         why = wrong[0].note or "output wrong in a timed repetition"

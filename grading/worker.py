@@ -13,10 +13,19 @@ sent and returns what the call did (a `CallRecord`); the parent, which made the 
   {"op": "call", "trial", "inputs", "profile"}    -> {"record"}    (new values, same buffers)
   {"op": "allocating", "name", "case", "inputs"}  -> {"record"}    (called without out=)
   {"op": "graph", "name", "case", "seed"}         -> {"result"}    (GPU; a seed of its own)
-  {"op": "perf", "name", "index", "seed"}         -> {"result"}    (GPU; a seed of its own)
+  {"op": "perf", "name", "config", "seed", "rounds"} -> {"result"} (a timed batch: its times and
+                                                  wrong elements per round)
   {"op": "guard"}                                 -> {"changed"}   (the grader's functions)
   {"op": "group", "name", "job", "inputs"}        -> {"record"}    (a process group: lab 08)
   {"op": "mark", "index"}                         -> {}            (the kernel audit's marker)
+
+A clean worker (--clean) never imports the module: it answers only
+
+  {"op": "course", "name", "config", "who", "seed", "rounds"} -> {"result"}  (the course's
+                                                  kernel or PyTorch timed, and the floor)
+
+and refuses every other request, so the course's times and the floor come from a process the
+student's code never ran in (grading/performance.py).
 
 Any request may instead be answered {"not_implemented": true}, {"context_lost": message} (the
 worker then exits with EXIT_CONTEXT_LOST) or {"grader_error": message}: a bug in the grader's own
@@ -77,7 +86,7 @@ def limit_memory(host_gib: float, gpu_fraction: float) -> dict:
 
 
 class Worker:
-    def __init__(self, lab_id: str, host_gib: float, gpu_fraction: float):
+    def __init__(self, lab_id: str, host_gib: float, gpu_fraction: float, clean: bool = False):
         import torch
 
         from grading import diagnosis
@@ -96,7 +105,7 @@ class Worker:
         self.diag_limits = diagnosis.Limits(host_gib, self.limits["gpu_memory_gib"])
         self.module = None
         self.caller = None
-        self.perf_rows = None
+        self.clean = clean  # imports no student code: times the course's kernel only
 
     def _load(self, name: str):
         return self.torch.load(Path(name).name, weights_only=True)
@@ -171,15 +180,18 @@ class Worker:
         return {"result": None if found is None else dataclasses.asdict(found)}
 
     def op_perf(self, req) -> dict:
-        from grading import expected
-        from grading.performance import measure
+        from grading.performance import config_from_json, time_batch
 
         spec = self.lab.function(req["name"])
-        if self.perf_rows is None:
-            self.perf_rows = expected.load(self.lab.id)
-        found = measure(self._fn(req["name"]), spec, spec.perf[req["index"]], req["seed"],
-                        self.perf_rows)
-        return {"result": dataclasses.asdict(found)}
+        return {"result": time_batch(self._fn(req["name"]), spec,
+                                     config_from_json(req["config"]), req["seed"], req["rounds"])}
+
+    def op_course(self, req) -> dict:
+        from grading.performance import config_from_json, time_course
+
+        spec = self.lab.function(req["name"])
+        return {"result": time_course(req["who"], spec, config_from_json(req["config"]),
+                                      req["seed"], req["rounds"])}
 
     def op_guard(self, req) -> dict:
         return {"changed": self.guard.changed()}
@@ -200,6 +212,10 @@ class Worker:
     def answer(self, req: dict) -> dict:
         from grading.results import ContextLost
 
+        if self.clean != (req["op"] == "course"):
+            who = "a clean worker imports no student code" if self.clean else \
+                "the course's kernel is timed in a clean worker"
+            return {"grader_error": f"{who}: request {req['op']!r} refused"}
         try:
             return getattr(self, f"op_{req['op']}")(req)
         except NotImplementedError:
@@ -235,6 +251,8 @@ def main(argv=None) -> int:
     parser.add_argument("--cpu", action="store_true")
     parser.add_argument("--memory-gib", type=float, default=16.0)
     parser.add_argument("--gpu-memory-fraction", type=float, default=0.9)
+    parser.add_argument("--clean", action="store_true",
+                        help="time the course's kernels only; never import the graded module")
     args = parser.parse_args(argv)
     if args.cpu:
         os.environ["KERNELS_MODE"] = "cpu"
@@ -246,7 +264,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(1)  # the interpreter is single-threaded; OpenMP threads only contend
     requests = os.fdopen(args.requests, "r", encoding="utf-8")
     replies = os.fdopen(args.replies, "w", encoding="utf-8")
-    worker = Worker(args.lab, args.memory_gib, args.gpu_memory_fraction)
+    worker = Worker(args.lab, args.memory_gib, args.gpu_memory_fraction, clean=args.clean)
     replies.write(json.dumps({"ready": True}) + "\n")
     replies.flush()
     status = serve(worker, requests, replies)

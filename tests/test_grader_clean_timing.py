@@ -1,0 +1,148 @@
+"""The course's kernel is timed in a clean worker (grading/protocol.py `CleanWorker`): a worker on
+the same lab, in the same sandbox, that never imports the student's code. The grading process
+alternates its batches with the student's worker's and computes the ratio itself
+(grading/performance.py `measure`); the student's worker is stopped while the clean one runs.
+
+In CPU mode the timings are the host's (they say nothing about a GPU), but everything that decides
+where a number comes from runs: a submission whose import slows the course's kernel in its own
+process leaves the course's times untouched. The GPU attacks are in tests/grader_corpus_lab01.py
+`PERF_CORPUS`, graded by tests/test_grader_lab01.py."""
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from grading import performance, sandbox
+from grading.labs import get_lab
+from grading.protocol import (
+    CleanWorker,
+    GraderError,
+    Options,
+    WorkerCaller,
+    WorkerProcess,
+    WorkerReplyError,
+    worker_env,
+)
+from grading.spec import PerfConfig
+from kernels import runtime
+
+pytestmark = pytest.mark.skipif(runtime.ON_GPU, reason="CPU mode: the GPU run is in the corpus")
+
+LAB = "01_elementwise_add"
+TINY = PerfConfig("add/fp32/tiny", (4099,), torch.float32)  # a size the interpreter times fast
+SLOW_S = 0.2  # what the hook below adds to every launch of the course's kernel
+
+# The student's module: a correct add of its own; at import it marks the folder it was imported
+# in and slows every launch of the course's kernel in its process (on a GPU the hook would queue a
+# spin on the device; here the host timer sees a sleep).
+STUDENT = textwrap.dedent(f"""
+    import pathlib, time
+    import triton
+    import triton.language as tl
+    from kernels.elementwise_add import triton_add as _course
+
+    pathlib.Path("imported").write_text("the graded module was imported here")
+    _course.add_kernel.pre_run_hooks.append(lambda *args, **kwargs: time.sleep({SLOW_S}))
+
+
+    @triton.jit
+    def _add_kernel(a_ptr, b_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offsets < n
+        a = tl.load(a_ptr + offsets, mask=mask)
+        b = tl.load(b_ptr + offsets, mask=mask)
+        tl.store(out_ptr + offsets, a + b, mask=mask)
+
+
+    def add(a, b, out=None):
+        _add_kernel[(triton.cdiv(a.numel(), 8192),)](a, b, out, a.numel(), BLOCK=8192)
+        return out
+""")
+# Rewrites the worker's timing replies: every round "took" a nanosecond.
+FORGED_TIMES = textwrap.dedent("""
+    import sys
+
+    _worker = sys.modules["__main__"].Worker
+    _honest = _worker.op_perf
+
+    def _forged(self, req):
+        reply = _honest(self, req)
+        reply["result"]["times_us"] = [1e-3] * len(reply["result"]["times_us"])
+        return reply
+
+    _worker.op_perf = _forged
+""")
+
+
+class WatchedClean(CleanWorker):
+    """Records, at each of its batches, the state of the student's worker (/proc: "T" stopped)."""
+
+    student_pid = 0
+    states: list = []
+
+    def time(self, *args, **kwargs):
+        stat = Path(f"/proc/{self.student_pid}/stat").read_text()
+        self.states.append(stat.rpartition(")")[2].split()[0])
+        return super().time(*args, **kwargs)
+
+
+def _measure(tmp_path: Path, module: str):
+    """Time TINY through a student worker on `module` and a clean worker: (result, the student's
+    folder, the clean worker's folder, the student worker's states seen at each clean batch)."""
+    opts = Options(cpu=True)
+    sandboxed = sandbox.status()[0]
+    cmd = [sys.executable, "-m", "grading.worker", "--lab", LAB, *opts.worker_args()]
+    env = worker_env(opts)
+    deadline = time.monotonic() + 300
+    student_dir = tmp_path / "student"
+    student_dir.mkdir()
+    (student_dir / f"student_{LAB}.py").write_text(module)
+    worker = WorkerProcess(cmd, student_dir, deadline, opts, env, sandboxed)
+    clean = WatchedClean(cmd, tmp_path / "clean", deadline, opts, env, sandboxed,
+                         seed_caches=False)
+    clean.student_pid, clean.states = worker.pid, []
+    clean.start()
+    clean_dir = clean.worker_folder
+    # The graded module beside the clean worker too: it is still never imported there.
+    (clean_dir / f"student_{LAB}.py").write_text(module)
+    try:
+        worker.set_step(None, "start", "import")
+        worker.receive()
+        assert worker.request({"op": "import"})["import_error"] is None
+        caller = WorkerCaller(worker, student_dir, "add", clean)
+        result = caller.measure(get_lab(LAB).function("add"), TINY, 7, None)
+        with pytest.raises(GraderError, match="a clean worker imports no student code"):
+            clean.worker.request({"op": "import"})
+        return result, student_dir, clean_dir, clean.states
+    finally:
+        clean.close()
+        worker.close()
+
+
+def test_the_course_kernel_is_timed_where_the_student_s_code_never_ran(tmp_path):
+    result, student_dir, clean_dir, states = _measure(tmp_path, STUDENT)
+    assert (student_dir / "imported").exists()
+    assert not (clean_dir / "imported").exists()  # the clean worker never imported it
+    batches = performance.PERF_BATCHES
+    assert result.rounds and result.rounds % batches == 0 and result.wrong_rounds == 0, result
+    assert result.correct and result.student_us > 0 and result.ratio_to_reference > 0, result
+    # Every launch of the course's kernel in the student's process sleeps SLOW_S: timed there,
+    # the reference would take that long at least.
+    assert result.reference_us < 1e6 * SLOW_S / 2, result
+    # The student's worker was stopped during every batch of the clean one (reference, PyTorch).
+    assert states == ["T"] * (2 * batches), states
+
+
+def test_a_forged_timing_reply_is_refused_or_judged_on_the_clean_facts(tmp_path):
+    """Times of a nanosecond a round: on a GPU they fall below the clean worker's floor (F); in
+    CPU mode there is no floor, and the reply is at least only the student's own times: the
+    course's times are the clean worker's."""
+    try:
+        result, *_ = _measure(tmp_path, STUDENT + FORGED_TIMES)
+    except WorkerReplyError:
+        return
+    assert result.student_us == pytest.approx(1e-3)
+    assert result.reference_us < 1e6 * SLOW_S / 2, result
