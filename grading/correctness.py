@@ -181,13 +181,23 @@ class LocalCaller:
     def measure(self, spec: GradedFunction, config, seed: int, rows: dict | None):
         """In this process (the notebook's check cells): the course's kernel is timed beside the
         student's function, as the grader times it in a clean worker (grading/performance.py)."""
-        from grading.performance import measure, time_batch, time_course
+        import time
 
-        return measure(lambda batch, rounds: time_batch(self.fn, spec, config, seed + batch,
-                                                        rounds),
-                       lambda who, batch, rounds: time_course(who, spec, config, seed + batch,
-                                                              rounds),
-                       config, rows)
+        from grading import performance as perf
+
+        def wall(fn, calls: int) -> float:
+            go = perf.wall_ready(fn, spec, config, seed)
+            start = time.perf_counter()
+            go(calls)
+            return time.perf_counter() - start
+
+        return perf.measure(perf.Sides(
+            student=lambda batch, rounds: perf.time_batch(self.fn, spec, config, seed + batch,
+                                                          rounds),
+            course=lambda who, batch, rounds: perf.time_course(who, spec, config, seed + batch,
+                                                               rounds),
+            student_wall=lambda calls: wall(self.fn, calls),
+            course_wall=lambda calls: wall(spec.course_kernel, calls)), config, rows)
 
 
 # --------------------------------------------------------------------------------------------------

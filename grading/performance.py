@@ -13,6 +13,7 @@ only, which then fall below the floor the clean worker measured)."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -33,8 +34,13 @@ PERF_MAX_ROUNDS = 100
 # Batches per configuration: course kernel, student, PyTorch, then again. More batches follow
 # drift more closely; each costs its warm-up rounds and its inputs made again.
 PERF_BATCHES = 3
-# What a clean worker may time: the course's kernel, PyTorch's implementation.
-COURSE = ("reference", "torch")
+# The outside check: both sides called back to back for about this long, timed by the grading
+# process; a reported ratio more than OUTSIDE_TOLERANCE times the outside one is judged on the
+# outside one, and outside times below OUTSIDE_FLOOR of the floor get F.
+WALL_TARGET_MS = 20.0
+WALL_MIN_CALLS = 3
+OUTSIDE_TOLERANCE = 1.5
+OUTSIDE_FLOOR = 0.5
 
 
 def tier(ratio_to_reference: float) -> str:
@@ -169,30 +175,65 @@ def checked_batch(facts, rounds: int | None) -> dict:
             "side_streams": facts.get("side_streams", 0)}
 
 
-def measure(student: Callable[[int, int], dict], course: Callable[[str, int, int | None], dict],
-            config, rows: dict | None) -> PerfResult:
-    """Time one configuration: `course(who, batch, rounds)` a batch of the course's kernel or
-    PyTorch in a clean process, `student(batch, rounds)` a batch of the student's function in its
-    own, alternated `PERF_BATCHES` times (each batch on inputs of its own, the same for all three);
-    the first course batch sets the rounds of every batch. The result is computed here from those
-    facts: the student's worker never sees the course's times or the floor."""
+def wall_ready(fn, spec: GradedFunction, config, seed: int) -> Callable[[int], None]:
+    """Inputs and outputs for `fn` on the configuration, one call made (compilation, autotuning)
+    and the device synchronized; returns `go(calls)`, which calls `fn` that many times back to
+    back and synchronizes the device: what the grading process times with its own clock."""
+    case = _config_case(config)
+    kw = case.kwargs
+    inputs = make_inputs(spec, case, generator(seed, runtime.DEVICE), runtime.DEVICE)
+    out = out_argument(new_outputs(spec, case, runtime.DEVICE))
+    sync = torch.cuda.synchronize if runtime.ON_GPU else (lambda: None)
+
+    def go(calls: int) -> None:
+        for _ in range(calls):
+            fn(*inputs, **kw, out=out)
+        sync()  # every stream: the reply comes when the work is done
+
+    go(1)
+    return go
+
+
+@dataclass
+class Sides:
+    """Where the two sides of a comparison are timed: `student(batch, rounds)` a batch of the
+    student's function, `course(who, batch, rounds)` one of the course's kernel or PyTorch (facts
+    of `time_batch`); `student_wall(calls)`, `course_wall(calls)` the seconds that many calls back
+    to back took (`wall_ready`), on the grading process's own clock."""
+
+    student: Callable[[int, int], dict]
+    course: Callable[[str, int, int | None], dict]
+    student_wall: Callable[[int], float]
+    course_wall: Callable[[int], float]
+
+
+def measure(sides: Sides, config, rows: dict | None) -> PerfResult:
+    """Time one configuration: batches of the course's kernel, the student's function and PyTorch
+    alternated `PERF_BATCHES` times (each batch on inputs of its own, the same for all three; the
+    first course batch sets the rounds of every batch), then both sides called back to back on
+    the grading process's clock. The result is computed here from those facts (`judge`): the
+    student's worker never sees the course's times or the floor."""
     from grading import expected as expected_table
 
     batches = {"reference": [], "student": [], "torch": []}
     rounds = None
     floor = nbytes = None
     for b in range(PERF_BATCHES):
-        ref = course("reference", b, rounds)
+        ref = sides.course("reference", b, rounds)
         rounds = rounds or len(ref["times_us"])
         floor, nbytes = ref.get("floor_us"), ref.get("nbytes")
         batches["reference"].append(checked_batch(ref, rounds))
-        batches["student"].append(checked_batch(student(b, rounds), rounds))
-        batches["torch"].append(checked_batch(course("torch", b, rounds), rounds))
+        batches["student"].append(checked_batch(sides.student(b, rounds), rounds))
+        batches["torch"].append(checked_batch(sides.course("torch", b, rounds), rounds))
     timing = {who: bench.Timing(who, [t for b in found for t in b["times_us"]], "batches")
               for who, found in batches.items()}
     wrong = [w for b in batches["student"] for w in b["wrong"]]
     student_t = timing["student"]
     bad_rounds = [i for i, w in enumerate(wrong) if w]
+    calls = max(WALL_MIN_CALLS, math.ceil(WALL_TARGET_MS * 1e3 / timing["reference"].median_us))
+    outside_ref = 1e6 * sides.course_wall(calls) / calls
+    outside = 1e6 * sides.student_wall(calls) / calls
+    l2_bytes = runtime.gpu_info().l2_bytes if runtime.ON_GPU else 0
     result = PerfResult(
         config=config.id,
         student_us=student_t.median_us,
@@ -210,15 +251,45 @@ def measure(student: Callable[[int, int], dict], course: Callable[[str, int, int
         rounds=len(wrong),
         wrong_rounds=len(bad_rounds),
         side_streams=max(b["side_streams"] for b in batches["student"]),
+        outside_us=outside,
+        outside_reference_us=outside_ref,
+        outside_ratio=outside_ref / outside,
+        outside_floor_us=floor if floor and nbytes and nbytes >= 2 * l2_bytes else None,
     )
     if bad_rounds:
         result.note = (f"output wrong in {len(bad_rounds)} of {len(wrong)} timed repetitions "
                        f"(first: repetition {bad_rounds[0] + 1}; inputs change before every "
                        f"repetition): not credited -- does it cache results between calls?")
-        result.tier = "F"
-    elif floor and student_t.median_us < 0.9 * floor:
-        result.note = "faster than the hardware floor for the bytes it must move: not credited"
-        result.tier = "F"
-    else:
-        result.tier = tier(result.ratio_to_reference)
+    judge(result)
     return result
+
+
+def judge(p: PerfResult) -> None:
+    """The tier of one configuration from its facts, in the grading process. F: an output wrong in
+    a timed round (or not timed), a reported median below 90% of the floor, or calls that, timed
+    back to back from outside the worker, took less than half the floor where the inputs cannot
+    stay in L2 ("did they do the work?"). Otherwise the tier of the ratio to the course's kernel:
+    the reported one, unless it is more than `OUTSIDE_TOLERANCE` times the ratio seen from outside
+    the worker, which is then the one judged."""
+    if not p.correct:
+        p.tier = "F"
+        p.note = p.note or "not timed: not credited"
+        return
+    if p.floor_us and p.student_us is not None and p.student_us < 0.9 * p.floor_us:
+        p.tier = "F"
+        p.note = "faster than the hardware floor for the bytes it must move: not credited"
+        return
+    if p.outside_floor_us and p.outside_us is not None \
+            and p.outside_us < OUTSIDE_FLOOR * p.outside_floor_us:
+        p.tier = "F"
+        p.note = (f"its calls, timed back to back from outside its process, took "
+                  f"{p.outside_us:.1f} us each, below the hardware floor of {p.floor_us:.1f} us: "
+                  f"did they do the work? Not credited")
+        return
+    ratio = p.ratio_to_reference or 0.0
+    if p.outside_ratio is not None and ratio > OUTSIDE_TOLERANCE * p.outside_ratio:
+        p.note = (f"its reported times ({ratio:.2f}x the course's kernel) disagree with its "
+                  f"calls timed from outside its process ({p.outside_ratio:.2f}x): judged on the "
+                  f"latter")
+        ratio = p.outside_ratio
+    p.tier = tier(ratio)

@@ -492,6 +492,14 @@ def derived_seed(seed: int, *parts) -> int:
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
+def _timed(worker: WorkerProcess, calls: int) -> float:
+    """Seconds on this process's clock for the worker to make `calls` calls back to back and
+    synchronize (after its "wall_ready"): no clock of the worker's is read."""
+    start = time.perf_counter()
+    worker.request({"op": "wall_go", "calls": calls})
+    return time.perf_counter() - start
+
+
 class CourseNotTimed(Exception):
     """The clean worker could not time the course's kernel; the message says why."""
 
@@ -529,6 +537,24 @@ class CleanWorker:
     def time(self, name: str, config: dict, who: str, seed: int, rounds: int | None) -> dict:
         """A batch of the course's kernel ("reference") or PyTorch ("torch"): the worker's facts
         (grading/performance.py `time_course`), or CourseNotTimed."""
+        reply = self._ask(name, f"timing the course's kernel ({who})",
+                          lambda w: w.request({"op": "course", "name": name, "config": config,
+                                               "who": who, "seed": seed, "rounds": rounds}))
+        if "result" not in reply:
+            self.close()
+            raise CourseNotTimed(str(reply.get("context_lost") or reply))
+        return reply["result"]
+
+    def wall(self, name: str, config: dict, seed: int, calls: int) -> float:
+        """Seconds, on this process's clock, that `calls` calls of the course's kernel took back
+        to back (grading/performance.py `wall_ready`)."""
+        def ask(worker: WorkerProcess) -> float:
+            worker.request({"op": "wall_ready", "name": name, "config": config, "seed": seed})
+            return _timed(worker, calls)
+
+        return self._ask(name, "timing the course's kernel (back to back)", ask)
+
+    def _ask(self, name: str, step: str, ask):
         if self.worker is None:
             self.start()
         worker = self.worker
@@ -537,19 +563,14 @@ class CleanWorker:
                 worker.set_step(name, "starting the clean worker", "import")
                 worker.receive()  # {"ready": true}
                 self.ready = True
-            worker.set_step(name, f"timing the course's kernel ({who})", "perf")
-            reply = worker.request({"op": "course", "name": name, "config": config, "who": who,
-                                    "seed": seed, "rounds": rounds})
+            worker.set_step(name, step, "perf")
+            return ask(worker)
         except WorkerGone as gone:
             self.close()
             raise CourseNotTimed(death_reason(gone.attempt, self.opts)) from None
         except (GraderError, WorkerReplyError) as exc:
             self.close()
             raise CourseNotTimed(f"{type(exc).__name__}: {exc}") from None
-        if "result" not in reply:
-            self.close()
-            raise CourseNotTimed(str(reply.get("context_lost") or reply))
-        return reply["result"]
 
     def close(self) -> None:
         if self.worker is not None:
@@ -654,8 +675,20 @@ class WorkerCaller:
                 return self.clean.time(self.name, wire, who,
                                        derived_seed(seed, self.name, config.id, batch), rounds)
 
+        wall_seed = derived_seed(seed, self.name, config.id, "wall")
+
+        def student_wall(calls: int) -> float:
+            self.worker.request({"op": "wall_ready", "name": self.name, "config": wire,
+                                 "seed": wall_seed})
+            return _timed(self.worker, calls)
+
+        def course_wall(calls: int) -> float:
+            with self.worker.paused():
+                return self.clean.wall(self.name, wire, wall_seed, calls)
+
         try:
-            return performance.measure(student, course, config, rows)
+            return performance.measure(
+                performance.Sides(student, course, student_wall, course_wall), config, rows)
         except performance.BatchError as exc:
             raise WorkerReplyError(str(exc)) from exc
         except CourseNotTimed as exc:

@@ -15,6 +15,8 @@ sent and returns what the call did (a `CallRecord`); the parent, which made the 
   {"op": "graph", "name", "case", "seed"}         -> {"result"}    (GPU; a seed of its own)
   {"op": "perf", "name", "config", "seed", "rounds"} -> {"result"} (a timed batch: its times and
                                                   wrong elements per round)
+  {"op": "wall_ready", "name", "config", "seed"}  -> {}            (inputs made, one call made)
+  {"op": "wall_go", "calls"}                      -> {}            (that many calls, synchronized)
   {"op": "guard"}                                 -> {"changed"}   (the grader's functions)
   {"op": "group", "name", "job", "inputs"}        -> {"record"}    (a process group: lab 08)
   {"op": "mark", "index"}                         -> {}            (the kernel audit's marker)
@@ -24,8 +26,9 @@ A clean worker (--clean) never imports the module: it answers only
   {"op": "course", "name", "config", "who", "seed", "rounds"} -> {"result"}  (the course's
                                                   kernel or PyTorch timed, and the floor)
 
-and refuses every other request, so the course's times and the floor come from a process the
-student's code never ran in (grading/performance.py).
+and "wall_ready" / "wall_go" on the course's kernel, and refuses every other request, so the
+course's times and the floor come from a process the student's code never ran in
+(grading/performance.py).
 
 Any request may instead be answered {"not_implemented": true}, {"context_lost": message} (the
 worker then exits with EXIT_CONTEXT_LOST) or {"grader_error": message}: a bug in the grader's own
@@ -44,6 +47,8 @@ import traceback
 from pathlib import Path
 
 from grading.protocol import EXIT_CONTEXT_LOST, record_to_dict
+
+CLEAN_OPS = ("course", "wall_ready", "wall_go")  # all a clean worker does
 
 
 def _proc_status_bytes(field: str) -> int | None:
@@ -106,6 +111,7 @@ class Worker:
         self.module = None
         self.caller = None
         self.clean = clean  # imports no student code: times the course's kernel only
+        self.wall = None  # `op_wall_ready`'s back-to-back calls
 
     def _load(self, name: str):
         return self.torch.load(Path(name).name, weights_only=True)
@@ -193,6 +199,18 @@ class Worker:
         return {"result": time_course(req["who"], spec, config_from_json(req["config"]),
                                       req["seed"], req["rounds"])}
 
+    def op_wall_ready(self, req) -> dict:
+        from grading.performance import config_from_json, wall_ready
+
+        spec = self.lab.function(req["name"])
+        fn = spec.course_kernel if self.clean else self._fn(req["name"])
+        self.wall = wall_ready(fn, spec, config_from_json(req["config"]), req["seed"])
+        return {}
+
+    def op_wall_go(self, req) -> dict:
+        self.wall(int(req["calls"]))
+        return {}
+
     def op_guard(self, req) -> dict:
         return {"changed": self.guard.changed()}
 
@@ -212,7 +230,7 @@ class Worker:
     def answer(self, req: dict) -> dict:
         from grading.results import ContextLost
 
-        if self.clean != (req["op"] == "course"):
+        if self.clean and req["op"] not in CLEAN_OPS or not self.clean and req["op"] == "course":
             who = "a clean worker imports no student code" if self.clean else \
                 "the course's kernel is timed in a clean worker"
             return {"grader_error": f"{who}: request {req['op']!r} refused"}

@@ -23,7 +23,6 @@ from grading.protocol import (
     Options,
     WorkerCaller,
     WorkerProcess,
-    WorkerReplyError,
     worker_env,
 )
 from grading.spec import PerfConfig
@@ -136,13 +135,33 @@ def test_the_course_kernel_is_timed_where_the_student_s_code_never_ran(tmp_path)
     assert states == ["T"] * (2 * batches), states
 
 
-def test_a_forged_timing_reply_is_refused_or_judged_on_the_clean_facts(tmp_path):
-    """Times of a nanosecond a round: on a GPU they fall below the clean worker's floor (F); in
-    CPU mode there is no floor, and the reply is at least only the student's own times: the
-    course's times are the clean worker's."""
-    try:
-        result, *_ = _measure(tmp_path, STUDENT + FORGED_TIMES)
-    except WorkerReplyError:
-        return
-    assert result.student_us == pytest.approx(1e-3)
+def test_forged_times_are_judged_on_the_calls_timed_from_outside(tmp_path):
+    """Times of a nanosecond a round, the work still done: the reported ratio is millions, the
+    back-to-back calls timed on the grading process's clock say otherwise, and the tier is theirs
+    (on a GPU the reported median also falls below the clean worker's floor: F)."""
+    result, *_ = _measure(tmp_path, STUDENT + FORGED_TIMES)
+    assert result.student_us == pytest.approx(1e-3) and result.ratio_to_reference > 1e3, result
     assert result.reference_us < 1e6 * SLOW_S / 2, result
+    assert 0 < result.outside_ratio < 10, result  # the same work as the course's kernel
+    assert "disagree with its calls timed from outside its process" in result.note, result
+    assert result.tier == performance.tier(result.outside_ratio), result
+
+
+def test_the_tier_rests_on_the_outside_ratio_when_the_reported_one_is_far_better():
+    from grading.results import PerfResult
+
+    def judged(**facts):
+        p = PerfResult("64M", **{"student_us": 100.0, "correct": True, "floor_us": 50.0, **facts})
+        performance.judge(p)
+        return p
+
+    assert judged(ratio_to_reference=0.9, outside_ratio=0.8).tier == "A"  # they agree
+    forged = judged(ratio_to_reference=0.9, outside_ratio=0.3)  # a clock that runs slow
+    assert forged.tier == "F" and "judged on the latter" in forged.note
+    nothing_done = judged(ratio_to_reference=0.9, outside_ratio=5.0, outside_us=10.0,
+                          outside_floor_us=50.0)
+    assert nothing_done.tier == "F" and "did they do the work?" in nothing_done.note
+    in_l2 = judged(ratio_to_reference=0.9, outside_ratio=1.0, outside_us=10.0)  # no floor: L2
+    assert in_l2.tier == "A"
+    below_floor = judged(ratio_to_reference=9.0, student_us=10.0)
+    assert below_floor.tier == "F" and "faster than the hardware floor" in below_floor.note
