@@ -201,7 +201,8 @@ def grade_lab(notebook: Path, lab_id: str, seed: int, opts: Options,
             else:
                 kernel_audit.start_probe()  # whether ncu works here, found meanwhile
         clean = None
-        if opts.perf and not opts.cpu and runtime.ON_GPU and any(f.perf for f in spec.functions):
+        timed = [f for f in spec.functions if f.perf and f.grade_group is None]
+        if opts.perf and not opts.cpu and runtime.ON_GPU and timed:
             # The course's kernel is timed where no student code ever ran; its start overlaps
             # the grading.
             clean = CleanWorker(cmd, folder / "clean", deadline, opts, env, sandboxed,
