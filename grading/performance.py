@@ -31,6 +31,7 @@ TIERS = ((0.8, "A"), (0.7, "B"), (0.6, "C"), (0.4, "D"))
 PERF_WARMUP_ROUNDS = 3
 PERF_TARGET_MS = 200.0
 PERF_MAX_ROUNDS = 100
+PERF_MIN_ROUNDS = 10  # over all batches: a slow configuration is not timed 10 rounds a batch
 # Batches per configuration: course kernel, student, PyTorch, then again. More batches follow
 # drift more closely; each costs its warm-up rounds and its inputs made again.
 PERF_BATCHES = 3
@@ -69,7 +70,8 @@ def floor_us(nbytes: float, flops: float, dtype: torch.dtype) -> float | None:
 
 def timed_rounds(calls: dict[str, Callable[[], object]], before_round: Callable[[], None],
                  after_round: Callable[[], torch.Tensor], rounds: int | None = None,
-                 target_ms: float = PERF_TARGET_MS, max_rounds: int = PERF_MAX_ROUNDS
+                 target_ms: float = PERF_TARGET_MS, max_rounds: int = PERF_MAX_ROUNDS,
+                 min_rounds: int = PERF_MIN_ROUNDS
                  ) -> tuple[dict[str, bench.Timing], list[int]]:
     """`kernels.bench.benchmark` (interleaved, rotated order, L2 flushed, a spin ahead of each start
     event, device events) with every call made with side streams joined (GPU), `before_round()`
@@ -87,7 +89,8 @@ def timed_rounds(calls: dict[str, Callable[[], object]], before_round: Callable[
     timings = bench.benchmark({name: joined(call) if runtime.ON_GPU else call
                                for name, call in calls.items()},
                               reps=rounds, warmup=PERF_WARMUP_ROUNDS, target_ms=target_ms,
-                              max_reps=max_rounds, before_round=before_round,
+                              max_reps=max_rounds, min_reps=min_rounds,
+                              before_round=before_round,
                               after_round=lambda: wrong.append(after_round()))
     return timings, [int(w) for w in torch.stack(wrong).tolist()]
 
@@ -107,11 +110,12 @@ def config_from_json(d: dict) -> PerfConfig:
 
 
 def time_batch(fn, spec: GradedFunction, config, seed: int, rounds: int | None,
-               with_floor: bool = False) -> dict:
+               course: bool = False) -> dict:
     """One batch of timed rounds of `fn` (called as the student's function is, with `out=`) on the
     configuration's inputs drawn from `seed`, in the process that calls it: the facts a worker
-    sends back (per-round times, wrong elements per round, side streams used; `with_floor`, the
-    clean worker's: the bytes the call must move and the hardware floor)."""
+    sends back (per-round times, wrong elements per round, side streams used). `course`: the clean
+    worker's batch of the course's own code, whose outputs are not checked (its rounds then cost
+    no reference computation), with the bytes the call must move and the hardware floor."""
     gen = generator(seed, runtime.DEVICE)
     case = _config_case(config)
     kw = case.kwargs
@@ -136,12 +140,15 @@ def time_batch(fn, spec: GradedFunction, config, seed: int, rounds: int | None,
         return sum(bad_mask(out, want, atol, rtol, scale).sum()
                    for out, want, scale in zip(outs, wants, scales))
 
-    timings, wrong = timed_rounds({"timed": timed}, new_inputs, count_wrong, rounds,
+    no_check = torch.zeros((), dtype=torch.int64, device=runtime.DEVICE)
+    timings, wrong = timed_rounds({"timed": timed}, new_inputs,
+                                  (lambda: no_check) if course else count_wrong, rounds,
                                   target_ms=PERF_TARGET_MS / PERF_BATCHES,
-                                  max_rounds=-(-PERF_MAX_ROUNDS // PERF_BATCHES))
+                                  max_rounds=-(-PERF_MAX_ROUNDS // PERF_BATCHES),
+                                  min_rounds=-(-PERF_MIN_ROUNDS // PERF_BATCHES))
     facts = {"times_us": list(timings["timed"].times_us), "wrong": wrong,
              "side_streams": side["streams"]}
-    if with_floor:
+    if course:
         nbytes = spec.bytes_moved(*inputs, **kw)
         flops = spec.flops(*inputs, **kw) if spec.flops else 0.0
         facts.update(nbytes=int(nbytes), floor_us=floor_us(nbytes, flops, config.dtype))
@@ -154,7 +161,7 @@ def time_course(who: str, spec: GradedFunction, config, seed: int, rounds: int |
     """A batch of the course's kernel ("reference") or PyTorch ("torch"), with the floor of the
     configuration: what the clean worker, which never imports the student's code, measures."""
     fn = {"reference": spec.course_kernel, "torch": spec.torch_native}[who]
-    return time_batch(fn, spec, config, seed, rounds, with_floor=True)
+    return time_batch(fn, spec, config, seed, rounds, course=True)
 
 
 class BatchError(ValueError):
