@@ -171,3 +171,35 @@ def test_the_tier_rests_on_the_outside_ratio_when_the_reported_one_is_far_better
         assert launch_bound.tier == "A"
     below_floor = judged(ratio_to_reference=9.0, student_us=10.0)
     assert below_floor.tier == "F" and "faster than the hardware floor" in below_floor.note
+
+
+@cpu_only
+def test_a_clean_worker_that_dies_costs_the_tier_not_the_points(tmp_path):
+    """The clean worker is the grader's: if it cannot time the course's kernel (here it cannot
+    even start), the configuration gets F with the reason, and the function keeps the points its
+    correct outputs earned (a wrong timed output is what takes them back)."""
+    from grading.harness import judge_timed_outputs
+    from grading.results import FunctionResult
+
+    opts = Options(cpu=True)
+    student_dir = tmp_path / "student"
+    student_dir.mkdir()
+    (student_dir / f"student_{LAB}.py").write_text(STUDENT)
+    cmd = [sys.executable, "-m", "grading.worker", "--lab", LAB, *opts.worker_args()]
+    worker = WorkerProcess(cmd, student_dir, time.monotonic() + 300, opts, worker_env(opts))
+    broken = CleanWorker([sys.executable, "-c", "raise SystemExit(3)"], tmp_path / "clean",
+                         time.monotonic() + 300, opts, worker_env(opts), False, False)
+    try:
+        worker.set_step(None, "start", "import")
+        worker.receive()
+        worker.request({"op": "import"})
+        perf = WorkerCaller(worker, student_dir, "add", broken).measure(
+            get_lab(LAB).function("add"), TINY, 7, None)
+    finally:
+        broken.close()
+        worker.close()
+    assert perf.tier == "F" and "the course's kernel could not be timed" in perf.note, perf
+    assert "exited with code 3" in perf.note, perf
+    result = FunctionResult("add", "triton", "", "pass", 3, 3, perf=[perf])
+    judge_timed_outputs(result)
+    assert result.status == "pass" and result.points == 3 and perf.tier == "F"
