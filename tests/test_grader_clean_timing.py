@@ -169,6 +169,9 @@ def test_the_tier_rests_on_the_outside_ratio_when_the_reported_one_is_far_better
     if runtime.ON_GPU:  # the course's kernel is launch-bound back to back: that clock is the host's
         launch_bound = judged(ratio_to_reference=0.9, outside_ratio=0.3, outside_reference_us=200)
         assert launch_bound.tier == "A"
+        short = judged(ratio_to_reference=0.9, outside_ratio=0.3, reference_us=20.0,
+                       outside_reference_us=20.0, student_us=22.0, floor_us=1.0)
+        assert short.tier == "A"  # a 20 us kernel: the host may set the student's pace
     below_floor = judged(ratio_to_reference=9.0, student_us=10.0)
     assert below_floor.tier == "F" and "faster than the hardware floor" in below_floor.note
 
