@@ -179,9 +179,25 @@ class LocalCaller:
         return graph_capture(self.fn, spec, case, seed)
 
     def measure(self, spec: GradedFunction, config, seed: int, rows: dict | None):
-        from grading.performance import measure
+        """In this process (the notebook's check cells): the course's kernel is timed beside the
+        student's function, as the grader times it in a clean worker (grading/performance.py)."""
+        import time
 
-        return measure(self.fn, spec, config, seed, rows)
+        from grading import performance as perf
+
+        def wall(fn, calls: int) -> float:
+            go = perf.wall_ready(fn, spec, config, seed)
+            start = time.perf_counter()
+            go(calls)
+            return time.perf_counter() - start
+
+        return perf.measure(perf.Sides(
+            student=lambda batch, rounds: perf.time_batch(self.fn, spec, config, seed + batch,
+                                                          rounds),
+            course=lambda who, batch, rounds: perf.time_course(who, spec, config, seed + batch,
+                                                               rounds),
+            student_wall=lambda calls: wall(self.fn, calls),
+            course_wall=lambda calls: wall(spec.course_kernel, calls)), config, rows)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -26,7 +26,8 @@ import torch
 from grading.correctness import Caller, LocalCaller, allocating_call, run_case
 from grading.diagnosis import Limits, diagnose
 from grading.graph import GRAPH_NOT_CHECKED
-from grading.performance import tier, timed_rounds
+from grading.performance import judge as judge_perf
+from grading.performance import timed_rounds
 from grading.results import CaseResult, ContextLost, FunctionResult, PerfResult, error_result
 from grading.watch import watch
 from kernels import runtime
@@ -135,13 +136,8 @@ def judge_timed_outputs(result: FunctionResult) -> None:
     correctness points taken back where a timed call's output was wrong: a function that is right
     only when it is not timed (a cache, a shortcut for large inputs) is not right."""
     for p in result.perf:
-        if not p.correct:
-            p.tier = "F"
-        elif p.floor_us and p.student_us is not None and p.student_us < 0.9 * p.floor_us:
-            p.tier = "F"
-        else:
-            p.tier = tier(p.ratio_to_reference or 0.0)
-    wrong = [p for p in result.perf if not p.correct]
+        judge_perf(p)
+    wrong = [p for p in result.perf if p.correct is False]  # None: not timed, not judged wrong
     if wrong and result.status == "pass":
         result.status, result.points = "fail", 0
         why = wrong[0].note or "output wrong in a timed repetition"

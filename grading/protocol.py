@@ -20,6 +20,7 @@ The worker is stopped (killed with everything it started) when:
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -126,6 +127,14 @@ def cpu_seconds(pid: int) -> float | None:
         return (int(fields[11]) + int(fields[12])) / _TICKS
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _state(pid: int) -> str:
+    """A process's state letter (/proc: "R", "S", "T" stopped, ...), "X" where it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return "X"
 
 
 def process_tree(pid: int) -> list[int]:
@@ -385,6 +394,28 @@ class WorkerProcess:
             raise GraderError(str(reply["grader_error"]))
         return reply
 
+    @contextlib.contextmanager
+    def paused(self):
+        """Every process of this worker stopped (SIGSTOP) for the block, then continued: while the
+        clean worker times the course's kernel, the student's code can launch nothing beside it
+        (a thread that loads the GPU only while it is not being timed itself)."""
+        stopped: list[int] = []
+        try:
+            for _ in range(2):  # a process forked while the first pass ran is found by the second
+                for p in process_tree(self.proc.pid):
+                    if p not in stopped:
+                        with contextlib.suppress(OSError):
+                            os.kill(p, signal.SIGSTOP)
+                            stopped.append(p)
+            end = time.monotonic() + 2  # a signal is delivered when the process is next scheduled
+            while time.monotonic() < end and any(_state(p) not in "TtZX" for p in stopped):
+                time.sleep(0.001)
+            yield
+        finally:
+            for p in stopped:
+                with contextlib.suppress(OSError):
+                    os.kill(p, signal.SIGCONT)
+
     def finish(self, timeout: float) -> int | None:
         """Tell the worker there is nothing more (it exits) and wait for it: its exit status, or
         None if it is still running after `timeout` seconds."""
@@ -461,11 +492,99 @@ def derived_seed(seed: int, *parts) -> int:
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
-class WorkerCaller:
-    """`grading.correctness.Caller` through a worker: inputs go as files, records come back."""
+def _timed(worker: WorkerProcess, calls: int) -> float:
+    """Seconds on this process's clock for the worker to make `calls` calls back to back and
+    synchronize (after its "wall_ready"): no clock of the worker's is read."""
+    start = time.perf_counter()
+    worker.request({"op": "wall_go", "calls": calls})
+    return time.perf_counter() - start
 
-    def __init__(self, worker: WorkerProcess, folder: Path, name: str):
-        self.worker, self.folder, self.name = worker, folder, name
+
+class CourseNotTimed(Exception):
+    """The clean worker could not time the course's kernel; the message says why."""
+
+
+class CleanWorker:
+    """A worker on the same lab, in the same sandbox, that never imports the student's code
+    (`python -m grading.worker --clean`): it times the course's kernel and PyTorch, and measures
+    the hardware floor, for `WorkerCaller.measure`, which interleaves its batches with the
+    student's. Its folder holds no graded module and is seeded with the user's compiled-kernel
+    caches, never with a student worker's (which could hold a planted, slow build of the course's
+    kernel). Started when asked (`start`: the process only, its start overlaps the grading),
+    started again after it dies."""
+
+    def __init__(self, cmd: list[str], folder: Path, deadline: float, opts: Options, env: dict,
+                 sandbox: bool, seed_caches: bool):
+        self.cmd, self.folder, self.deadline, self.opts = [*cmd, "--clean"], folder, deadline, opts
+        self.env, self.sandbox, self.seed_caches = env, sandbox, seed_caches
+        self.worker: WorkerProcess | None = None
+        self.worker_folder: Path | None = None
+        self.started = 0
+        self.ready = False
+
+    def start(self) -> None:
+        work = self.worker_folder = self.folder / f"clean-worker-{self.started}"
+        self.started += 1
+        work.mkdir(parents=True)
+        if self.seed_caches:
+            from grading import sandbox as sb
+
+            sb.seed_caches(work)
+        self.worker = WorkerProcess(self.cmd, work, self.deadline, self.opts, self.env,
+                                    self.sandbox)
+        self.ready = False
+
+    def time(self, name: str, config: dict, who: str, seed: int, rounds: int | None) -> dict:
+        """A batch of the course's kernel ("reference") or PyTorch ("torch"): the worker's facts
+        (grading/performance.py `time_course`), or CourseNotTimed."""
+        reply = self._ask(name, f"timing the course's kernel ({who})",
+                          lambda w: w.request({"op": "course", "name": name, "config": config,
+                                               "who": who, "seed": seed, "rounds": rounds}))
+        if "result" not in reply:
+            self.close()
+            raise CourseNotTimed(str(reply.get("context_lost") or reply))
+        return reply["result"]
+
+    def wall(self, name: str, config: dict, seed: int, calls: int) -> float:
+        """Seconds, on this process's clock, that `calls` calls of the course's kernel took back
+        to back (grading/performance.py `wall_ready`)."""
+        def ask(worker: WorkerProcess) -> float:
+            worker.request({"op": "wall_ready", "name": name, "config": config, "seed": seed})
+            return _timed(worker, calls)
+
+        return self._ask(name, "timing the course's kernel (back to back)", ask)
+
+    def _ask(self, name: str, step: str, ask):
+        if self.worker is None:
+            self.start()
+        worker = self.worker
+        try:
+            if not self.ready:
+                worker.set_step(name, "starting the clean worker", "import")
+                worker.receive()  # {"ready": true}
+                self.ready = True
+            worker.set_step(name, step, "perf")
+            return ask(worker)
+        except WorkerGone as gone:
+            self.close()
+            raise CourseNotTimed(death_reason(gone.attempt, self.opts)) from None
+        except (GraderError, WorkerReplyError) as exc:
+            self.close()
+            raise CourseNotTimed(f"{type(exc).__name__}: {exc}") from None
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
+
+
+class WorkerCaller:
+    """`grading.correctness.Caller` through a worker: inputs go as files, records come back;
+    timing interleaves the worker's batches with a `CleanWorker`'s."""
+
+    def __init__(self, worker: WorkerProcess, folder: Path, name: str,
+                 clean: CleanWorker | None = None):
+        self.worker, self.folder, self.name, self.clean = worker, folder, name, clean
         self.spec = None
         self.sent = 0
         self.sent_bytes = 0  # the last inputs sent: a record holds a few copies of them at most
@@ -537,14 +656,48 @@ class WorkerCaller:
                                  preexec_fn=functools.partial(_die_with_parent, os.getpid()))
 
     def measure(self, spec, config, seed: int, rows):
+        """The student's batches timed in its worker, the course's kernel's and PyTorch's in the
+        clean worker, with the student's worker stopped meanwhile; judged here
+        (grading/performance.py `measure`). A batch reply that is not one is the student's code
+        writing to the channel."""
+        from grading import performance
         from grading.results import PerfResult
 
-        index = spec.perf.index(config)
-        reply = self.worker.request({"op": "perf", "name": self.name, "index": index,
-                                     "seed": derived_seed(seed, self.name, "perf", index)})
-        if "context_lost" in reply:
-            raise ContextLostInWorker(str(reply["context_lost"]))
-        return PerfResult(**reply["result"])
+        wire = performance.config_json(config)
+
+        def student(batch: int, rounds: int) -> dict:
+            reply = self.worker.request({"op": "perf", "name": self.name, "config": wire,
+                                         "rounds": rounds,
+                                         "seed": derived_seed(seed, self.name, config.id, batch)})
+            if "context_lost" in reply:
+                raise ContextLostInWorker(str(reply["context_lost"]))
+            return reply.get("result")
+
+        def course(who: str, batch: int, rounds: int | None) -> dict:
+            with self.worker.paused():
+                return self.clean.time(self.name, wire, who,
+                                       derived_seed(seed, self.name, config.id, batch), rounds)
+
+        wall_seed = derived_seed(seed, self.name, config.id, "wall")
+
+        def student_wall(calls: int) -> float:
+            self.worker.request({"op": "wall_ready", "name": self.name, "config": wire,
+                                 "seed": wall_seed})
+            return _timed(self.worker, calls)
+
+        def course_wall(calls: int) -> float:
+            with self.worker.paused():
+                return self.clean.wall(self.name, wire, wall_seed, calls)
+
+        try:
+            return performance.measure(
+                performance.Sides(student, course, student_wall, course_wall), config, rows)
+        except performance.BatchError as exc:
+            raise WorkerReplyError(str(exc)) from exc
+        except CourseNotTimed as exc:
+            return PerfResult(config.id, tier="F", note=(
+                f"the course's kernel could not be timed beside this function in a clean "
+                f"process ({exc}): not credited"))
 
 
 class ContextLostInWorker(Exception):

@@ -40,6 +40,11 @@ class PerfResult:
     rounds: int | None = None  # timed repetitions, each with new inputs and its output checked
     wrong_rounds: int | None = None
     side_streams: int = 0  # side streams the function launched on (joined before timing ends)
+    # Back-to-back calls timed by the grading process's clock (grading/performance.py `judge`)
+    outside_us: float | None = None
+    outside_reference_us: float | None = None
+    outside_ratio: float | None = None
+    outside_floor_us: float | None = None  # the floor, where the inputs cannot stay in L2
 
 
 @dataclass

@@ -27,6 +27,7 @@ from pathlib import Path
 from grading.protocol import (
     EXIT_CONTEXT_LOST,
     Attempt,
+    CleanWorker,
     ContextLostInWorker,
     GraderError,
     Options,
@@ -64,7 +65,8 @@ def use_sandbox(opts: Options) -> tuple[bool, str]:
 
 
 def _grade_in_worker(worker: WorkerProcess, lab: dict, spec, todo, done: dict, seed: int,
-                     opts: Options, unreadable: str | None, folder: Path) -> None:
+                     opts: Options, unreadable: str | None, folder: Path,
+                     clean: CleanWorker | None = None) -> None:
     """Grade the functions not done yet in this worker; raises WorkerGone if it dies."""
     from grading import harness
     from grading.diagnosis import Limits
@@ -99,7 +101,7 @@ def _grade_in_worker(worker: WorkerProcess, lab: dict, spec, todo, done: dict, s
             continue
         worker.set_step(fn_spec.name, "looking the function up")
         kind = worker.request({"op": "function", "name": fn_spec.name}).get("kind")
-        caller = WorkerCaller(worker, folder, fn_spec.name)
+        caller = WorkerCaller(worker, folder, fn_spec.name, clean)
         try:
             if fn_spec.grade_group is not None:  # run in a process group, judged here (lab 08)
                 result = fn_spec.grade_group(fn_spec, kind, caller.run_group, seed, context.step)
@@ -198,13 +200,22 @@ def grade_lab(notebook: Path, lab_id: str, seed: int, opts: Options,
                 audit_stack.callback(early.close)
             else:
                 kernel_audit.start_probe()  # whether ncu works here, found meanwhile
+        clean = None
+        timed = [f for f in spec.functions if f.perf and f.grade_group is None]
+        if opts.perf and not opts.cpu and runtime.ON_GPU and timed:
+            # The course's kernel is timed where no student code ever ran; its start overlaps
+            # the grading.
+            clean = CleanWorker(cmd, folder / "clean", deadline, opts, env, sandboxed,
+                                seed_caches=sandboxed)
+            clean.start()
+            audit_stack.callback(clean.close)
         while len(done) < len(spec.functions):
             work = _worker_folder(folder / f"worker-{len(lab['incidents'])}", lab_id, code,
                                   seed_caches=sandboxed and not opts.cpu and runtime.ON_GPU)
             worker = WorkerProcess(cmd, work, deadline, opts, env, sandboxed)
             try:
                 _grade_in_worker(worker, lab, spec, spec.functions, done, seed, opts,
-                                 unreadable, work)
+                                 unreadable, work, clean)
                 break
             except ContextLostInWorker:
                 continue

@@ -13,9 +13,21 @@ sent and returns what the call did (a `CallRecord`); the parent, which made the 
   {"op": "call", "trial", "inputs", "profile"}    -> {"record"}    (new values, same buffers)
   {"op": "allocating", "name", "case", "inputs"}  -> {"record"}    (called without out=)
   {"op": "graph", "name", "case", "seed"}         -> {"result"}    (GPU; a seed of its own)
-  {"op": "perf", "name", "index", "seed"}         -> {"result"}    (GPU; a seed of its own)
+  {"op": "perf", "name", "config", "seed", "rounds"} -> {"result"} (a timed batch: its times and
+                                                  wrong elements per round)
+  {"op": "wall_ready", "name", "config", "seed"}  -> {}            (inputs made, one call made)
+  {"op": "wall_go", "calls"}                      -> {}            (that many calls, synchronized)
   {"op": "guard"}                                 -> {"changed"}   (the grader's functions)
   {"op": "mark", "index"}                         -> {}            (the kernel audit's marker)
+
+A clean worker (--clean) never imports the module: it answers only
+
+  {"op": "course", "name", "config", "who", "seed", "rounds"} -> {"result"}  (the course's
+                                                  kernel or PyTorch timed, and the floor)
+
+and "wall_ready" / "wall_go" on the course's kernel, and refuses every other request, so the
+course's times and the floor come from a process the student's code never ran in
+(grading/performance.py).
 
 Any request may instead be answered {"not_implemented": true}, {"context_lost": message} (the
 worker then exits with EXIT_CONTEXT_LOST) or {"grader_error": message}: a bug in the grader's own
@@ -34,6 +46,8 @@ import traceback
 from pathlib import Path
 
 from grading.protocol import EXIT_CONTEXT_LOST, record_to_dict
+
+CLEAN_OPS = ("course", "wall_ready", "wall_go")  # all a clean worker does
 
 
 def _proc_status_bytes(field: str) -> int | None:
@@ -76,7 +90,7 @@ def limit_memory(host_gib: float, gpu_fraction: float) -> dict:
 
 
 class Worker:
-    def __init__(self, lab_id: str, host_gib: float, gpu_fraction: float):
+    def __init__(self, lab_id: str, host_gib: float, gpu_fraction: float, clean: bool = False):
         import torch
 
         from grading import diagnosis
@@ -95,7 +109,8 @@ class Worker:
         self.diag_limits = diagnosis.Limits(host_gib, self.limits["gpu_memory_gib"])
         self.module = None
         self.caller = None
-        self.perf_rows = None
+        self.clean = clean  # imports no student code: times the course's kernel only
+        self.wall = None  # `op_wall_ready`'s back-to-back calls
 
     def _load(self, name: str):
         return self.torch.load(Path(name).name, weights_only=True)
@@ -170,15 +185,32 @@ class Worker:
         return {"result": None if found is None else dataclasses.asdict(found)}
 
     def op_perf(self, req) -> dict:
-        from grading import expected
-        from grading.performance import measure
+        from grading.performance import config_from_json, time_batch
 
         spec = self.lab.function(req["name"])
-        if self.perf_rows is None:
-            self.perf_rows = expected.load(self.lab.id)
-        found = measure(self._fn(req["name"]), spec, spec.perf[req["index"]], req["seed"],
-                        self.perf_rows)
-        return {"result": dataclasses.asdict(found)}
+        if self.runtime.ON_GPU:  # the clean worker shares the GPU: what the cases left is freed
+            self.torch.cuda.empty_cache()
+        return {"result": time_batch(self._fn(req["name"]), spec,
+                                     config_from_json(req["config"]), req["seed"], req["rounds"])}
+
+    def op_course(self, req) -> dict:
+        from grading.performance import config_from_json, time_course
+
+        spec = self.lab.function(req["name"])
+        return {"result": time_course(req["who"], spec, config_from_json(req["config"]),
+                                      req["seed"], req["rounds"])}
+
+    def op_wall_ready(self, req) -> dict:
+        from grading.performance import config_from_json, wall_ready
+
+        spec = self.lab.function(req["name"])
+        fn = spec.course_kernel if self.clean else self._fn(req["name"])
+        self.wall = wall_ready(fn, spec, config_from_json(req["config"]), req["seed"])
+        return {}
+
+    def op_wall_go(self, req) -> dict:
+        self.wall(int(req["calls"]))
+        return {}
 
     def op_guard(self, req) -> dict:
         return {"changed": self.guard.changed()}
@@ -192,6 +224,10 @@ class Worker:
     def answer(self, req: dict) -> dict:
         from grading.results import ContextLost
 
+        if self.clean and req["op"] not in CLEAN_OPS or not self.clean and req["op"] == "course":
+            who = "a clean worker imports no student code" if self.clean else \
+                "the course's kernel is timed in a clean worker"
+            return {"grader_error": f"{who}: request {req['op']!r} refused"}
         try:
             return getattr(self, f"op_{req['op']}")(req)
         except NotImplementedError:
@@ -227,6 +263,8 @@ def main(argv=None) -> int:
     parser.add_argument("--cpu", action="store_true")
     parser.add_argument("--memory-gib", type=float, default=16.0)
     parser.add_argument("--gpu-memory-fraction", type=float, default=0.9)
+    parser.add_argument("--clean", action="store_true",
+                        help="time the course's kernels only; never import the graded module")
     args = parser.parse_args(argv)
     if args.cpu:
         os.environ["KERNELS_MODE"] = "cpu"
@@ -238,7 +276,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(1)  # the interpreter is single-threaded; OpenMP threads only contend
     requests = os.fdopen(args.requests, "r", encoding="utf-8")
     replies = os.fdopen(args.replies, "w", encoding="utf-8")
-    worker = Worker(args.lab, args.memory_gib, args.gpu_memory_fraction)
+    worker = Worker(args.lab, args.memory_gib, args.gpu_memory_fraction, clean=args.clean)
     replies.write(json.dumps({"ready": True}) + "\n")
     replies.flush()
     status = serve(worker, requests, replies)

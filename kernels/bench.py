@@ -133,16 +133,17 @@ def benchmark(
     flush: bool = True,
     target_ms: float = 200.0,
     max_reps: int = 1000,
+    min_reps: int = 10,
     before_round: Callable[[], None] | None = None,
     after_round: Callable[[], None] | None = None,
 ) -> dict[str, Timing]:
     """Time several functions interleaved, each repetition bracketed by device events.
 
     `reps=None` picks the number of repetitions so the whole run takes about `target_ms` (at least
-    10). `before_round()` runs before each round (warm-up rounds too) and `after_round()` after each
-    timed round, both outside the timed regions: the grader uses them to draw new inputs and to
-    check every round's outputs without stalling the queue. Returns one `Timing` per name, in the
-    order given.
+    `min_reps`). `before_round()` runs before each round (warm-up rounds too) and `after_round()`
+    after each timed round, both outside the timed regions: the grader uses them to draw new inputs
+    and to check every round's outputs without stalling the queue. Returns one `Timing` per name,
+    in the order given.
     """
     before = before_round or (lambda: None)
     after = after_round or (lambda: None)
@@ -170,7 +171,7 @@ def benchmark(
             fns[name]()
         torch.cuda.synchronize()
         per_round_ms = max((time.perf_counter() - t0) * 1e3, 1e-3)
-        reps = int(min(max_reps, max(10, target_ms / per_round_ms)))
+        reps = int(min(max_reps, max(min_reps, target_ms / per_round_ms)))
     starts = {n: [torch.cuda.Event(enable_timing=True) for _ in range(reps)] for n in names}
     ends = {n: [torch.cuda.Event(enable_timing=True) for _ in range(reps)] for n in names}
     for i in range(reps):

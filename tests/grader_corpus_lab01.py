@@ -708,6 +708,56 @@ PERF_CORPUS: dict[str, Submission] = {
 }
 
 
+# A correct add that launches its kernel three times (a third of the course's speed: tier F), each
+# with a way to look faster that the worker's own timing believed. The course's kernel and the
+# floor are timed in a clean worker, and both sides called back to back on the grading process's
+# clock (grading/performance.py): every one gets F (tests/test_grader_lab01.py
+# ::test_performance_is_judged_from_outside_the_student_s_worker, GPU).
+THRICE = (
+    "    n = out.numel()\n    for _ in range(3 if n else 0):\n"
+    "        add_kernel[(triton.cdiv(n, BLOCK),)](a, b, out, n, BLOCK=BLOCK)"
+)
+SLOWS_THE_COURSE_KERNEL = """from kernels.elementwise_add import triton_add as _course
+
+_course.add_kernel.pre_run_hooks.append(lambda *args, **kwargs: torch.cuda._sleep(2_000_000))
+"""
+ELAPSED_TIME_OVER = """_elapsed = torch.cuda.Event.elapsed_time
+torch.cuda.Event.elapsed_time = lambda self, end: _elapsed(self, end) / {}
+"""
+FORGED_TIMING = """import sys
+
+_worker = sys.modules["__main__"].Worker
+_perf = _worker.op_perf
+
+
+def _forged(self, req):
+    reply = _perf(self, req)
+    reply["result"]["times_us"] = [t / 3 for t in reply["result"]["times_us"]]
+    return reply
+
+
+_worker.op_perf = _forged
+"""
+SKIPS_THE_CALLS_TIMED_FROM_OUTSIDE = FORGED_TIMING + """_worker.op_wall_go = lambda self, req: {}
+"""
+OUTSIDE_CORPUS: dict[str, tuple[Submission, str]] = {  # name: (submission, a phrase of its note)
+    "slows_the_course_kernel": (
+        Submission({"add": add_cell(prelude=SLOWS_THE_COURSE_KERNEL, wrapper_body=THRICE)}), ""),
+    "elapsed_time_halved": (
+        Submission({"add": add_cell(prelude=ELAPSED_TIME_OVER.format(2), wrapper_body=THRICE)}),
+        "disagree with its calls timed from outside its process"),
+    "elapsed_time_over_ten": (
+        Submission({"add": add_cell(prelude=ELAPSED_TIME_OVER.format(10), wrapper_body=THRICE)}),
+        "faster than the hardware floor"),
+    "forged_tier_a_timing": (
+        Submission({"add": add_cell(prelude=FORGED_TIMING, wrapper_body=THRICE)}),
+        "disagree with its calls timed from outside its process"),
+    "skips_the_calls_timed_from_outside": (
+        Submission({"add": add_cell(prelude=SKIPS_THE_CALLS_TIMED_FROM_OUTSIDE,
+                                    wrapper_body=THRICE)}), "did they do the work?"),
+}
+
+
 # --------------------------------------------------------------------------------------------------
 # Notebooks the grader refuses whole: no Jupyter writes them, or they are not the student's. Each is
 # an edit of the handed-out lab's JSON (or a link); every function gets an error naming the cell (or

@@ -30,6 +30,7 @@ from tests.grader_corpus_lab01 import (
     CORPUS,
     LINKED,
     MALFORMED,
+    OUTSIDE_CORPUS,
     PERF_CORPUS,
     Submission,
     add_cell,
@@ -530,6 +531,31 @@ def test_performance_grades_the_solution_and_catches_what_only_timing_can(tmp_pa
         )
     assert cached["score"]["grade"] == "F"
 
+
+@pytest.mark.gpu
+def test_performance_is_judged_from_outside_the_student_s_worker(tmp_path):
+    """Each submission is a correct add at a third of the course's speed that looks faster where
+    the student's worker times it: a launch hook slowing the course's kernel, a patched
+    `torch.cuda.Event.elapsed_time`, forged timing replies, back-to-back calls skipped. The course's
+    kernel and the floor are timed in a clean worker, and both sides called back to back on the
+    grading process's clock: every one gets F, and the course's kernel runs at its usual speed."""
+    for name, (submission, _) in OUTSIDE_CORPUS.items():
+        write_submission(tmp_path / name, submission)
+    out = tmp_path / "report"
+    proc = grade(*[tmp_path / n for n in OUTSIDE_CORPUS], "--out", out, "--seed", "5",
+                 "--no-kernel-audit", *LIMITS)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = strict_json(out / "report.json")
+    jsonschema.validate(report, SCHEMA)
+    labs = {Path(lab["notebook"]).parent.name: lab for lab in report["labs"]}
+    for name, (_, phrase) in OUTSIDE_CORPUS.items():
+        add = functions(labs[name])["add"]
+        assert add["status"] == "pass" and add["perf"], (name, add["message"])
+        for p in add["perf"]:
+            assert p["tier"] == "F" and phrase in p["note"], (name, p)
+            # the course's kernel near the floor, as in the solution's run: not slowed
+            assert p["reference_us"] < 1.3 * p["floor_us"], (name, p)
+            assert p["outside_reference_us"] < 1.3 * p["floor_us"], (name, p)
 
 def test_reports_are_strict_json(graded):
     """NaN in a comparison (an unwritten element) is written as the string "NaN", never bare."""
