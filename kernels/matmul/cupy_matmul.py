@@ -88,7 +88,7 @@ MMA_DEFAULT = MmaConfig(128, 256, 64, 64, 64, 3)
 MMA_FALLBACK = MmaConfig(128, 128, 32, 64, 32, 2)
 MMA_VARIANTS: dict[str, MmaConfig] = {
     c.name: c
-    for c in (MMA_DEFAULT, MmaConfig(128, 256, 32, 64, 64, 4), MmaConfig(128, 128, 64, 64, 64, 3))
+    for c in (MMA_DEFAULT, MmaConfig(128, 256, 32, 64, 64, 4), MmaConfig(128, 128, 32, 64, 64, 4))
 }
 
 
