@@ -114,8 +114,8 @@ template <int ROWS, int COLS, int THREADS> struct TileCopy {
             const int left = outer < outer_n ? inner_n - inner : 0;  // elements inside the matrix
             const int bytes = left >= 8 ? 16 : left > 0 ? 2 * left : 0;
             const T* src = bytes ? p + outer * s_outer + inner : p;  // a valid address either way
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)),
-                         "l"(src), "r"(bytes)
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                         ::"r"(shared_address(dst)), "l"(src), "r"(bytes)
                          : "memory");
             return;
         }
@@ -231,7 +231,8 @@ template <typename C, bool B_KMAJOR> struct FragmentAddresses {
         } else {
 #pragma unroll
             for (int j = 0; j < C::FRAG_N; j += 2)
-                b[j / 2] = Tiles::B::Tile::offset(lane % 16, (warp_n * C::WN + j * 8) / 8 + lane / 16);
+                b[j / 2] =
+                    Tiles::B::Tile::offset(lane % 16, (warp_n * C::WN + j * 8) / 8 + lane / 16);
         }
     }
 
