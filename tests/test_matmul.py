@@ -145,7 +145,10 @@ def test_mma_step_falls_back_where_shared_memory_is_short_or_rows_unpacked(monke
     monkeypatch.setattr(runtime, "shared_memory_budget", lambda: 227 * 1024)  # Hopper
     assert cm.mma_config_for(packed=True) is cm.MMA_DEFAULT
     assert cm.mma_config_for(packed=False) is cm.MMA_FALLBACK  # a transposed A, say
-    monkeypatch.setattr(runtime, "shared_memory_budget", lambda: 64 * 1024)  # Turing
+    monkeypatch.setattr(runtime, "shared_memory_budget", lambda: 99 * 1024)  # an RTX 4090
+    assert cm.mma_config_for(packed=True).shared_bytes() <= 99 * 1024
+    assert cm.mma_config_for(packed=True) is not cm.MMA_FALLBACK
+    monkeypatch.setattr(runtime, "shared_memory_budget", lambda: 40 * 1024)  # less than any
     assert cm.mma_config_for(packed=True) is cm.MMA_FALLBACK
 
 

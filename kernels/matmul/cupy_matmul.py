@@ -16,10 +16,10 @@ kernel for B = W.T (W (N, K) with contiguous rows, as nn.Linear stores it), whic
 k-major and reads it 16 bytes at a time along k.
 
 Step 5 is a template over its tiles and pipeline depth (`MmaConfig`): `MMA_DEFAULT` is the
-configuration the step runs; `MMA_VARIANTS` holds those the benchmark compares. They copy tiles by
-cp.async and need both operands' rows to be 16-byte packs. `MMA_FALLBACK` (32 KB of shared memory,
-any strides, its `_general` kernels) takes the other operands (a transposed A, a misaligned view)
-and the GPUs that cannot give a block the default's shared memory.
+configuration the step runs; `MMA_VARIANTS` holds those the benchmark compares, and the smaller
+ones serve GPUs that cannot give a block the default's shared memory. They copy tiles by cp.async
+and need both operands' rows to be 16-byte packs. `MMA_FALLBACK` (32 KB of shared memory, any
+strides, its `_general` kernels) takes the other operands (a transposed A, a misaligned view).
 """
 
 from __future__ import annotations
@@ -100,11 +100,13 @@ def rows_are_16_byte_packs(t: torch.Tensor) -> bool:
 
 
 def mma_config_for(packed: bool, mma: MmaConfig | None = None) -> MmaConfig:
-    """`mma` (MMA_DEFAULT if None) where both operands' rows are 16-byte packs (`packed`) and this
-    GPU gives a block its shared memory, else MMA_FALLBACK."""
-    config = mma or MMA_DEFAULT
-    fits = config.shared_bytes() <= runtime.shared_memory_budget()
-    return config if packed and fits else MMA_FALLBACK
+    """For operands whose rows are all 16-byte packs (`packed`): `mma` if given, else the first of
+    MMA_VARIANTS (MMA_DEFAULT first) whose shared memory this GPU gives a block. MMA_FALLBACK for
+    other operands, and where none fits."""
+    budget = runtime.shared_memory_budget()
+    candidates = [mma] if mma else list(MMA_VARIANTS.values())
+    fitting = [c for c in candidates if packed and c.shared_bytes() <= budget]
+    return fitting[0] if fitting else MMA_FALLBACK
 
 
 def matmul(
