@@ -39,7 +39,9 @@ template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_> struct MmaCo
     static constexpr int FRAG_M = WM / 16, FRAG_N = WN / 8;  // instructions per warp per k16
     static constexpr int K_STEPS = BK / 16;
     static_assert(BM % WM == 0 && BN % WN == 0 && WM % 16 == 0 && WN % 16 == 0);
-    static_assert(BK % 32 == 0 && STAGES >= 2);  // rows of 4+ packs; two k16 steps a tile
+    // Rows of 4+ packs, and an even number of k16 steps a tile, so the two fragment buffers
+    // alternate across tiles as within one.
+    static_assert(BK % 32 == 0 && STAGES >= 2);
 };
 
 // cp.async (global to shared memory without registers) is sm_80's; before it, tiles go through
@@ -140,16 +142,19 @@ __device__ __forceinline__ void wait_tiles() {
 }
 
 // Four 8 x 8 matrices of 16-bit values from shared memory, each thread giving one row's address;
-// `.trans` hands them out transposed (B is stored k-major, the instruction wants it n-major).
+// `.trans` hands them out transposed (B is stored k-major, the instruction wants it n-major). The
+// "memory" clobber keeps them after the barrier that says their tile has landed.
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned address) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(address));
+                 : "r"(address)
+                 : "memory");
 }
 __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned address) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(address));
+                 : "r"(address)
+                 : "memory");
 }
 
 // Which instruction a type takes (NVRTC has no <type_traits>).
