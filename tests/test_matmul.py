@@ -140,6 +140,19 @@ def test_every_mma_config_is_compiled_with_the_shared_memory_the_wrapper_gives()
     assert cm.MMA_DEFAULT.shared_bytes() == 2 * 3 * (128 * 64 + 64 * 256)
 
 
+def test_persistent_mma_launches_what_the_sms_hold(monkeypatch):
+    """The persistent launch: as many blocks as fit at once (one of 8 warps an SM), so with more
+    tiles than that each block loops over tiles (MMA_SHAPES' last shape runs it on a GPU)."""
+    cm = cupy_matmul()
+    h200 = runtime.GPU_PROFILES["h200"]
+    monkeypatch.setattr(runtime, "features", lambda: h200)
+    monkeypatch.setattr(runtime, "shared_memory_budget", lambda: h200.shared_memory_per_block)
+    [persistent] = [c for c in cm.MMA_VARIANTS.values() if c.persistent]
+    assert persistent.threads == 256 and persistent.blocks(1000) == h200.sm_count
+    assert persistent.blocks(5) == 5
+    assert cm.MMA_DEFAULT.blocks(1000) == 1000
+
+
 def test_mma_step_falls_back_where_shared_memory_is_short_or_rows_unpacked(monkeypatch):
     cm = cupy_matmul()
     monkeypatch.setattr(runtime, "shared_memory_budget", lambda: 227 * 1024)  # Hopper
@@ -292,8 +305,9 @@ def assert_within_twice_the_tolerance_of_cublas(c, a, b):
 
 # More tiles than stages; (second) fewer K tiles than the pipeline's depth; (third) rows of whole
 # 16-byte packs, so the cp.async path runs, with a tail of every dimension (the first two take the
-# fallback on the layouts whose rows are odd).
-MMA_SHAPES = [(1000, 1031, 997), (130, 264, 24), (1000, 1032, 1000)]
+# fallback on the layouts whose rows are odd); (fourth) more tiles of C than an H200 has SMs, so
+# the persistent launch's blocks loop over tiles.
+MMA_SHAPES = [(1000, 1031, 997), (130, 264, 24), (1000, 1032, 1000), (2000, 2056, 136)]
 MMA_CONFIGS = [*MMA_VARIANTS, MMA_FALLBACK.name]
 
 

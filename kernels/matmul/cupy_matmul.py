@@ -64,9 +64,14 @@ class MmaConfig:
     warp_m: int
     warp_n: int
     stages: int
+    persistent: bool = False  # as many blocks as fit on the GPU at once, each looping over tiles
 
     @property
     def name(self) -> str:
+        return self._dims + ("_persistent" if self.persistent else "")
+
+    @property
+    def _dims(self) -> str:
         m, n, k = self.block_m, self.block_n, self.block_k
         return f"{m}x{n}x{k}_w{self.warp_m}x{self.warp_n}_s{self.stages}"
 
@@ -76,7 +81,16 @@ class MmaConfig:
 
     def kernel(self, b_kmajor: bool, dtype: torch.dtype) -> str:
         general = "_general" if self == MMA_FALLBACK else ""
-        return f"matmul_mma_{self.name}{'_kmajor' if b_kmajor else ''}{general}_{SUFFIX[dtype]}"
+        return f"matmul_mma_{self._dims}{'_kmajor' if b_kmajor else ''}{general}_{SUFFIX[dtype]}"
+
+    def blocks(self, tiles: int) -> int:
+        """The grid for `tiles` tiles of C: a block a tile, or, persistent, as many blocks as the
+        SMs hold at once (each thread keeps ~255 registers: one block of 8 warps an SM)."""
+        if not self.persistent:
+            return tiles
+        by_registers = 65536 // (self.threads * 256)
+        by_shared = runtime.shared_memory_budget() // self.shared_bytes()
+        return min(tiles, max(1, min(by_registers, by_shared)) * runtime.features().sm_count)
 
     def shared_bytes(self) -> int:
         """As MmaTiles lays them out: `stages` tiles of A and of B, unpadded (swizzled), two
@@ -88,7 +102,12 @@ MMA_DEFAULT = MmaConfig(128, 256, 64, 64, 64, 3)
 MMA_FALLBACK = MmaConfig(128, 128, 32, 64, 32, 2)
 MMA_VARIANTS: dict[str, MmaConfig] = {
     c.name: c
-    for c in (MMA_DEFAULT, MmaConfig(128, 256, 32, 64, 64, 4), MmaConfig(128, 128, 32, 64, 64, 4))
+    for c in (
+        MMA_DEFAULT,
+        MmaConfig(128, 256, 64, 64, 64, 3, persistent=True),
+        MmaConfig(128, 256, 32, 64, 64, 4),
+        MmaConfig(128, 128, 32, 64, 64, 4),
+    )
 }
 
 
@@ -138,11 +157,11 @@ def matmul(
         vec_b = vec_b or b_kmajor
         config = mma_config_for(vec_a and vec_b, mma)
         source, name, threads = spec.source, config.kernel(b_kmajor, a.dtype), config.threads
-        tiles = cuda.cdiv(M, config.block_m) * cuda.cdiv(N, config.block_n)
+        grid = config.blocks(cuda.cdiv(M, config.block_m) * cuda.cdiv(N, config.block_n))
         shared = config.shared_bytes()
     else:
         source, name, threads = spec.source, f"{spec.kernel}_{SUFFIX[a.dtype]}", spec.threads
-        tiles = cuda.cdiv(M, spec.tile_m) * cuda.cdiv(N, spec.tile_n)
+        grid = cuda.cdiv(M, spec.tile_m) * cuda.cdiv(N, spec.tile_n)
     args = (
         cuda.pointer(a),
         cuda.pointer(b),
@@ -151,5 +170,5 @@ def matmul(
         np.int32(vec_a),
         np.int32(vec_b),
     )
-    cuda.launch(cuda.load_kernel(source, name), tiles, threads, args, a.device, shared)
+    cuda.launch(cuda.load_kernel(source, name), grid, threads, args, a.device, shared)
     return out

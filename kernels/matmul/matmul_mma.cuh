@@ -265,42 +265,60 @@ __device__ __forceinline__ void matmul_mma_tiles(const T* __restrict__ a, const 
                                                  int sak, int sbk, int sbn, int ldc, int vec_a,
                                                  int vec_b) {
     using Tiles = MmaTiles<C, B_KMAJOR>;
+    using A = typename Tiles::A;
+    using B = typename Tiles::B;
     extern __shared__ uint4 mma_shared[];  // 16-byte aligned; size given at launch
     char* const a_tiles = reinterpret_cast<char*>(mma_shared);
     char* const b_tiles = a_tiles + C::STAGES * Tiles::A_BYTES;
-    int tile_m, tile_n;
-    grouped_tile((M + C::BM - 1) / C::BM, (N + C::BN - 1) / C::BN, tile_m, tile_n);
-    const int m0 = tile_m * C::BM, n0 = tile_n * C::BN;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int warp_m = warp / C::WARPS_N, warp_n = warp % C::WARPS_N;
 
-    // Part `part` of K tile t's copies into buffer `stage`: the packs r with r % parts == part,
-    // parts = K_STEPS - 1, so the copies of a tile are spread over all but the last k16 step.
+    // The block's tiles of C are blockIdx.x, + gridDim.x, + 2 gridDim.x, ... in grouped order:
+    // one where the grid has a block a tile, several where it has a block or two an SM (the
+    // persistent launch). Its K tiles, over all of its tiles of C, are one stream of `steps`: the
+    // copies run STAGES - 1 K tiles ahead of the mma, across tiles of C too, so the next tile's
+    // first copies are in flight while this tile's C is stored.
+    const int tiles_m = (M + C::BM - 1) / C::BM, tiles_n = (N + C::BN - 1) / C::BN;
+    const int k_tiles = (K + C::BK - 1) / C::BK;
+    const int my_tiles = (tiles_m * tiles_n - blockIdx.x + gridDim.x - 1) / gridDim.x;
+    const int steps = my_tiles * k_tiles;
+    auto tile_origin = [&](int j, int& m0, int& n0) {  // of the block's tile j
+        int tile_m, tile_n;
+        grouped_tile(tiles_m, tiles_n, blockIdx.x + j * gridDim.x, tile_m, tile_n);
+        m0 = tile_m * C::BM, n0 = tile_n * C::BN;
+    };
+
+    // The copies' cursor: the K tile at k0 of the block's tile j, whose origin is (m0, n0).
+    struct {
+        int j, k0, m0, n0;
+    } next = {0, 0, 0, 0};
+    tile_origin(0, next.m0, next.n0);
+    auto advance = [&]() {
+        next.k0 += C::BK;
+        if (next.k0 >= K && ++next.j < my_tiles)
+            next.k0 = 0, tile_origin(next.j, next.m0, next.n0);
+    };
+
+    // Part `part` of the cursor's copies into buffer `stage`: the packs r with r % parts == part,
+    // parts = K_STEPS - 1, so the copies of a K tile are spread over all but its last k16 step.
     // Tiles wholly inside the matrices (all but the edges) skip the bounds: each thread's source
-    // is then one offset, its first pack of tile 0, plus k0 and whole ROW_STEPs of rows, and its
-    // destination one shared address plus constants (ROW_STEP is a multiple of 8 rows, which
-    // leaves the swizzle alone).
-    using A = typename Tiles::A;
-    using B = typename Tiles::B;
+    // is then its first pack plus whole ROW_STEPs of rows, its destination one shared address
+    // plus constants (ROW_STEP is a multiple of 8 rows, which leaves the swizzle alone).
     constexpr int PARTS = C::K_STEPS - 1;
-    const bool interior_mn = m0 + C::BM <= M && n0 + C::BN <= N;
-    const int a_first = (m0 + A::first_row()) * sam + A::first_col();
-    const int b_first = B_KMAJOR ? (n0 + B::first_row()) * sbn + B::first_col()
-                                 : B::first_row() * sbk + n0 + B::first_col();
-    const int b_rows = B_KMAJOR ? sbn : sbk;  // elements from one row of B's tile to the next
     const unsigned a_dst = shared_address(a_tiles) + A::first_offset();
     const unsigned b_dst = shared_address(b_tiles) + B::first_offset();
-    auto load_tile = [&](int stage, int t, int part) {
-        const int k0 = t * C::BK;
-        if (ASYNC && HAS_CP_ASYNC && interior_mn && k0 + C::BK <= K) {
-            const T* a_tile = a + a_first + k0;
-            const T* b_tile = b + b_first + (B_KMAJOR ? k0 : k0 * sbk);
+    auto load_tile = [&](int stage, int part) {
+        const int m0 = next.m0, n0 = next.n0, k0 = next.k0;
+        if (ASYNC && HAS_CP_ASYNC && m0 + C::BM <= M && n0 + C::BN <= N && k0 + C::BK <= K) {
+            const T* a_first = a + (m0 + A::first_row()) * sam + k0 + A::first_col();
+            const T* b_first = B_KMAJOR ? b + (n0 + B::first_row()) * sbn + k0 + B::first_col()
+                                        : b + (k0 + B::first_row()) * sbk + n0 + B::first_col();
 #pragma unroll
             for (int r = part; r < A::PER_THREAD; r += PARTS)
-                A::copy(a_dst + stage * Tiles::A_BYTES, a_tile, r, sam);
+                A::copy(a_dst + stage * Tiles::A_BYTES, a_first, r, sam);
 #pragma unroll
             for (int r = part; r < B::PER_THREAD; r += PARTS)
-                B::copy(b_dst + stage * Tiles::B_BYTES, b_tile, r, b_rows);
+                B::copy(b_dst + stage * Tiles::B_BYTES, b_first, r, B_KMAJOR ? sbn : sbk);
             return;
         }
         char* a_stage = a_tiles + stage * Tiles::A_BYTES;
@@ -317,27 +335,57 @@ __device__ __forceinline__ void matmul_mma_tiles(const T* __restrict__ a, const 
         }
     };
 
+    float acc[C::FRAG_M][C::FRAG_N][4] = {};
+
+    // Accumulator layout: d0, d1 at (row lane / 4, columns 2 (lane % 4) + 0, 1); d2, d3 8 rows
+    // down. The two neighbours go out as one 4-byte store where C's rows allow it.
+    const bool pairs = reinterpret_cast<size_t>(c) % 4 == 0 && ldc % 2 == 0;
+    auto store_tile = [&](int m0, int n0) {
+#pragma unroll
+        for (int i = 0; i < C::FRAG_M; ++i)
+#pragma unroll
+            for (int j = 0; j < C::FRAG_N; ++j)
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int m = m0 + warp_m * C::WM + i * 16 + lane / 4 + half * 8;
+                    const int n = n0 + warp_n * C::WN + j * 8 + (lane % 4) * 2;
+                    if (m >= M) continue;
+                    const T lo = from_float<T>(acc[i][j][2 * half]);
+                    const T hi = from_float<T>(acc[i][j][2 * half + 1]);
+                    T* row = c + m * ldc;
+                    if (pairs && n + 1 < N) {
+                        struct alignas(4) Pair { T lo, hi; };
+                        *reinterpret_cast<Pair*>(row + n) = Pair{lo, hi};
+                    } else {
+                        if (n < N) row[n] = lo;
+                        if (n + 1 < N) row[n + 1] = hi;
+                    }
+                }
+    };
+
     const FragmentAddresses<C, B_KMAJOR> addresses(warp_m, warp_n, lane);
     const unsigned a_base = shared_address(a_tiles), b_base = shared_address(b_tiles);
-    float acc[C::FRAG_M][C::FRAG_N][4] = {};
     Fragments<C> frag[2];
 
-    // Tile t goes to buffer t % STAGES. Fill STAGES - 1 buffers; then, during tile t, copy tile
-    // t + STAGES - 1 into the buffer tile t - 1 used. The barrier before a tile's last k16 step
-    // says two things: the next tile has landed for every thread, and every warp has read its
-    // fragments of the tile before this one (whose buffer the next copies overwrite).
-    const int k_tiles = (K + C::BK - 1) / C::BK;
+    // K tile s of the stream goes to buffer s % STAGES. Fill STAGES - 1 buffers; then, during K
+    // tile s, copy K tile s + STAGES - 1 into the buffer K tile s - 1 used. The barrier before a
+    // K tile's last k16 step says two things: the next K tile has landed for every thread, and
+    // every warp has read its fragments of the one before (whose buffer the copies overwrite).
 #pragma unroll
     for (int s = 0; s < C::STAGES - 1; ++s) {
-        if (s < k_tiles)
-            for (int part = 0; part < PARTS; ++part) load_tile(s, s, part);
+        if (s < steps) {
+            for (int part = 0; part < PARTS; ++part) load_tile(s, part);
+            advance();
+        }
         commit_tiles();
     }
     wait_tiles<C::STAGES - 2>();
     __syncthreads();
     int read_stage = 0, write_stage = C::STAGES - 1;
+    int tile = 0, k_tile = 0, m0, n0;  // the tile of C the mma work on, and their K tile
+    tile_origin(0, m0, n0);
     addresses.load(frag[0], a_base, b_base, 0);
-    for (int t = 0; t < k_tiles; ++t) {
+    for (int s = 0; s < steps; ++s) {
 #pragma unroll
         for (int step = 0; step < C::K_STEPS; ++step) {
             if (step == C::K_STEPS - 1) {
@@ -347,11 +395,13 @@ __device__ __forceinline__ void matmul_mma_tiles(const T* __restrict__ a, const 
                 read_stage = read_stage + 1 == C::STAGES ? 0 : read_stage + 1;
                 write_stage = write_stage + 1 == C::STAGES ? 0 : write_stage + 1;
             }
-            // The next 16 of K's fragments: this tile's, or (last step) the next tile's first.
+            // The next 16 of K's fragments: this K tile's, or (last step) the next one's first.
             addresses.load(frag[(step + 1) % 2], a_base + read_stage * Tiles::A_BYTES,
                            b_base + read_stage * Tiles::B_BYTES, (step + 1) % C::K_STEPS);
-            if (step < PARTS && t + C::STAGES - 1 < k_tiles)
-                load_tile(write_stage, t + C::STAGES - 1, step);
+            if (step < PARTS && s + C::STAGES - 1 < steps) {
+                load_tile(write_stage, step);
+                if (step == PARTS - 1) advance();
+            }
             const Fragments<C>& f = frag[step % 2];
 #pragma unroll
             for (int i = 0; i < C::FRAG_M; ++i)
@@ -361,31 +411,18 @@ __device__ __forceinline__ void matmul_mma_tiles(const T* __restrict__ a, const 
                     mma_16x8x16<T>(acc[i][j], f.a[i], f.b[j][0], f.b[j][1]);
                 }
         }
+        if (++k_tile == k_tiles) {  // the tile of C is done: store it, start the next
+            store_tile(m0, n0);
+#pragma unroll
+            for (int i = 0; i < C::FRAG_M; ++i)
+#pragma unroll
+                for (int j = 0; j < C::FRAG_N; ++j)
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.0f;
+            k_tile = 0;
+            if (++tile < my_tiles) tile_origin(tile, m0, n0);
+        }
     }
-
-    // Accumulator layout: d0, d1 at (row lane / 4, columns 2 (lane % 4) + 0, 1); d2, d3 8 rows down.
-    // The two neighbours go out as one 4-byte store where C's rows allow it.
-    const bool pairs = reinterpret_cast<size_t>(c) % 4 == 0 && ldc % 2 == 0;
-#pragma unroll
-    for (int i = 0; i < C::FRAG_M; ++i)
-#pragma unroll
-        for (int j = 0; j < C::FRAG_N; ++j)
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int m = m0 + warp_m * C::WM + i * 16 + lane / 4 + half * 8;
-                const int n = n0 + warp_n * C::WN + j * 8 + (lane % 4) * 2;
-                if (m >= M) continue;
-                const T lo = from_float<T>(acc[i][j][2 * half]);
-                const T hi = from_float<T>(acc[i][j][2 * half + 1]);
-                T* row = c + m * ldc;
-                if (pairs && n + 1 < N) {
-                    struct alignas(4) Pair { T lo, hi; };
-                    *reinterpret_cast<Pair*>(row + n) = Pair{lo, hi};
-                } else {
-                    if (n < N) row[n] = lo;
-                    if (n + 1 < N) row[n + 1] = hi;
-                }
-            }
 }
 
 // The extern "C" entries of one configuration, named after it (cupy_matmul.MmaConfig.kernel):
