@@ -20,6 +20,8 @@
 // - Fragments double-buffered in registers: the ldmatrix of the next 16 of K (or of the next
 //   tile's first 16) is issued before this 16's mma, so its latency hides behind 32 mma.
 // - The copies of the next tile are spread over the 16-deep steps of this one, between the mma.
+// - A block may own several tiles of C (the persistent launch: a block an SM): their K tiles are
+//   one stream, so the next tile's first copies are in flight while this one's C is stored.
 //
 // B comes two ways. Stored k by n (row-major B, "nn"), its tile is kept that way and ldmatrix.trans
 // turns it around. Stored n by k (B = W.T for an nn.Linear weight W, "nt": the _kmajor entries),
