@@ -11,7 +11,7 @@ import torch
 
 from kernels import runtime
 from kernels.matmul import reference, triton_matmul, triton_skinny
-from kernels.matmul.cupy_matmul import MMA_VARIANTS
+from kernels.matmul.cupy_matmul import MMA_FALLBACK, MMA_VARIANTS
 from kernels.matmul.reference import LAYOUTS, check_matmul, make_inputs
 from kernels.testing import compare, poison_
 
@@ -100,7 +100,8 @@ def test_cuda_steps_use_wide_loads_and_tensor_cores(tmp_path):
     assert "LDG.E.128" in register["matmul_vectorized_bf16"]
     assert "LDG.E.128" not in register["matmul_register_bf16"]
     mma = sass("matmul_mma")
-    default = cupy_matmul().MMA_DEFAULT
+    cm = cupy_matmul()
+    default = cm.MMA_DEFAULT
     for dtype, instruction in (
         (torch.float16, "HMMA.16816.F32 "),
         (torch.bfloat16, "HMMA.16816.F32.BF16"),
@@ -109,10 +110,13 @@ def test_cuda_steps_use_wide_loads_and_tensor_cores(tmp_path):
         body = mma[name]
         assert instruction in body, f"{name} issues no {instruction}"
         assert "LDSM.16.M88.4" in body and "LDSM.16.MT88.4" in body  # ldmatrix, plain and .trans
-        assert "LDGSTS.E.BYPASS.128" in body  # cp.async.cg, 16 bytes
+        # cp.async.cg, 16 bytes: unchecked inside the matrices, zero-filled at the edges
+        assert "LDGSTS.E.BYPASS.LTC128B.128 " in body and ".128.ZFILL" in body
         assert "STG.E " in body  # C's neighbours stored in pairs (4 bytes), not one by one
         kmajor = mma[default.kernel(True, dtype)]  # B = W.T: no transposing ldmatrix
         assert instruction in kmajor and "LDSM.16.MT88.4" not in kmajor
+        general = mma[cm.MMA_FALLBACK.kernel(False, dtype)]  # any strides: through registers
+        assert instruction in general and "LDGSTS" not in general
 
 
 def test_every_mma_config_is_compiled_with_the_shared_memory_the_wrapper_gives():
@@ -121,23 +125,44 @@ def test_every_mma_config_is_compiled_with_the_shared_memory_the_wrapper_gives()
     from kernels import cuda
 
     cm = cupy_matmul()
+    text = cuda.source_path(cm.STEPS["mma"].source).read_text()
+
+    def dims(config):
+        c = config
+        return ", ".join(map(str, (c.block_m, c.block_n, c.block_k, c.warp_m, c.warp_n, c.stages)))
+
     for config in cm.MMA_VARIANTS.values():
-        text = cuda.source_path(cm.STEPS["mma"].source).read_text()
-        dims = (config.block_m, config.block_n, config.block_k, config.warp_m, config.warp_n)
-        assert f"MMA_ENTRIES({', '.join(map(str, (*dims, config.stages)))})" in text, config.name
-        assert config.shared_bytes(True) <= 227 * 1024, config.name
-    assert cm.MMA_FALLBACK.shared_bytes(True) <= 48 * 1024
-    # 128 x 256 x 64, 3 stages: A 128 x 72 and B 64 x 264 (or 256 x 72) elements a stage
-    assert cm.MMA_DEFAULT.shared_bytes(False) == 2 * 3 * (128 * 72 + 64 * 264)
-    assert cm.MMA_DEFAULT.shared_bytes(True) == 2 * 3 * (128 * 72 + 256 * 72)
+        assert f"MMA_ENTRIES({dims(config)})" in text, config.name
+        assert config.shared_bytes() <= 227 * 1024, config.name
+    assert f"MMA_GENERAL_ENTRIES({dims(cm.MMA_FALLBACK)})" in text
+    assert cm.MMA_FALLBACK.shared_bytes() <= 48 * 1024
+    # 128 x 256 x 64, 3 stages: A 128 x 64 and B 64 x 256 elements a stage, two bytes each
+    assert cm.MMA_DEFAULT.shared_bytes() == 2 * 3 * (128 * 64 + 64 * 256)
 
 
-def test_mma_step_falls_back_where_shared_memory_is_short(monkeypatch):
+def test_persistent_mma_launches_what_the_sms_hold(monkeypatch):
+    """The persistent launch: as many blocks as fit at once (one of 8 warps an SM), so with more
+    tiles than that each block loops over tiles (MMA_SHAPES' last shape runs it on a GPU)."""
+    cm = cupy_matmul()
+    h200 = runtime.GPU_PROFILES["h200"]
+    monkeypatch.setattr(runtime, "features", lambda: h200)
+    monkeypatch.setattr(runtime, "shared_memory_budget", lambda: h200.shared_memory_per_block)
+    [persistent] = [c for c in cm.MMA_VARIANTS.values() if c.persistent]
+    assert persistent.threads == 256 and persistent.blocks(1000) == h200.sm_count
+    assert persistent.blocks(5) == 5
+    assert cm.MMA_DEFAULT.blocks(1000) == 1000
+
+
+def test_mma_step_falls_back_where_shared_memory_is_short_or_rows_unpacked(monkeypatch):
     cm = cupy_matmul()
     monkeypatch.setattr(runtime, "shared_memory_budget", lambda: 227 * 1024)  # Hopper
-    assert cm.mma_config_for(b_kmajor=False) is cm.MMA_DEFAULT
-    monkeypatch.setattr(runtime, "shared_memory_budget", lambda: 64 * 1024)  # Turing
-    assert cm.mma_config_for(b_kmajor=True) is cm.MMA_FALLBACK
+    assert cm.mma_config_for(packed=True) is cm.MMA_DEFAULT
+    assert cm.mma_config_for(packed=False) is cm.MMA_FALLBACK  # a transposed A, say
+    monkeypatch.setattr(runtime, "shared_memory_budget", lambda: 99 * 1024)  # an RTX 4090
+    assert cm.mma_config_for(packed=True).shared_bytes() <= 99 * 1024
+    assert cm.mma_config_for(packed=True) is not cm.MMA_FALLBACK
+    monkeypatch.setattr(runtime, "shared_memory_budget", lambda: 40 * 1024)  # less than any
+    assert cm.mma_config_for(packed=True) is cm.MMA_FALLBACK
 
 
 # --------------------------------------------------------------------------------------------------
@@ -278,23 +303,54 @@ def assert_within_twice_the_tolerance_of_cublas(c, a, b):
     assert result.ok, f"against cuBLAS: {result.reason}"
 
 
-# More tiles than stages, and (second) fewer K tiles than the pipeline's depth.
-MMA_SHAPES = [(1000, 1031, 997), (130, 260, 24)]
+# More tiles than stages; (second) fewer K tiles than the pipeline's depth; (third) rows of whole
+# 16-byte packs, so the cp.async path runs, with a tail of every dimension (the first two take the
+# fallback on the layouts whose rows are odd); (fourth) more tiles of C than an H200 has SMs, so
+# the persistent launch's blocks loop over tiles.
+MMA_SHAPES = [(1000, 1031, 997), (130, 264, 24), (1000, 1032, 1000), (2000, 2056, 136)]
+MMA_CONFIGS = [*MMA_VARIANTS, MMA_FALLBACK.name]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("shape", MMA_SHAPES, ids=str)
-@pytest.mark.parametrize("config", list(MMA_VARIANTS))
+@pytest.mark.parametrize("config", MMA_CONFIGS)
 def test_every_mma_config_matches_fp64(config, shape, layout, dtype):
     cm = cupy_matmul()
-    if cm.MMA_VARIANTS[config].shared_bytes(True) > runtime.shared_memory_budget():
+    mma = cm.MMA_VARIANTS.get(config, cm.MMA_FALLBACK)
+    if mma.shared_bytes() > runtime.shared_memory_budget():
         pytest.skip("more shared memory than this GPU gives a block")
     M, N, K = shape
     a, b = make_inputs(M, N, K, dtype, layout, seed=M + K)
     c = poisoned(M, N, dtype)
-    assert cm.matmul(a, b, c, mma=cm.MMA_VARIANTS[config]) is c
+    assert cm.matmul(a, b, c, mma=mma) is c
+    assert_exact(c, a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["nn", "nt"])
+@pytest.mark.parametrize("config", list(MMA_VARIANTS))
+def test_mma_copies_only_the_matrix_from_padded_rows(config, layout, dtype):
+    """Operands that are column slices of wider buffers whose extra columns hold NaN: rows of
+    16-byte packs (the cp.async path), K and N odd, so the last pack of a row is partly outside the
+    matrix. A copy of the whole pack would bring NaN into the product."""
+    cm = cupy_matmul()
+    if cm.MMA_VARIANTS[config].shared_bytes() > runtime.shared_memory_budget():
+        pytest.skip("more shared memory than this GPU gives a block")
+    M, N, K = 300, 1001, 997
+    a, b = make_inputs(M, N, K, dtype, layout, seed=7)
+    a_rows = poisoned(M, 1008, dtype)[:, :K].copy_(a)
+    if layout == "nn":
+        b_rows = poisoned(K, 1008, dtype)[:, :N].copy_(b)
+    else:  # B = W.T, W (N, K) a slice of an (N, 1008) buffer
+        b_rows = poisoned(N, 1008, dtype)[:, :K].copy_(b.T).T
+    assert cm.rows_are_16_byte_packs(a_rows)
+    assert cm.rows_are_16_byte_packs(b_rows if layout == "nn" else b_rows.T)
+    assert cm.mma_config_for(packed=True, mma=cm.MMA_VARIANTS[config]).name == config
+    c = poisoned(M, N, dtype)
+    assert cm.matmul(a_rows, b_rows, c, mma=cm.MMA_VARIANTS[config]) is c
     assert_exact(c, a, b)
 
 

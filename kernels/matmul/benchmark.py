@@ -33,7 +33,7 @@ CUDA_SHAPE = (4096, 4096, 4096)  # the CUDA C steps: large enough to fill the GP
 TRITON_SHAPES = [(8192, 8192, 8192), (8192, 11008, 4096), (4096, 4096, 4096)]
 SKINNY_SHAPES = [(1, 8192, 2048), (32, 8192, 2048)]  # decode: B is an nn.Linear weight, W.T
 MMA_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192)]  # step 5's configurations
-MMA_CHECK_SHAPE = (1000, 1031, 997)  # multiples of no tile, before any timing
+MMA_CHECK_SHAPE = (1000, 1032, 1000)  # multiples of no tile, rows of 16-byte packs (cp.async)
 
 
 def checked(name: str, c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
@@ -102,7 +102,7 @@ def mma_variants(ceil: dict) -> list[dict]:
     fitting = {
         name: config
         for name, config in cupy_matmul.MMA_VARIANTS.items()
-        if config.shared_bytes(True) <= runtime.shared_memory_budget()
+        if config.shared_bytes() <= runtime.shared_memory_budget()
     }
     for dtype in DTYPES.values():
         for layout in ("nn", "nt"):
@@ -128,10 +128,17 @@ def mma_variants(ceil: dict) -> list[dict]:
 
 
 PEAK_ITERS = 4096  # per warp, 8 instructions each: about a millisecond on an H200
-# (blocks of 8 warps an SM, independent accumulators a warp): the instruction's rate with many
-# warps, with as few warps as step 5's blocks leave an SM, and with those warps holding as many
-# accumulators as step 5's 64 x 64 warps do
-PEAK_CASES = ((4, 8), (2, 8), (1, 8), (1, 32))
+# (blocks of 8 warps an SM, independent accumulators a warp, kernel): the instruction's rate with
+# many warps, with as few warps as step 5's blocks leave an SM, with those warps holding as many
+# accumulators as step 5's 64 x 64 warps do, and reading a 64 x 64 warp's operands
+# (mma_peak_warp_tile: a different pair of fragments for each instruction)
+PEAK_CASES = (
+    (4, 8, "mma_peak_8"),
+    (2, 8, "mma_peak_8"),
+    (1, 8, "mma_peak_8"),
+    (1, 32, "mma_peak_32"),
+    (1, 32, "mma_peak_warp_tile"),
+)
 
 
 def mma_peak(ceil: dict) -> list[dict]:
@@ -147,17 +154,17 @@ def mma_peak(ceil: dict) -> list[dict]:
     from kernels.matmul import cupy_matmul
 
     sms, threads, n = runtime.features().sm_count, 256, 8192  # threads: mma_peak.cu's
-    most_blocks = max(per_sm for per_sm, _ in PEAK_CASES) * sms
+    most_blocks = max(per_sm for per_sm, _, _ in PEAK_CASES) * sms
     sink = torch.empty(most_blocks * threads, dtype=torch.float32, device="cuda")
     out = []
     for dtype in DTYPES.values():
         a, b = make_inputs(n, n, n, dtype, seed=6)
         fns, flops = {"cuBLAS": lambda a=a, b=b: a @ b}, {"cuBLAS": reference.matmul_flops(n, n, n)}
-        for per_sm, chains in PEAK_CASES:
+        for per_sm, chains, stem in PEAK_CASES:
             name = f"mma.sync peak, {per_sm * threads // 32} warps an SM, {chains} accumulators"
-            kernel = cuda.load_kernel(
-                "matmul/mma_peak.cu", f"mma_peak_{chains}_{cupy_matmul.SUFFIX[dtype]}"
-            )
+            if stem == "mma_peak_warp_tile":
+                name += ", a 64 x 64 warp's operands"
+            kernel = cuda.load_kernel("matmul/mma_peak.cu", f"{stem}_{cupy_matmul.SUFFIX[dtype]}")
             iters = PEAK_ITERS * 8 // chains
             args, blocks = (cuda.pointer(sink), np.int32(iters)), per_sm * sms
             fns[name] = lambda k=kernel, g=blocks, args=args: cuda.launch(

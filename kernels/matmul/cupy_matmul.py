@@ -16,9 +16,10 @@ kernel for B = W.T (W (N, K) with contiguous rows, as nn.Linear stores it), whic
 k-major and reads it 16 bytes at a time along k.
 
 Step 5 is a template over its tiles and pipeline depth (`MmaConfig`): `MMA_DEFAULT` is the
-configuration the step runs, `MMA_FALLBACK` the one that fits in 48 KB of shared memory for GPUs
-that cannot give a block more; `MMA_VARIANTS` holds the two, which the benchmark compares
-(PERFORMANCE.md has the configurations measured before these were chosen).
+configuration the step runs; `MMA_VARIANTS` holds those the benchmark compares, and the smaller
+ones serve GPUs that cannot give a block the default's shared memory. They copy tiles by cp.async
+and need both operands' rows to be 16-byte packs. `MMA_FALLBACK` (32 KB of shared memory, any
+strides, its `_general` kernels) takes the other operands (a transposed A, a misaligned view).
 """
 
 from __future__ import annotations
@@ -63,9 +64,14 @@ class MmaConfig:
     warp_m: int
     warp_n: int
     stages: int
+    persistent: bool = False  # as many blocks as fit on the GPU at once, each looping over tiles
 
     @property
     def name(self) -> str:
+        return self._dims + ("_persistent" if self.persistent else "")
+
+    @property
+    def _dims(self) -> str:
         m, n, k = self.block_m, self.block_n, self.block_k
         return f"{m}x{n}x{k}_w{self.warp_m}x{self.warp_n}_s{self.stages}"
 
@@ -74,21 +80,35 @@ class MmaConfig:
         return (self.block_m // self.warp_m) * (self.block_n // self.warp_n) * 32
 
     def kernel(self, b_kmajor: bool, dtype: torch.dtype) -> str:
-        return f"matmul_mma_{self.name}{'_kmajor' if b_kmajor else ''}_{SUFFIX[dtype]}"
+        general = "_general" if self == MMA_FALLBACK else ""
+        return f"matmul_mma_{self._dims}{'_kmajor' if b_kmajor else ''}{general}_{SUFFIX[dtype]}"
 
-    def shared_bytes(self, b_kmajor: bool) -> int:
-        """As MmaTiles lays them out: rows padded by 8 elements, two bytes each."""
-        pad = 8
-        a_tile = self.block_m * (self.block_k + pad)
-        b_tile = (
-            self.block_n * (self.block_k + pad) if b_kmajor else self.block_k * (self.block_n + pad)
-        )
-        return 2 * self.stages * (a_tile + b_tile)
+    def blocks(self, tiles: int) -> int:
+        """The grid for `tiles` tiles of C: a block a tile, or, persistent, as many blocks as the
+        SMs hold at once (each thread keeps ~255 registers: one block of 8 warps an SM)."""
+        if not self.persistent:
+            return tiles
+        by_registers = 65536 // (self.threads * 256)
+        by_shared = runtime.shared_memory_budget() // self.shared_bytes()
+        return min(tiles, max(1, min(by_registers, by_shared)) * runtime.features().sm_count)
+
+    def shared_bytes(self) -> int:
+        """As MmaTiles lays them out: `stages` tiles of A and of B, unpadded (swizzled), two
+        bytes an element; the same for either layout of B."""
+        return 2 * self.stages * (self.block_m + self.block_n) * self.block_k
 
 
 MMA_DEFAULT = MmaConfig(128, 256, 64, 64, 64, 3)
 MMA_FALLBACK = MmaConfig(128, 128, 32, 64, 32, 2)
-MMA_VARIANTS: dict[str, MmaConfig] = {c.name: c for c in (MMA_DEFAULT, MMA_FALLBACK)}
+MMA_VARIANTS: dict[str, MmaConfig] = {
+    c.name: c
+    for c in (
+        MMA_DEFAULT,
+        MmaConfig(128, 256, 64, 64, 64, 3, persistent=True),
+        MmaConfig(128, 256, 32, 64, 64, 4),
+        MmaConfig(128, 128, 32, 64, 64, 4),
+    )
+}
 
 
 def rows_are_16_byte_packs(t: torch.Tensor) -> bool:
@@ -98,10 +118,14 @@ def rows_are_16_byte_packs(t: torch.Tensor) -> bool:
     return t.stride(1) == 1 and t.stride(0) % pack == 0 and t.data_ptr() % 16 == 0
 
 
-def mma_config_for(b_kmajor: bool) -> MmaConfig:
-    """MMA_DEFAULT where this GPU gives a block its shared memory, else MMA_FALLBACK."""
-    fits = MMA_DEFAULT.shared_bytes(b_kmajor) <= runtime.shared_memory_budget()
-    return MMA_DEFAULT if fits else MMA_FALLBACK
+def mma_config_for(packed: bool, mma: MmaConfig | None = None) -> MmaConfig:
+    """For operands whose rows are all 16-byte packs (`packed`): `mma` if given, else the first of
+    MMA_VARIANTS (MMA_DEFAULT first) whose shared memory this GPU gives a block. MMA_FALLBACK for
+    other operands, and where none fits."""
+    budget = runtime.shared_memory_budget()
+    candidates = [mma] if mma else list(MMA_VARIANTS.values())
+    fitting = [c for c in candidates if packed and c.shared_bytes() <= budget]
+    return fitting[0] if fitting else MMA_FALLBACK
 
 
 def matmul(
@@ -113,7 +137,8 @@ def matmul(
     mma: MmaConfig | None = None,
 ) -> torch.Tensor:
     """C = a @ b by one of the STEPS (fp16 or bf16 in, float32 accumulation, C in a's dtype).
-    Step 5 runs `mma` if given (one of MMA_VARIANTS), else `mma_config_for` picks."""
+    Step 5 runs `mma` (one of MMA_VARIANTS, MMA_DEFAULT if None), or MMA_FALLBACK where the
+    operands or the GPU need it (`mma_config_for`)."""
     runtime.require_cupy()
     if step not in STEPS:
         raise ValueError(f"matmul: step must be one of {list(STEPS)}, got {step!r}")
@@ -121,24 +146,29 @@ def matmul(
     if step == "mma" and a.dtype == torch.bfloat16:
         runtime.require("bf16", "matmul[mma] on bfloat16")
     out = torch.empty(M, N, dtype=a.dtype, device=a.device) if out is None else out
-    spec, vec_b, shared = STEPS[step], rows_are_16_byte_packs(b), 0
+    spec, vec_a, vec_b, shared = (
+        STEPS[step],
+        rows_are_16_byte_packs(a),
+        rows_are_16_byte_packs(b),
+        0,
+    )
     if step == "mma":
         b_kmajor = rows_are_16_byte_packs(b.T)  # B = W.T, W's rows 16-byte packs
         vec_b = vec_b or b_kmajor
-        config = mma or mma_config_for(b_kmajor)
+        config = mma_config_for(vec_a and vec_b, mma)
         source, name, threads = spec.source, config.kernel(b_kmajor, a.dtype), config.threads
-        tiles = cuda.cdiv(M, config.block_m) * cuda.cdiv(N, config.block_n)
-        shared = config.shared_bytes(b_kmajor)
+        grid = config.blocks(cuda.cdiv(M, config.block_m) * cuda.cdiv(N, config.block_n))
+        shared = config.shared_bytes()
     else:
         source, name, threads = spec.source, f"{spec.kernel}_{SUFFIX[a.dtype]}", spec.threads
-        tiles = cuda.cdiv(M, spec.tile_m) * cuda.cdiv(N, spec.tile_n)
+        grid = cuda.cdiv(M, spec.tile_m) * cuda.cdiv(N, spec.tile_n)
     args = (
         cuda.pointer(a),
         cuda.pointer(b),
         cuda.pointer(out),
         *map(np.int32, (M, N, K, *a.stride(), *b.stride(), out.stride(0))),
-        np.int32(rows_are_16_byte_packs(a)),
+        np.int32(vec_a),
         np.int32(vec_b),
     )
-    cuda.launch(cuda.load_kernel(source, name), tiles, threads, args, a.device, shared)
+    cuda.launch(cuda.load_kernel(source, name), grid, threads, args, a.device, shared)
     return out

@@ -10,13 +10,17 @@
 // blocks running at the same time share GROUP tiles of A and a few of B, and find them in L2.
 constexpr int GROUP_M = 8;
 
-__device__ __forceinline__ void grouped_tile(int tiles_m, int tiles_n, int& tile_m, int& tile_n) {
-    const int id = blockIdx.x;
+// Tile `id` in that order (a block that computes several tiles asks for each of them).
+__device__ __forceinline__ void grouped_tile(int tiles_m, int tiles_n, int id, int& tile_m,
+                                             int& tile_n) {
     const int per_group = GROUP_M * tiles_n;
     const int first_m = (id / per_group) * GROUP_M;
     const int rows = min(tiles_m - first_m, GROUP_M);
     tile_m = first_m + (id % per_group) % rows;
     tile_n = (id % per_group) / rows;
+}
+__device__ __forceinline__ void grouped_tile(int tiles_m, int tiles_n, int& tile_m, int& tile_n) {
+    grouped_tile(tiles_m, tiles_n, blockIdx.x, tile_m, tile_n);
 }
 
 // One element as float, 0 outside the matrix (a zero adds nothing to a dot product, so tails of K
