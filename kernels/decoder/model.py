@@ -36,7 +36,7 @@ state_dict, inv_freq)` with the tensors of its safetensors files and `rope_frequ
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +47,7 @@ from kernels.decoder import (
     triton_fused_gemv,
     triton_gemv,
     triton_ops,
+    triton_persistent_step,
     triton_rope,
 )
 from kernels.decoder.config import (
@@ -87,6 +88,9 @@ class DecoderWeights:
     lm_head: torch.Tensor  # (vocab, hidden): the embedding itself when tied
     inv_freq: torch.Tensor  # float32 (head_dim / 2,)
     rope_scale: float = 1.0
+    # LayerWeights' names -> the layers' tensors stacked (layers, ...), of which the layers' are
+    # views (from_state_dict makes them): the persistent step reads each with one pointer
+    stacks: dict | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -158,6 +162,9 @@ class DecoderWeights:
                     down=take(p + "mlp.down_proj.weight", (c.hidden_size, c.intermediate_size)),
                 )
             )
+        names = [f.name for f in fields(LayerWeights)]
+        stacks = {n: torch.stack([getattr(layer, n) for layer in layers]) for n in names}
+        layers = [LayerWeights(**{n: stacks[n][i] for n in names}) for i in range(c.n_layers)]
         embed = take("model.embed_tokens.weight", (c.vocab_size, c.hidden_size)).contiguous()
         if c.tie_embeddings:
             lm_head = embed
@@ -176,6 +183,7 @@ class DecoderWeights:
             lm_head,
             inv_freq.to(device=device, dtype=torch.float32).contiguous(),
             float(rope_scale),
+            stacks,
         )
 
     @classmethod
@@ -224,6 +232,7 @@ class Decoder:
         self.status = torch.zeros(1, dtype=torch.int32, device=self.device)
         self._workspaces: dict = {}
         self._graph = None
+        self._persistent: dict[int, triton_persistent_step.PersistentStep] = {}
         # batch -> the projections whose decode step runs triton_gemv.linear instead of cuBLAS
         self.decode_gemv: dict[int, frozenset[str]] = {}
         # batch -> the projections whose decode step runs triton_fused_gemv with its norm (and
@@ -561,10 +570,25 @@ class Decoder:
         self._graph = DecodeGraph(self, batch)
         return self._graph
 
+    def persistent_step(self, batch: int, **options) -> "triton_persistent_step.PersistentStep":
+        """The decode step of `batch` as one persistent launch (triton_persistent_step.py), made
+        once per batch (again if `options` are given)."""
+        step = self._persistent.get(batch)
+        if step is None or options:
+            step = triton_persistent_step.PersistentStep(self, batch, **options)
+            self._persistent[batch] = step
+        return step
+
     def generate(
-        self, prompt: torch.Tensor, new_tokens: int, *, graph: bool = True
+        self,
+        prompt: torch.Tensor,
+        new_tokens: int,
+        *,
+        graph: bool = True,
+        persistent: bool = False,
     ) -> torch.Tensor:
-        """Greedy decoding: (B, T + new_tokens) token ids, the prompt first."""
+        """Greedy decoding: (B, T + new_tokens) token ids, the prompt first. `persistent` runs
+        the decode steps as the persistent kernel instead of the CUDA graph (or eager steps)."""
         self._check_tokens(prompt, 0, cached=0)
         if prompt.shape[1] + new_tokens > self.max_seq:
             raise ValueError(
@@ -578,22 +602,24 @@ class Decoder:
         out[:, : prompt.shape[1]] = prompt
         if new_tokens == 0:
             return out
-        use_graph = graph and runtime.ON_GPU
+        use_graph = graph and runtime.ON_GPU and not persistent
         if use_graph and (self._graph is None or self._graph.batch != batch):
             self.capture_decode_graph(batch)  # before the prefill: its warm-up writes the cache
         token = triton_ops.argmax(self.prefill(prompt))
         out[:, prompt.shape[1]] = token
-        if use_graph:
-            step = self._graph
+        if use_graph or persistent:
+            step = self.persistent_step(batch) if persistent else self._graph
             step.start(token, self.cache.length)
         for t in range(prompt.shape[1] + 1, prompt.shape[1] + new_tokens):
-            if use_graph:
+            if use_graph or persistent:
                 token = step.replay()
                 self.cache.length += 1
             else:
                 token = triton_ops.argmax(self.decode_step(token))
             out[:, t] = token
         self.check_status()
+        if persistent:
+            step.check()
         return out
 
 
