@@ -30,8 +30,9 @@ from kernels.decoder.triton_persistent_step import PersistentStep
 NAME = "07_decoder_megakernel"
 DTYPE = torch.bfloat16
 MAX_SEQ = 4096 + 64
-# (programs per SM, warps, K tile): the launch configurations timed
-VARIANTS = ((1, 8, 256), (2, 4, 256), (1, 8, 512))
+# (programs per SM, warps, K tile (0: the wrapper's default), stages): the launch configurations
+# timed by default; --variants "1,8,0,1;2,4,1024,1" sets others
+VARIANTS = ((1, 8, 0, 1), (2, 4, 0, 1))
 
 
 def graph_steps(model: Decoder, batch: int) -> dict:
@@ -46,15 +47,21 @@ def graph_steps(model: Decoder, batch: int) -> dict:
     return {"graph (cuBLAS)": cublas, "graph (GEMV, fused)": model.capture_decode_graph(batch)}
 
 
-def measure(model: Decoder, batch: int, contexts, ceilings: dict) -> list[dict]:
+def measure(model: Decoder, batch: int, contexts, ceilings: dict, variants) -> list[dict]:
     sms = runtime.features().sm_count
     graphs = graph_steps(model, batch)
     persistent = {}
-    for per_sm, warps, block_k in VARIANTS:
-        name = f"persistent ({per_sm}/SM, {warps} warps, K {block_k})"
-        persistent[name] = PersistentStep(
-            model, batch, programs=per_sm * sms, num_warps=warps, block_k=block_k
+    for per_sm, warps, block_k, stages in variants:
+        step = PersistentStep(
+            model,
+            batch,
+            programs=per_sm * sms,
+            num_warps=warps,
+            block_k=block_k or None,
+            num_stages=stages,
         )
+        name = f"persistent ({per_sm}/SM, {warps} warps, K {step.block_k}, {stages} stages)"
+        persistent[name] = step
     rows = []
     for context in contexts:
         tokens = torch.randint(0, LLAMA_1B.vocab_size, (batch,), device="cuda")
@@ -120,13 +127,17 @@ def main() -> int:
     contexts = (512, 4096)
     if "--contexts" in args:
         contexts = tuple(int(c) for c in args[args.index("--contexts") + 1].split(","))
+    variants = VARIANTS
+    if "--variants" in args:
+        spec = args[args.index("--variants") + 1]
+        variants = [tuple(int(v) for v in part.split(",")) for part in spec.split(";")]
     ceilings = bench.ceilings()
     hf = hf_reference.random_llama(LLAMA_1B, seed=0, dtype=DTYPE, device="cuda")
     model = Decoder(DecoderWeights.from_hf(hf), max_batch=batch, max_seq=MAX_SEQ)
     del hf
     model.cache.k.normal_()
     model.cache.v.normal_()
-    rows = measure(model, batch, contexts, ceilings)
+    rows = measure(model, batch, contexts, ceilings, variants)
     path = bench.RESULTS_DIR / runtime.gpu_info().slug / f"{NAME}.json"
     old = json.loads(path.read_text()) if path.exists() else {}
     keep = [

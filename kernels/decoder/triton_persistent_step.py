@@ -245,6 +245,9 @@ def persistent_step_kernel(
     IEEE: tl.constexpr,
     PREFETCH: tl.constexpr,
     LINE: tl.constexpr,
+    LINES_H: tl.constexpr,
+    LINES_Q: tl.constexpr,
+    LINES_I: tl.constexpr,
 ):
     pid = tl.program_id(0)
     P = tl.num_programs(0)
@@ -290,12 +293,16 @@ def persistent_step_kernel(
         # ---- qkv: norm, the GEMV of rows j and j + D/2 of a head, RoPE, q out, k and v cached
         wq = W_QKV + layer * QKV_W * HIDDEN
         first = (pid // PER_HEAD) * D + (pid % PER_HEAD) * HALF + pair_j + pair_set * (D // 2)
-        _prefetch_rows(wq, tl.minimum(first, QKV_W - 1), HIDDEN, 32, LINE, PREFETCH)
+        _prefetch_rows(wq, tl.minimum(first, QKV_W - 1), HIDDEN, LINES_H, LINE, PREFETCH)
         if layer > 0:
             _wait(COUNTERS, STATUS, base - 1, _target(P, base - 1, bad_counter), spin_limit)
         rstd = _inv_rms(src_rows, src_ok, HIDDEN, eps, BLOCK_M, BLOCK_K)
         norm = ATTN_NORM + layer * HIDDEN
         for u in range(pid, (N_HEADS + 2 * N_KV) * PER_HEAD, P):
+            # the next unit's rows into the L2 while this one's loads are in flight
+            after = ((u + P) // PER_HEAD) * D + ((u + P) % PER_HEAD) * HALF + pair_j
+            after += pair_set * (D // 2)
+            _prefetch_rows(wq, tl.minimum(after, QKV_W - 1), HIDDEN, LINES_H, LINE, PREFETCH)
             head = u // PER_HEAD
             j0 = (u % PER_HEAD) * HALF
             rows = head * D + j0 + pair_j + pair_set * (D // 2)
@@ -381,7 +388,7 @@ def persistent_step_kernel(
 
         # ---- combine: the splits of one (sequence, query head) into the attention output
         wo = W_O + layer * HIDDEN * Q_W
-        _prefetch_rows(wo, tl.minimum(pid * ROWS + r, HIDDEN - 1), Q_W, 32, LINE, PREFETCH)
+        _prefetch_rows(wo, tl.minimum(pid * ROWS + r, HIDDEN - 1), Q_W, LINES_Q, LINE, PREFETCH)
         _wait(COUNTERS, STATUS, base + 1, _target(P, base + 1, bad_counter), spin_limit)
         for u in range(pid, batch * N_HEADS, P):  # u = sequence * N_HEADS + head
             part = u * splits + offs_s
@@ -403,6 +410,8 @@ def persistent_step_kernel(
         _wait(COUNTERS, STATUS, base + 2, _target(P, base + 2, bad_counter), spin_limit)
         attn_rows = ATTN + offs_m * Q_W
         for u in range(pid, tl.cdiv(HIDDEN, ROWS), P):
+            after = tl.minimum((u + P) * ROWS + r, HIDDEN - 1)
+            _prefetch_rows(wo, after, Q_W, LINES_Q, LINE, PREFETCH)
             rows = u * ROWS + r
             r_ok = rows < HIDDEN
             acc = _rows_times_x(
@@ -435,11 +444,13 @@ def persistent_step_kernel(
         # ---- gate_up: norm, rows of gate and the same rows of up, SwiGLU
         wg = W_GATE_UP + layer * (2 * INTER) * HIDDEN
         first = tl.minimum(pid * HALF + pair_j, INTER - 1) + pair_set * INTER
-        _prefetch_rows(wg, first, HIDDEN, 32, LINE, PREFETCH)
+        _prefetch_rows(wg, first, HIDDEN, LINES_H, LINE, PREFETCH)
         _wait(COUNTERS, STATUS, base + 3, _target(P, base + 3, bad_counter), spin_limit)
         rstd = _inv_rms(x_rows, m_ok, HIDDEN, eps, BLOCK_M, BLOCK_K)
         norm = MLP_NORM + layer * HIDDEN
         for u in range(pid, tl.cdiv(INTER, HALF), P):
+            after = tl.minimum((u + P) * HALF + pair_j, INTER - 1) + pair_set * INTER
+            _prefetch_rows(wg, after, HIDDEN, LINES_H, LINE, PREFETCH)
             rows = u * HALF + pair_j
             acc = _rows_times_x(
                 wg,
@@ -467,10 +478,12 @@ def persistent_step_kernel(
 
         # ---- down: the down projection + the residual
         wd = W_DOWN + layer * HIDDEN * INTER
-        _prefetch_rows(wd, tl.minimum(pid * ROWS + r, HIDDEN - 1), INTER, 32, LINE, PREFETCH)
+        _prefetch_rows(wd, tl.minimum(pid * ROWS + r, HIDDEN - 1), INTER, LINES_I, LINE, PREFETCH)
         _wait(COUNTERS, STATUS, base + 4, _target(P, base + 4, bad_counter), spin_limit)
         h_rows = H + offs_m * INTER
         for u in range(pid, tl.cdiv(HIDDEN, ROWS), P):
+            after = tl.minimum((u + P) * ROWS + r, HIDDEN - 1)
+            _prefetch_rows(wd, after, INTER, LINES_I, LINE, PREFETCH)
             rows = u * ROWS + r
             r_ok = rows < HIDDEN
             acc = _rows_times_x(
@@ -499,12 +512,14 @@ def persistent_step_kernel(
 
     # ---- lm_head: final norm, a slice of the vocabulary, each program's best logit per sequence
     last = n_layers * PHASES
-    _prefetch_rows(LM_HEAD, tl.minimum(pid * ROWS + r, vocab - 1), HIDDEN, 32, LINE, PREFETCH)
+    _prefetch_rows(LM_HEAD, tl.minimum(pid * ROWS + r, vocab - 1), HIDDEN, LINES_H, LINE, PREFETCH)
     _wait(COUNTERS, STATUS, last - 1, _target(P, last - 1, bad_counter), spin_limit)
     rstd = _inv_rms(x_rows, m_ok, HIDDEN, eps, BLOCK_M, BLOCK_K)
     best = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     best_idx = tl.zeros((BLOCK_M,), tl.int32)
     for u in range(pid, tl.cdiv(vocab, ROWS), P):
+        after = tl.minimum((u + P) * ROWS + r, vocab - 1)
+        _prefetch_rows(LM_HEAD, after, HIDDEN, LINES_H, LINE, PREFETCH)
         rows = u * ROWS + r
         r_ok = rows < vocab
         acc = _rows_times_x(
@@ -588,9 +603,9 @@ class PersistentStep:
     interface: start(tokens, length), then replay() writes the next tokens into `tokens`, advances
     `positions` and returns `tokens`; `logits` holds the step's logits.
 
-    `programs` (default: one per SM on a GPU, one in the interpreter), `block_k` and `num_warps`
-    set the launch; `prefetch` the L2 prefetch of the next phase's first rows (Hopper and earlier
-    NVIDIA GPUs; never in the interpreter)."""
+    `programs` (default: one per SM on a GPU, one in the interpreter), `block_k`, `num_warps` and
+    `num_stages` (software pipelining of the tl.dot loops) set the launch; `prefetch` asks for
+    the L2 prefetch of the next phase's first rows (NVIDIA GPUs; never in the interpreter)."""
 
     def __init__(
         self,
@@ -600,6 +615,7 @@ class PersistentStep:
         programs: int | None = None,
         block_k: int | None = None,
         num_warps: int = 8,
+        num_stages: int = 1,
         prefetch: bool = True,
         spin_limit: int = SPIN_LIMIT,
     ):
@@ -620,10 +636,8 @@ class PersistentStep:
         self.tile = sched.tiling(c, batch, programs)
         self.use_dot = batch > 4
         self.block_m = max(16 if self.use_dot else 1, triton.next_power_of_2(batch))
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        default_k = runtime.pick(gpu=512 // itemsize, cpu=32)
-        self.block_k = block_k or default_k
-        self.num_warps = num_warps
+        self.block_k = block_k or runtime.pick(gpu=self.default_block_k(), cpu=32)
+        self.num_warps, self.num_stages = num_warps, num_stages
         self.prefetch = prefetch and runtime.ON_GPU
         self.spin_limit = spin_limit
         self.weights = stacked_weights(model.w)
@@ -646,6 +660,15 @@ class PersistentStep:
         self.best_idx = torch.zeros(programs * self.block_m, dtype=torch.int32, device=device)
         self.counters = torch.zeros(sched.n_counters(c.n_layers), dtype=torch.int32, device=device)
         self.status = torch.zeros(2, dtype=torch.int32, device=device)
+
+    def default_block_k(self) -> int:
+        """One program an SM must keep ~30 KB of weight in flight to stream at the copy rate, and
+        a tile's loads are all issued before its product: the K tile is as long as registers
+        allow. The broadcast product holds BLOCK_M x rows x BLOCK_K fp32 values (at most 64 a
+        thread of 256); tl.dot holds only the operands."""
+        if self.use_dot:
+            return 512
+        return max(128, min(2048, 64 * 256 // (self.block_m * self.tile.rows)))
 
     def start(self, tokens: torch.Tensor, length: int) -> None:
         """Set the step's input: the last tokens (B,) and the cache length they go to."""
@@ -670,6 +693,11 @@ class PersistentStep:
     def _launch(self, bad_counter: int) -> None:
         m, c, w = self.model, self.model.c, self.model.w
         s, cache = self.weights, m.cache
+        line = 128 // w.embed.element_size()  # elements of a 128-byte line
+
+        def lines(k: int) -> int:  # the lines of a row of k elements prefetched, up to 16 KB
+            return min(128, triton.next_power_of_2(triton.cdiv(k, line)))
+
         persistent_step_kernel[(self.programs,)](
             w.embed, s["qkv"], s["o"], s["gate_up"], s["down"], s["attn_norm"], s["mlp_norm"],
             w.norm, w.lm_head, w.inv_freq,
@@ -684,7 +712,9 @@ class PersistentStep:
             BLOCK_T=runtime.pick(gpu=32, cpu=16), BLOCK_S=triton.next_power_of_2(self.tile.splits),
             BLOCK_P=triton.next_power_of_2(self.programs), USE_DOT=self.use_dot,
             UPCAST=runtime.UPCAST, IEEE=m.dtype == torch.float32, PREFETCH=self.prefetch,
-            LINE=128 // w.embed.element_size(), num_warps=self.num_warps, num_stages=1,
+            LINE=line, LINES_H=lines(c.hidden_size), LINES_Q=lines(c.n_heads * c.head_dim),
+            LINES_I=lines(c.intermediate_size), num_warps=self.num_warps,
+            num_stages=self.num_stages,
         )  # fmt: skip
 
     def replay(self) -> torch.Tensor:
