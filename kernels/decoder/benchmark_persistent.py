@@ -1,7 +1,7 @@
 """Benchmark of the persistent decode step (triton_persistent_step.py) beside the CUDA-graph step
 and the weight + KV floor, at Llama-3.2-1B's shape in bf16 with random weights.
 
-    python -m kernels.decoder.benchmark_persistent [--batch 1] [--contexts 512,4096]
+    python -m kernels.decoder.benchmark_persistent [--batch 1] [--contexts 512,4096] [--trace]
     (adds its rows to data/results/<gpu>/07_decoder_megakernel.json)
 
 The conventions are the decoder benchmark's: device time by events, the variants interleaved round
@@ -9,7 +9,9 @@ by round with L2 flushed before each, medians; the floor is every weight and the
 read once at the measured copy rate (benchmark.decode_floor_ms). Before timing, the persistent
 step's logits are compared with the graph's on the same cache (their bf16 difference is printed
 and saved) and its status word is checked (the watchdog). A few launch configurations of the
-persistent step are timed (programs per SM, warps, K tile) and each is reported.
+persistent step are timed (programs per SM, warps, K tile) and each is reported. `--trace` adds
+one step of the first configuration at the first context with each program's clock at the begin
+and end of each phase (the timeline of a step).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 
 from kernels import bench, runtime
 from kernels.decoder import hf_reference, reference
+from kernels.decoder import persistent_schedule as sched
 from kernels.decoder.benchmark import decode_floor_ms
 from kernels.decoder.config import LLAMA_1B, PROJECTIONS
 from kernels.decoder.model import Decoder, DecoderWeights
@@ -118,6 +121,39 @@ def measure(model: Decoder, batch: int, contexts, ceilings: dict, variants) -> l
     return rows
 
 
+def trace_step(model: Decoder, batch: int, context: int, variant) -> dict:
+    """One step of the first variant with the clock stamps on (a build of its own): each
+    program's begin and end of each phase, in microseconds from the first program's start."""
+    per_sm, warps, block_k, stages = variant
+    step = PersistentStep(
+        model,
+        batch,
+        programs=per_sm * runtime.features().sm_count,
+        num_warps=warps,
+        block_k=block_k or None,
+        num_stages=stages,
+        trace=True,
+    )
+    tokens = torch.randint(0, LLAMA_1B.vocab_size, (batch,), device="cuda")
+    for _ in range(3):  # the last of three, L2 flushed before it
+        step.start(tokens, context)
+        bench.flush_l2()
+        step.replay()
+    step.check()
+    clock = step.trace.double()
+    clock = (clock - clock[:, 0, 0].min()) / 1e3
+    phases = sched.schedule(model.c, batch, step.programs)
+    return {
+        "batch": batch,
+        "context": context,
+        "programs": step.programs,
+        "phases": [f"{p.name} {p.layer}" if p.layer is not None else p.name for p in phases],
+        "us (program, phase, begin/end)": [
+            [[round(v, 3) for v in pair] for pair in program] for program in clock.tolist()
+        ],
+    }
+
+
 def main() -> int:
     if not runtime.ON_GPU:
         print(bench.NOT_MEASURED)
@@ -138,6 +174,7 @@ def main() -> int:
     model.cache.k.normal_()
     model.cache.v.normal_()
     rows = measure(model, batch, contexts, ceilings, variants)
+    traces = [trace_step(model, batch, contexts[0], variants[0])] if "--trace" in args else []
     path = bench.RESULTS_DIR / runtime.gpu_info().slug / f"{NAME}.json"
     old = json.loads(path.read_text()) if path.exists() else {}
     keep = [
@@ -150,6 +187,10 @@ def main() -> int:
         "ceilings": ceilings,
         "model": {**LLAMA_1B.__dict__, "dtype": str(DTYPE)},
         "decode": keep + rows,
+        "traces": [
+            t for t in old.get("traces", []) if (t["batch"], t["context"]) != (batch, contexts[0])
+        ]
+        + traces,
     }
     print("wrote", bench.save_results(NAME, results))
     return 0

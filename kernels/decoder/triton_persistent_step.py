@@ -58,9 +58,17 @@ SPIN_LIMIT = runtime.pick(gpu=1 << 22, cpu=200)  # acquire reads before the watc
 
 
 @triton.jit
-def _wait(COUNTERS, STATUS, index, target, spin_limit):
+def _stamp(slot, ENABLE: tl.constexpr):
+    """The GPU's nanosecond clock into `slot` (the trace of one step: where each program's phases
+    began and ended)."""
+    if ENABLE:
+        tl.store(slot, tl.extra.cuda.globaltimer())
+
+
+@triton.jit
+def _wait(COUNTERS, STATUS, index, target, spin_limit, trace, TRACE: tl.constexpr):
     """Spin until COUNTERS[index] >= target, or spin_limit reads; a program that already gave up
-    (the flag is set) does not wait again."""
+    (the flag is set) does not wait again. The phase after counter `index` begins."""
     flags = tl.load(STATUS, volatile=True)
     limit = tl.where((flags & WATCHDOG_FLAG) != 0, 0, spin_limit)
     # Plain volatile reads while spinning (an atomic from every waiting program would queue at
@@ -75,11 +83,13 @@ def _wait(COUNTERS, STATUS, index, target, spin_limit):
         tl.atomic_or(STATUS, WATCHDOG_FLAG)
         tl.atomic_cas(STATUS + 1, 0, index + 1)
     tl.debug_barrier()
+    _stamp(trace + 2 * (index + 1), TRACE)
 
 
 @triton.jit
-def _arrive(COUNTERS, index):
+def _arrive(COUNTERS, index, trace, TRACE: tl.constexpr):
     tl.debug_barrier()  # every thread's stores of this phase are issued before the release
+    _stamp(trace + 2 * index + 1, TRACE)
     tl.atomic_add(COUNTERS + index, 1, sem="release", scope="gpu")
 
 
@@ -217,6 +227,7 @@ def persistent_step_kernel(
     BEST_IDX,
     COUNTERS,
     STATUS,
+    TRACE_BUF,
     batch,
     cache_batch,
     n_layers,
@@ -248,6 +259,7 @@ def persistent_step_kernel(
     LINES_H: tl.constexpr,
     LINES_Q: tl.constexpr,
     LINES_I: tl.constexpr,
+    TRACE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     P = tl.num_programs(0)
@@ -258,6 +270,9 @@ def persistent_step_kernel(
     PER_HEAD: tl.constexpr = D // 2 // HALF  # qkv units per head
     PHASES: tl.constexpr = 6
     dtype = X.dtype.element_ty
+    # this program's (begin, end) clock of each phase, if traced
+    trace = TRACE_BUF + pid * 2 * (n_layers * PHASES + 2)
+    _stamp(trace, TRACE)
     offs_m = tl.arange(0, BLOCK_M)
     m_ok = offs_m < batch
     r = tl.arange(0, ROWS)
@@ -295,7 +310,15 @@ def persistent_step_kernel(
         first = (pid // PER_HEAD) * D + (pid % PER_HEAD) * HALF + pair_j + pair_set * (D // 2)
         _prefetch_rows(wq, tl.minimum(first, QKV_W - 1), HIDDEN, LINES_H, LINE, PREFETCH)
         if layer > 0:
-            _wait(COUNTERS, STATUS, base - 1, _target(P, base - 1, bad_counter), spin_limit)
+            _wait(
+                COUNTERS,
+                STATUS,
+                base - 1,
+                _target(P, base - 1, bad_counter),
+                spin_limit,
+                trace,
+                TRACE,
+            )
         rstd = _inv_rms(src_rows, src_ok, HIDDEN, eps, BLOCK_M, BLOCK_K)
         norm = ATTN_NORM + layer * HIDDEN
         for u in range(pid, (N_HEADS + 2 * N_KV) * PER_HEAD, P):
@@ -341,10 +364,10 @@ def persistent_step_kernel(
                 else:
                     tl.store(V_CACHE + offs, a.to(dtype), mask=pos_ok[:, None])
                     tl.store(V_CACHE + offs + D // 2, b.to(dtype), mask=pos_ok[:, None])
-        _arrive(COUNTERS, base)
+        _arrive(COUNTERS, base, trace, TRACE)
 
         # ---- attention: one split of the keys of one (sequence, KV head), its G query heads
-        _wait(COUNTERS, STATUS, base, _target(P, base, bad_counter), spin_limit)
+        _wait(COUNTERS, STATUS, base, _target(P, base, bad_counter), spin_limit, trace, TRACE)
         for u in range(pid, batch * N_KV * splits, P):
             s = u % splits
             kv = (u // splits) % N_KV
@@ -384,12 +407,14 @@ def persistent_step_kernel(
             tl.store(PART_O + part[:, None] * D + offs_d[None, :], acc, mask=g_ok[:, None])
             tl.store(PART_ML + 2 * part, m_i, mask=g_ok)
             tl.store(PART_ML + 2 * part + 1, l_i, mask=g_ok)
-        _arrive(COUNTERS, base + 1)
+        _arrive(COUNTERS, base + 1, trace, TRACE)
 
         # ---- combine: the splits of one (sequence, query head) into the attention output
         wo = W_O + layer * HIDDEN * Q_W
         _prefetch_rows(wo, tl.minimum(pid * ROWS + r, HIDDEN - 1), Q_W, LINES_Q, LINE, PREFETCH)
-        _wait(COUNTERS, STATUS, base + 1, _target(P, base + 1, bad_counter), spin_limit)
+        _wait(
+            COUNTERS, STATUS, base + 1, _target(P, base + 1, bad_counter), spin_limit, trace, TRACE
+        )
         for u in range(pid, batch * N_HEADS, P):  # u = sequence * N_HEADS + head
             part = u * splits + offs_s
             m_s = tl.load(PART_ML + 2 * part, mask=s_ok, other=float("-inf"), cache_modifier=".cg")
@@ -404,10 +429,12 @@ def persistent_step_kernel(
             weight = tl.where(m_s > float("-inf"), tl.exp2(m_s - m_max), 0.0)
             out = tl.sum(weight[:, None] * o_s, axis=0) / tl.sum(weight * l_s, axis=0)
             tl.store(ATTN + u * D + offs_d, out.to(dtype))
-        _arrive(COUNTERS, base + 2)
+        _arrive(COUNTERS, base + 2, trace, TRACE)
 
         # ---- o: the output projection + the residual
-        _wait(COUNTERS, STATUS, base + 2, _target(P, base + 2, bad_counter), spin_limit)
+        _wait(
+            COUNTERS, STATUS, base + 2, _target(P, base + 2, bad_counter), spin_limit, trace, TRACE
+        )
         attn_rows = ATTN + offs_m * Q_W
         for u in range(pid, tl.cdiv(HIDDEN, ROWS), P):
             after = tl.minimum((u + P) * ROWS + r, HIDDEN - 1)
@@ -439,13 +466,15 @@ def persistent_step_kernel(
             )
             new = res.to(tl.float32) + acc.to(dtype).to(tl.float32)
             tl.store(x_rows[:, None] + rows[None, :], new.to(dtype), mask=m_ok[:, None] & r_ok)
-        _arrive(COUNTERS, base + 3)
+        _arrive(COUNTERS, base + 3, trace, TRACE)
 
         # ---- gate_up: norm, rows of gate and the same rows of up, SwiGLU
         wg = W_GATE_UP + layer * (2 * INTER) * HIDDEN
         first = tl.minimum(pid * HALF + pair_j, INTER - 1) + pair_set * INTER
         _prefetch_rows(wg, first, HIDDEN, LINES_H, LINE, PREFETCH)
-        _wait(COUNTERS, STATUS, base + 3, _target(P, base + 3, bad_counter), spin_limit)
+        _wait(
+            COUNTERS, STATUS, base + 3, _target(P, base + 3, bad_counter), spin_limit, trace, TRACE
+        )
         rstd = _inv_rms(x_rows, m_ok, HIDDEN, eps, BLOCK_M, BLOCK_K)
         norm = MLP_NORM + layer * HIDDEN
         for u in range(pid, tl.cdiv(INTER, HALF), P):
@@ -474,12 +503,14 @@ def persistent_step_kernel(
             cols = u * HALF + half_j
             h_ptrs = H + offs_m[:, None] * INTER + cols[None, :]
             tl.store(h_ptrs, (act * up).to(dtype), mask=m_ok[:, None] & (cols < INTER)[None, :])
-        _arrive(COUNTERS, base + 4)
+        _arrive(COUNTERS, base + 4, trace, TRACE)
 
         # ---- down: the down projection + the residual
         wd = W_DOWN + layer * HIDDEN * INTER
         _prefetch_rows(wd, tl.minimum(pid * ROWS + r, HIDDEN - 1), INTER, LINES_I, LINE, PREFETCH)
-        _wait(COUNTERS, STATUS, base + 4, _target(P, base + 4, bad_counter), spin_limit)
+        _wait(
+            COUNTERS, STATUS, base + 4, _target(P, base + 4, bad_counter), spin_limit, trace, TRACE
+        )
         h_rows = H + offs_m * INTER
         for u in range(pid, tl.cdiv(HIDDEN, ROWS), P):
             after = tl.minimum((u + P) * ROWS + r, HIDDEN - 1)
@@ -508,12 +539,12 @@ def persistent_step_kernel(
             res = tl.load(x_ptrs, mask=ok, other=0.0, cache_modifier=".cg")
             new = res.to(tl.float32) + acc.to(dtype).to(tl.float32)
             tl.store(x_ptrs, new.to(dtype), mask=ok)
-        _arrive(COUNTERS, base + 5)
+        _arrive(COUNTERS, base + 5, trace, TRACE)
 
     # ---- lm_head: final norm, a slice of the vocabulary, each program's best logit per sequence
     last = n_layers * PHASES
     _prefetch_rows(LM_HEAD, tl.minimum(pid * ROWS + r, vocab - 1), HIDDEN, LINES_H, LINE, PREFETCH)
-    _wait(COUNTERS, STATUS, last - 1, _target(P, last - 1, bad_counter), spin_limit)
+    _wait(COUNTERS, STATUS, last - 1, _target(P, last - 1, bad_counter), spin_limit, trace, TRACE)
     rstd = _inv_rms(x_rows, m_ok, HIDDEN, eps, BLOCK_M, BLOCK_K)
     best = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     best_idx = tl.zeros((BLOCK_M,), tl.int32)
@@ -554,10 +585,10 @@ def persistent_step_kernel(
         best = tl.where(take, tile_best, best)
     tl.store(BEST_VAL + pid * BLOCK_M + offs_m, best)
     tl.store(BEST_IDX + pid * BLOCK_M + offs_m, best_idx)
-    _arrive(COUNTERS, last)
+    _arrive(COUNTERS, last, trace, TRACE)
 
     # ---- argmax: the programs' best logits of one sequence; the next token and position
-    _wait(COUNTERS, STATUS, last, _target(P, last, bad_counter), spin_limit)
+    _wait(COUNTERS, STATUS, last, _target(P, last, bad_counter), spin_limit, trace, TRACE)
     offs_p = tl.arange(0, BLOCK_P)
     p_ok = offs_p < P
     for bi in range(pid, batch, P):
@@ -569,7 +600,7 @@ def persistent_step_kernel(
         token = tl.min(tl.where((values == top) & p_ok, index, vocab), axis=0)
         tl.store(TOKENS + bi, tl.where(token == vocab, 0, token).to(tl.int64))  # all NaN: 0
         tl.store(POSITIONS + bi, tl.load(POSITIONS + bi) + 1)
-    _arrive(COUNTERS, last + 1)
+    _arrive(COUNTERS, last + 1, trace, TRACE)
 
     # ---- the last program here sets the counters back to zero for the next step
     arrived = tl.atomic_add(COUNTERS + last + 2, 1, sem="acq_rel", scope="gpu")
@@ -605,7 +636,9 @@ class PersistentStep:
 
     `programs` (default: one per SM on a GPU, one in the interpreter), `block_k`, `num_warps` and
     `num_stages` (software pipelining of the tl.dot loops) set the launch; `prefetch` asks for
-    the L2 prefetch of the next phase's first rows (NVIDIA GPUs; never in the interpreter)."""
+    the L2 prefetch of the next phase's first rows (NVIDIA GPUs; never in the interpreter);
+    `trace` records each program's begin and end of each phase in `trace` (nanoseconds of the
+    GPU's clock; GPU only)."""
 
     def __init__(
         self,
@@ -617,6 +650,7 @@ class PersistentStep:
         num_warps: int = 8,
         num_stages: int = 1,
         prefetch: bool = True,
+        trace: bool = False,
         spin_limit: int = SPIN_LIMIT,
     ):
         c, dtype, device = model.c, model.dtype, model.device
@@ -660,6 +694,12 @@ class PersistentStep:
         self.best_idx = torch.zeros(programs * self.block_m, dtype=torch.int32, device=device)
         self.counters = torch.zeros(sched.n_counters(c.n_layers), dtype=torch.int32, device=device)
         self.status = torch.zeros(2, dtype=torch.int32, device=device)
+        # (programs, phases, 2) clock of each phase's begin and end, when `trace` is set
+        self.traced = trace and runtime.ON_GPU
+        n_phases = len(sched.schedule(c, batch, programs))
+        self.trace = torch.zeros(
+            (programs, n_phases, 2) if self.traced else 1, dtype=torch.int64, device=device
+        )
 
     def default_block_k(self) -> int:
         """One program an SM must keep ~30 KB of weight in flight to stream at the copy rate, and
@@ -703,7 +743,7 @@ class PersistentStep:
             w.norm, w.lm_head, w.inv_freq,
             self.tokens, self.positions, cache.k, cache.v,
             self.x, self.q, self.part_o, self.part_ml, self.attn, self.h, self.logits,
-            self.best_val, self.best_idx, self.counters, self.status,
+            self.best_val, self.best_idx, self.counters, self.status, self.trace,
             self.batch, cache.batch, c.n_layers, cache.capacity, c.vocab_size, c.rms_eps,
             w.rope_scale, m.scale, self.tile.splits, self.spin_limit, bad_counter,
             HIDDEN=c.hidden_size, N_HEADS=c.n_heads, N_KV=c.n_kv_heads, D=c.head_dim,
@@ -713,7 +753,7 @@ class PersistentStep:
             BLOCK_P=triton.next_power_of_2(self.programs), USE_DOT=self.use_dot,
             UPCAST=runtime.UPCAST, IEEE=m.dtype == torch.float32, PREFETCH=self.prefetch,
             LINE=line, LINES_H=lines(c.hidden_size), LINES_Q=lines(c.n_heads * c.head_dim),
-            LINES_I=lines(c.intermediate_size), num_warps=self.num_warps,
+            LINES_I=lines(c.intermediate_size), TRACE=self.traced, num_warps=self.num_warps,
             num_stages=self.num_stages,
         )  # fmt: skip
 
