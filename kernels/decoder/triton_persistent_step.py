@@ -109,6 +109,42 @@ def _prefetch_rows(W, rows, K, LINES: tl.constexpr, LINE: tl.constexpr, ENABLE: 
         )
 
 
+@triton.jit
+def _prefetch_keys(
+    K_CACHE, V_CACHE, kv_base, start, end, D: tl.constexpr, LINE: tl.constexpr, ENABLE: tl.constexpr
+):
+    """Ask the L2 for keys [start, end) of one (sequence, KV head) of K and V: they were written by
+    earlier steps, so they can move while the program still waits for this step's q."""
+    if ENABLE:
+        offs_t = tl.arange(0, 256)
+        offs_l = tl.arange(0, (D + LINE - 1) // LINE) * LINE
+        for t0 in range(start, end, 256):
+            t = tl.minimum(t0 + offs_t, end - 1).to(tl.int64)
+            offs = kv_base + t[:, None] * D + offs_l[None, :]
+            for cache in tl.static_range(2):
+                ptrs = (K_CACHE if cache == 0 else V_CACHE) + offs
+                tl.inline_asm_elementwise(
+                    "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;",
+                    "=r,l",
+                    [ptrs.to(tl.int64)],
+                    dtype=tl.int32,
+                    is_pure=False,
+                    pack=1,
+                )
+
+
+@triton.jit
+def _split(POSITIONS, u, splits, capacity, BLOCK_T: tl.constexpr, N_KV: tl.constexpr):
+    """Attention unit u: (sequence, KV head, first key, end key) of its split."""
+    s = u % splits
+    kv = (u // splits) % N_KV
+    bi = u // (splits * N_KV)
+    n_keys = tl.minimum(tl.load(POSITIONS + bi) + 1, capacity)
+    chunk = tl.cdiv(tl.cdiv(n_keys, splits), BLOCK_T) * BLOCK_T
+    start = s * chunk
+    return bi, kv, start, tl.minimum(start + chunk, n_keys)
+
+
 # --------------------------------------------------------------------------------------------------
 # The pieces of a phase
 
@@ -309,6 +345,11 @@ def persistent_step_kernel(
         wq = W_QKV + layer * QKV_W * HIDDEN
         first = (pid // PER_HEAD) * D + (pid % PER_HEAD) * HALF + pair_j + pair_set * (D // 2)
         _prefetch_rows(wq, tl.minimum(first, QKV_W - 1), HIDDEN, LINES_H, LINE, PREFETCH)
+        if PREFETCH:  # and the keys and values this program's attention units will read
+            for u in range(pid, batch * N_KV * splits, P):
+                bi, kv, start, end = _split(POSITIONS, u, splits, capacity, BLOCK_T, N_KV)
+                kv_base = ((layer * cache_batch + bi) * N_KV + kv).to(tl.int64) * capacity * D
+                _prefetch_keys(K_CACHE, V_CACHE, kv_base, start, end, D, LINE, PREFETCH)
         if layer > 0:
             _wait(
                 COUNTERS,
@@ -369,13 +410,8 @@ def persistent_step_kernel(
         # ---- attention: one split of the keys of one (sequence, KV head), its G query heads
         _wait(COUNTERS, STATUS, base, _target(P, base, bad_counter), spin_limit, trace, TRACE)
         for u in range(pid, batch * N_KV * splits, P):
+            bi, kv, start, end = _split(POSITIONS, u, splits, capacity, BLOCK_T, N_KV)
             s = u % splits
-            kv = (u // splits) % N_KV
-            bi = u // (splits * N_KV)
-            n_keys = tl.minimum(tl.load(POSITIONS + bi) + 1, capacity)
-            chunk = tl.cdiv(tl.cdiv(n_keys, splits), BLOCK_T) * BLOCK_T
-            start = s * chunk
-            end = tl.minimum(start + chunk, n_keys)
             heads = kv * G + offs_g
             q = tl.load(
                 Q + bi * Q_W + heads[:, None] * D + offs_d[None, :],
