@@ -24,6 +24,9 @@ GEMV, and SwiGLU into gate_up's (triton_fused_gemv.py), up to three launches a l
 captures the whole step with each subset fused and keeps the fastest (off until measured, or set by
 hand with `set_decode_fused`).
 
+`generate(..., persistent=True)` runs the decode steps as one persistent kernel each instead
+(triton_persistent_step.py: no kernel boundaries inside the step); the graph stays the default.
+
 Loading real weights: build the Hugging Face model from its folder and hand it over,
 
     hf = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
