@@ -168,3 +168,31 @@ def test_gpu_watchdog_instead_of_a_hang():
     step.launch(bad_counter=bad)
     with pytest.raises(WatchdogTimeout, match=f"counter {bad} \\(layer 2, phase down\\)"):
         step.check()
+
+
+# ------------------------------------------------------------------------------------------------
+# Compiled for sm_90 without a GPU: every program of the launch fits on the SMs at once
+
+OFFLINE = [
+    ("1b", "bfloat16", 1, {}),
+    ("1b", "bfloat16", 1, {"programs_per_sm": 2, "num_warps": 4}),
+    ("1b", "bfloat16", 8, {}),
+]
+
+
+@pytest.mark.cpu
+def test_every_program_is_resident_on_hopper():
+    """A program that is not resident cannot arrive on a counter: the launch must fit the SMs by
+    registers and shared memory. Compiled in a process of its own (this one interprets)."""
+    from kernels.decoder.persistent_offline import REGISTERS_PER_SM, programs_per_sm_that_fit
+    from kernels.matmul.offline import compile_offline
+
+    variants = [{"config": c, "dtype": d, "batch": b, **o} for c, d, b, o in OFFLINE]
+    made = compile_offline("kernels.decoder.persistent_offline", variants)
+    for options, one in zip(variants, made):
+        launched = options.get("programs_per_sm", 1)
+        assert programs_per_sm_that_fit(one["registers"], one["warps"]) >= launched, options
+        assert one["registers"] * 32 * one["warps"] * launched <= REGISTERS_PER_SM
+        assert one["shared_bytes"] * launched <= 227 * 1024
+        if launched == 1:
+            assert one["spill_bytes"] == 0, options

@@ -39,7 +39,7 @@ state_dict, inv_freq)` with the tensors of its safetensors files and `rope_frequ
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -91,8 +91,8 @@ class DecoderWeights:
     lm_head: torch.Tensor  # (vocab, hidden): the embedding itself when tied
     inv_freq: torch.Tensor  # float32 (head_dim / 2,)
     rope_scale: float = 1.0
-    # LayerWeights' names -> the layers' tensors stacked (layers, ...), of which the layers' are
-    # views (from_state_dict makes them): the persistent step reads each with one pointer
+    # LayerWeights' names -> the layers' tensors stacked (layers, ...): the persistent step reads
+    # each with one pointer (triton_persistent_step.stacked_weights makes them on first use)
     stacks: dict | None = None
 
     @property
@@ -165,9 +165,6 @@ class DecoderWeights:
                     down=take(p + "mlp.down_proj.weight", (c.hidden_size, c.intermediate_size)),
                 )
             )
-        names = [f.name for f in fields(LayerWeights)]
-        stacks = {n: torch.stack([getattr(layer, n) for layer in layers]) for n in names}
-        layers = [LayerWeights(**{n: stacks[n][i] for n in names}) for i in range(c.n_layers)]
         embed = take("model.embed_tokens.weight", (c.vocab_size, c.hidden_size)).contiguous()
         if c.tie_embeddings:
             lm_head = embed
@@ -186,7 +183,6 @@ class DecoderWeights:
             lm_head,
             inv_freq.to(device=device, dtype=torch.float32).contiguous(),
             float(rope_scale),
-            stacks,
         )
 
     @classmethod

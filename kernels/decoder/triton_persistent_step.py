@@ -51,7 +51,10 @@ TOKEN_FLAG = tl.constexpr(STATUS_TOKEN_OUT_OF_RANGE)
 POSITION_FLAG = tl.constexpr(STATUS_POSITION_OUT_OF_RANGE)
 WATCHDOG_FLAG = tl.constexpr(STATUS_WATCHDOG)
 LOG2E_C = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x log2(e))
-SPIN_LIMIT = runtime.pick(gpu=1 << 22, cpu=200)  # acquire reads before the watchdog gives up
+# Compiled for a GPU (on one, or offline with KERNELS_COMPILE_ONLY=1), not interpreted: the GPU's
+# choices of programs, tiles and prefetch apply
+COMPILED = runtime.ON_GPU or runtime.COMPILE_ONLY
+SPIN_LIMIT = 1 << 22 if COMPILED else 200  # counter reads before the watchdog gives up
 
 # --------------------------------------------------------------------------------------------------
 # The counters
@@ -650,9 +653,9 @@ def persistent_step_kernel(
 
 
 def stacked_weights(weights) -> dict[str, torch.Tensor]:
-    """The layers' weights stacked (L, ...), one pointer each: DecoderWeights.from_state_dict makes
-    them (the layers' tensors are views of the stacks); for weights built otherwise they are
-    copied here once (the model then holds the layers' weights twice)."""
+    """The layers' weights stacked (L, ...), one pointer each, copied once per DecoderWeights and
+    kept on it: the model then holds the layers' weights twice (2 GB more for Llama-3.2-1B in
+    bf16), and the CUDA graph's kernels keep reading the layers' own tensors."""
     if weights.stacks is None:
         names = ("qkv", "o", "gate_up", "down", "attn_norm", "mlp_norm")
         weights.stacks = {
@@ -701,14 +704,14 @@ class PersistentStep:
             )
         self.model, self.batch = model, batch
         if programs is None:
-            programs = runtime.features().sm_count if runtime.ON_GPU else 1
+            programs = runtime.features().sm_count if COMPILED else 1
         self.programs = programs
         self.tile = sched.tiling(c, batch, programs)
         self.use_dot = batch > 4
         self.block_m = max(16 if self.use_dot else 1, triton.next_power_of_2(batch))
-        self.block_k = block_k or runtime.pick(gpu=self.default_block_k(), cpu=32)
+        self.block_k = block_k or (self.default_block_k() if COMPILED else 32)
         self.num_warps, self.num_stages = num_warps, num_stages
-        self.prefetch = prefetch and runtime.ON_GPU
+        self.prefetch = prefetch and COMPILED
         self.spin_limit = spin_limit
         self.weights = stacked_weights(model.w)
         q_width = c.n_heads * c.head_dim
@@ -731,7 +734,7 @@ class PersistentStep:
         self.counters = torch.zeros(sched.n_counters(c.n_layers), dtype=torch.int32, device=device)
         self.status = torch.zeros(2, dtype=torch.int32, device=device)
         # (programs, phases, 2) clock of each phase's begin and end, when `trace` is set
-        self.traced = trace and runtime.ON_GPU
+        self.traced = trace and COMPILED
         n_phases = len(sched.schedule(c, batch, programs))
         self.trace = torch.zeros(
             (programs, n_phases, 2) if self.traced else 1, dtype=torch.int64, device=device
@@ -742,9 +745,11 @@ class PersistentStep:
         a tile's loads are all issued before its product: the K tile is as long as registers
         allow. The broadcast product holds BLOCK_M x rows x BLOCK_K fp32 values (at most 64 a
         thread of 256); tl.dot holds only the operands."""
-        if self.use_dot:
-            return 512
-        return max(128, min(2048, 64 * 256 // (self.block_m * self.tile.rows)))
+        if self.use_dot:  # 512 spills at 32 rows of x (offline compile for sm_90)
+            return 512 if self.block_m <= 16 else 256
+        c = self.model.c
+        longest = triton.next_power_of_2(max(c.hidden_size, c.intermediate_size))
+        return max(128, min(2048, longest, 64 * 256 // (self.block_m * self.tile.rows)))
 
     def start(self, tokens: torch.Tensor, length: int) -> None:
         """Set the step's input: the last tokens (B,) and the cache length they go to."""
@@ -767,6 +772,13 @@ class PersistentStep:
             self._launch(bad_counter)
 
     def _launch(self, bad_counter: int) -> None:
+        args, constants = self.kernel_arguments(bad_counter)
+        persistent_step_kernel[(self.programs,)](
+            *args, **constants, num_warps=self.num_warps, num_stages=self.num_stages
+        )
+
+    def kernel_arguments(self, bad_counter: int = -1) -> tuple[list, dict]:
+        """The kernel's arguments: (the tensors and scalars in order, the constexprs by name)."""
         m, c, w = self.model, self.model.c, self.model.w
         s, cache = self.weights, m.cache
         line = 128 // w.embed.element_size()  # elements of a 128-byte line
@@ -774,7 +786,7 @@ class PersistentStep:
         def lines(k: int) -> int:  # the lines of a row of k elements prefetched, up to 16 KB
             return min(128, triton.next_power_of_2(triton.cdiv(k, line)))
 
-        persistent_step_kernel[(self.programs,)](
+        args = [
             w.embed, s["qkv"], s["o"], s["gate_up"], s["down"], s["attn_norm"], s["mlp_norm"],
             w.norm, w.lm_head, w.inv_freq,
             self.tokens, self.positions, cache.k, cache.v,
@@ -782,16 +794,18 @@ class PersistentStep:
             self.best_val, self.best_idx, self.counters, self.status, self.trace,
             self.batch, cache.batch, c.n_layers, cache.capacity, c.vocab_size, c.rms_eps,
             w.rope_scale, m.scale, self.tile.splits, self.spin_limit, bad_counter,
+        ]  # fmt: skip
+        constants = dict(
             HIDDEN=c.hidden_size, N_HEADS=c.n_heads, N_KV=c.n_kv_heads, D=c.head_dim,
             INTER=c.intermediate_size, HALF=self.tile.half_rows, BLOCK_M=self.block_m,
             BLOCK_K=self.block_k, BLOCK_G=triton.next_power_of_2(c.n_heads // c.n_kv_heads),
-            BLOCK_T=runtime.pick(gpu=32, cpu=16), BLOCK_S=triton.next_power_of_2(self.tile.splits),
+            BLOCK_T=32 if COMPILED else 16, BLOCK_S=triton.next_power_of_2(self.tile.splits),
             BLOCK_P=triton.next_power_of_2(self.programs), USE_DOT=self.use_dot,
-            UPCAST=runtime.UPCAST, IEEE=m.dtype == torch.float32, PREFETCH=self.prefetch,
+            UPCAST=not COMPILED, IEEE=m.dtype == torch.float32, PREFETCH=self.prefetch,
             LINE=line, LINES_H=lines(c.hidden_size), LINES_Q=lines(c.n_heads * c.head_dim),
-            LINES_I=lines(c.intermediate_size), TRACE=self.traced, num_warps=self.num_warps,
-            num_stages=self.num_stages,
+            LINES_I=lines(c.intermediate_size), TRACE=self.traced,
         )  # fmt: skip
+        return args, constants
 
     def replay(self) -> torch.Tensor:
         """One decode step; returns the `tokens` buffer (the next tokens)."""
