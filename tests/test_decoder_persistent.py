@@ -122,6 +122,21 @@ def test_watchdog_names_the_counter_that_never_filled():
     step.check()
 
 
+# after the timeout program 0 goes on over buffers nobody wrote (NaN): numpy says so
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_a_program_that_never_runs_alongside_is_caught_not_waited_for():
+    """The interpreter runs program 1 only after program 0 has finished: program 0's first wait
+    can never be met, as on a GPU with more programs than fit. The watchdog ends it."""
+    hf = hf_reference.random_llama(TINY, seed=4)
+    model = Decoder(DecoderWeights.from_hf(hf), max_batch=1, max_seq=8)
+    model.prefill(prompt(TINY, 1, 3).to(DEVICE))
+    step = PersistentStep(model, 1, programs=2, spin_limit=20)
+    step.start(torch.tensor([5], device=DEVICE), model.cache.length)
+    step.launch()
+    with pytest.raises(WatchdogTimeout, match="counter 0 \\(layer 0, phase qkv\\)"):
+        step.check()
+
+
 def test_refusals():
     hf = hf_reference.random_llama(TINY, seed=4)
     model = Decoder(DecoderWeights.from_hf(hf), max_batch=2, max_seq=8)
