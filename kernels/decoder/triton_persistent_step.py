@@ -1,6 +1,6 @@
 """The decode step as one persistent Triton kernel: no kernel boundaries between the layers' GEMVs.
 
-The CUDA graph (model.DecodeGraph) replays about 120 kernels a step at batch 1. Each one ramps up,
+The CUDA graph (model.DecodeGraph) replays 117 to 166 kernels a step. Each one ramps up,
 runs its last wave on a few SMs and ends before the next may start: while it does, the weights do
 not stream. Here one launch of P programs (one per SM) runs the whole step. The programs walk the
 schedule of persistent_schedule.py, phase by phase, and the only thing between two phases is a
@@ -10,9 +10,12 @@ counter in global memory:
   adds 1 to the phase's counter (`tl.debug_barrier()`, then an atomic add with release semantics);
 * a program that starts the next phase first asks the L2 to prefetch the weight rows of its first
   unit (weights do not depend on the activations: the memory system has work while the program
-  waits), then spins on an acquire read of the counter until it holds P;
+  waits), then spins on the counter until it holds P, and reads it once more with acquire
+  semantics; inside a phase, each unit prefetches the next unit's rows, and each layer's qkv phase
+  prefetches the keys and values the program's attention units will read (earlier steps wrote
+  them);
 * the spin gives up after `spin_limit` reads: the program writes the watchdog flag and the counter
-  into a status word and goes on without waiting (a wrong count costs a second, never a hang), and
+  into a status word and goes on without waiting (a wrong count costs seconds, never a hang), and
   `PersistentStep.check()` raises with the counter's layer and phase. Every program still arrives on
   every counter, so the counts of the next step are right.
 
@@ -28,10 +31,12 @@ D/2 of a head, so RoPE and the cache append are the GEMV's epilogue; gate_up's p
 its up row, so SwiGLU is.
 
 Co-residency: every program must be running at once, or one spins on a counter that a program
-not yet started would raise. P is at most one program per SM and the kernel needs far less than
-an SM's registers and shared memory, so all are resident on an otherwise idle GPU. The interpreter
-runs programs one after another: on the CPU the step runs with P = 1 (tests), and P > 1 there times
-out at the first counter, which is what the watchdog is for.
+not yet started would raise. The default is one program of 8 warps an SM; compiled for sm_90 it
+takes 247 registers a thread (63,232 of the SM's 65,536) and 4 KB of shared memory, so one fits
+and all are resident on an otherwise idle GPU (persistent_offline.py checks every configuration
+the benchmark launches). The interpreter runs programs one after another: on the CPU the step
+runs with P = 1 (tests), and P > 1 there times out at the first counter, which is what the
+watchdog is for.
 """
 
 from __future__ import annotations
