@@ -24,6 +24,9 @@ GEMV, and SwiGLU into gate_up's (triton_fused_gemv.py), up to three launches a l
 captures the whole step with each subset fused and keeps the fastest (off until measured, or set by
 hand with `set_decode_fused`).
 
+`generate(..., persistent=True)` runs the decode steps as one persistent kernel each instead
+(triton_persistent_step.py: no kernel boundaries inside the step); the graph stays the default.
+
 Loading real weights: build the Hugging Face model from its folder and hand it over,
 
     hf = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
@@ -47,6 +50,7 @@ from kernels.decoder import (
     triton_fused_gemv,
     triton_gemv,
     triton_ops,
+    triton_persistent_step,
     triton_rope,
 )
 from kernels.decoder.config import (
@@ -87,6 +91,9 @@ class DecoderWeights:
     lm_head: torch.Tensor  # (vocab, hidden): the embedding itself when tied
     inv_freq: torch.Tensor  # float32 (head_dim / 2,)
     rope_scale: float = 1.0
+    # LayerWeights' names -> the layers' tensors stacked (layers, ...): the persistent step reads
+    # each with one pointer (triton_persistent_step.stacked_weights makes them on first use)
+    stacks: dict | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -224,6 +231,7 @@ class Decoder:
         self.status = torch.zeros(1, dtype=torch.int32, device=self.device)
         self._workspaces: dict = {}
         self._graph = None
+        self._persistent: dict[int, triton_persistent_step.PersistentStep] = {}
         # batch -> the projections whose decode step runs triton_gemv.linear instead of cuBLAS
         self.decode_gemv: dict[int, frozenset[str]] = {}
         # batch -> the projections whose decode step runs triton_fused_gemv with its norm (and
@@ -561,10 +569,25 @@ class Decoder:
         self._graph = DecodeGraph(self, batch)
         return self._graph
 
+    def persistent_step(self, batch: int, **options) -> "triton_persistent_step.PersistentStep":
+        """The decode step of `batch` as one persistent launch (triton_persistent_step.py), made
+        once per batch (again if `options` are given)."""
+        step = self._persistent.get(batch)
+        if step is None or options:
+            step = triton_persistent_step.PersistentStep(self, batch, **options)
+            self._persistent[batch] = step
+        return step
+
     def generate(
-        self, prompt: torch.Tensor, new_tokens: int, *, graph: bool = True
+        self,
+        prompt: torch.Tensor,
+        new_tokens: int,
+        *,
+        graph: bool = True,
+        persistent: bool = False,
     ) -> torch.Tensor:
-        """Greedy decoding: (B, T + new_tokens) token ids, the prompt first."""
+        """Greedy decoding: (B, T + new_tokens) token ids, the prompt first. `persistent` runs
+        the decode steps as the persistent kernel instead of the CUDA graph (or eager steps)."""
         self._check_tokens(prompt, 0, cached=0)
         if prompt.shape[1] + new_tokens > self.max_seq:
             raise ValueError(
@@ -578,22 +601,24 @@ class Decoder:
         out[:, : prompt.shape[1]] = prompt
         if new_tokens == 0:
             return out
-        use_graph = graph and runtime.ON_GPU
+        use_graph = graph and runtime.ON_GPU and not persistent
         if use_graph and (self._graph is None or self._graph.batch != batch):
             self.capture_decode_graph(batch)  # before the prefill: its warm-up writes the cache
         token = triton_ops.argmax(self.prefill(prompt))
         out[:, prompt.shape[1]] = token
-        if use_graph:
-            step = self._graph
+        if use_graph or persistent:
+            step = self.persistent_step(batch) if persistent else self._graph
             step.start(token, self.cache.length)
         for t in range(prompt.shape[1] + 1, prompt.shape[1] + new_tokens):
-            if use_graph:
+            if use_graph or persistent:
                 token = step.replay()
                 self.cache.length += 1
             else:
                 token = triton_ops.argmax(self.decode_step(token))
             out[:, t] = token
         self.check_status()
+        if persistent:
+            step.check()
         return out
 
 

@@ -1,0 +1,213 @@
+"""The persistent decode step: its schedule proven free of deadlocks and data races by the
+simulator, for every batch 1..32 and every number of programs the wrapper may choose; the kernel
+against the decoder's own step (CPU: one program through the interpreter); the watchdog's message
+for a counter that never reaches its count. GPU: greedy tokens against Hugging Face over 64 steps in
+bfloat16 and float32, and against the CUDA-graph step."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from kernels import runtime
+from kernels.decoder import hf_reference, reference, triton_ops
+from kernels.decoder import persistent_schedule as sched
+from kernels.decoder.config import LLAMA_1B, TINY
+from kernels.decoder.model import Decoder, DecoderWeights
+from kernels.decoder.triton_persistent_step import PersistentStep, WatchdogTimeout
+
+DEVICE = runtime.DEVICE
+gpu = pytest.mark.gpu
+# The SM counts of the GPUs the course profiles (A100, RTX 4090, H100/H200), one and two programs
+# an SM, and small counts that leave most units to a few programs
+PROGRAM_COUNTS = (1, 2, 3, 5, 16, 108, 128, 132, 264)
+# Llama-3.2-1B's phase sizes with two layers: the counts of every layer are the same
+TWO_LAYERS = dataclasses.replace(LLAMA_1B, n_layers=2)
+
+
+# ------------------------------------------------------------------------------------------------
+# The schedule
+
+
+@pytest.mark.parametrize("config", [TINY, TWO_LAYERS], ids=["tiny", "1b-two-layers"])
+def test_schedule_is_free_of_deadlocks_and_races_for_every_batch(config):
+    for batch in range(1, 33):
+        for programs in PROGRAM_COUNTS:
+            phases = sched.schedule(config, batch, programs)
+            assert [p.counter for p in phases] == list(range(len(phases)))
+            for seed in range(2):
+                actions = sched.simulate(phases, programs, seed=seed)
+                assert actions >= 2 * len(phases) * programs
+
+
+def test_every_phase_has_work_and_the_units_cover_the_weights():
+    tile = sched.tiling(LLAMA_1B, 1, 132)
+    units = sched.phase_units(LLAMA_1B, 1, tile)
+    c = LLAMA_1B
+    assert units["qkv"] * tile.rows == c.qkv_width
+    assert units["gate_up"] * tile.rows == 2 * c.intermediate_size
+    assert (units["o"] - 1) * tile.rows < c.hidden_size <= units["o"] * tile.rows
+    assert (units["lm_head"] - 1) * tile.rows < c.vocab_size <= units["lm_head"] * tile.rows
+    assert units["attention"] == c.n_kv_heads * tile.splits and tile.splits > 1
+
+
+def test_a_wrong_expected_count_is_a_deadlock():
+    phases = sched.schedule(TINY, 3, 4)
+    wrong = list(phases)
+    counter, count = wrong[5].wait
+    wrong[5] = dataclasses.replace(wrong[5], wait=(counter, count + 1))
+    with pytest.raises(sched.Deadlock, match=f"on counter {counter} for {count + 1}"):
+        sched.simulate(wrong, 4)
+
+
+def test_a_missing_wait_is_a_data_race():
+    phases = sched.schedule(TINY, 2, 4)
+    attention = next(i for i, p in enumerate(phases) if p.name == "attention")
+    racy = list(phases)
+    racy[attention] = dataclasses.replace(racy[attention], wait=None)
+    with pytest.raises(sched.DataRace, match="attention .* reads q before qkv"):
+        for seed in range(20):  # some interleaving starts attention before every qkv is done
+            sched.simulate(racy, 4, seed=seed)
+
+
+# ------------------------------------------------------------------------------------------------
+# The kernel on the CPU: one program, every phase in turn
+
+
+def prompt(config, batch, n, seed=7):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, config.vocab_size, (batch, n), generator=g)
+
+
+@pytest.mark.parametrize(
+    "dtype, batch", [(torch.float32, 2), (torch.bfloat16, 1), (torch.float32, 5)]
+)
+def test_step_matches_the_decoders_step(dtype, batch):
+    """Logits and next tokens of two steps against Decoder.decode_step on the same cache; batch 5
+    takes the tl.dot path."""
+    hf = hf_reference.random_llama(TINY, seed=3, dtype=dtype)
+    model = Decoder(DecoderWeights.from_hf(hf), max_batch=batch, max_seq=24)
+    tokens = prompt(TINY, batch, 7).to(DEVICE)
+    token = triton_ops.argmax(model.prefill(tokens))
+    step = PersistentStep(model, batch)
+    step.start(token, model.cache.length)
+    for _ in range(2):
+        length = model.cache.length
+        want = model.decode_step(token)  # writes the same cache position first
+        model.cache.length = length
+        got_tokens = step.replay().clone()
+        model.cache.length += 1
+        step.check()
+        tolerance = reference.LOGITS_TOLERANCE[dtype]
+        assert reference.logits_error(step.logits, want) < tolerance
+        assert torch.equal(got_tokens, torch.argmax(step.logits, -1))
+        assert int(step.positions[0]) == model.cache.length
+        token = got_tokens
+    assert int(step.counters.abs().sum()) == 0  # the last program reset them
+
+
+def test_watchdog_names_the_counter_that_never_filled():
+    hf = hf_reference.random_llama(TINY, seed=4)
+    model = Decoder(DecoderWeights.from_hf(hf), max_batch=1, max_seq=8)
+    model.prefill(prompt(TINY, 1, 3).to(DEVICE))
+    step = PersistentStep(model, 1, spin_limit=50)
+    step.start(torch.tensor([5], device=DEVICE), model.cache.length)
+    bad = sched.counter_index(TINY.n_layers, 1, "combine")
+    step.launch(bad_counter=bad)
+    with pytest.raises(WatchdogTimeout, match=f"counter {bad} \\(layer 1, phase combine\\)"):
+        step.check()
+    assert int(step.status.abs().sum()) == 0  # cleared: the next step runs
+    step.start(torch.tensor([5], device=DEVICE), model.cache.length)
+    step.replay()
+    step.check()
+
+
+# after the timeout program 0 goes on over buffers nobody wrote (NaN): numpy says so
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_a_program_that_never_runs_alongside_is_caught_not_waited_for():
+    """The interpreter runs program 1 only after program 0 has finished: program 0's first wait
+    can never be met, as on a GPU with more programs than fit. The watchdog ends it."""
+    hf = hf_reference.random_llama(TINY, seed=4)
+    model = Decoder(DecoderWeights.from_hf(hf), max_batch=1, max_seq=8)
+    model.prefill(prompt(TINY, 1, 3).to(DEVICE))
+    step = PersistentStep(model, 1, programs=2, spin_limit=20)
+    step.start(torch.tensor([5], device=DEVICE), model.cache.length)
+    step.launch()
+    with pytest.raises(WatchdogTimeout, match="counter 0 \\(layer 0, phase qkv\\)"):
+        step.check()
+
+
+def test_refusals():
+    hf = hf_reference.random_llama(TINY, seed=4)
+    model = Decoder(DecoderWeights.from_hf(hf), max_batch=2, max_seq=8)
+    with pytest.raises(ValueError, match="batch must be in"):
+        PersistentStep(model, 3)
+    step = PersistentStep(model, 1)
+    step.start(torch.tensor([TINY.vocab_size], device=DEVICE), 8)
+    step.launch()
+    with pytest.raises(RuntimeError, match="outside the KV cache"):
+        step.check()
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU: greedy decoding against Hugging Face and the CUDA graph
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batch", [1, 2, 8])
+def test_gpu_greedy_equals_hf_and_the_graph(dtype, batch):
+    hf = hf_reference.random_llama(TINY, seed=5, dtype=dtype, device="cuda")
+    model = Decoder(DecoderWeights.from_hf(hf), max_batch=batch, max_seq=96)
+    tokens = prompt(TINY, batch, 9, seed=batch).cuda()
+    theirs = hf_reference.greedy(hf, tokens, 64)
+    graphed = model.generate(tokens, 64, graph=True)
+    mine = model.generate(tokens, 64, persistent=True)
+    agree = float((mine == theirs).float().mean())
+    print(
+        f"{dtype} batch {batch}: persistent = HF on {agree:.1%} of tokens, "
+        f"= graph: {torch.equal(mine, graphed)}"
+    )
+    assert torch.equal(mine, graphed)
+    assert torch.equal(mine, theirs)
+
+
+@gpu
+def test_gpu_watchdog_instead_of_a_hang():
+    hf = hf_reference.random_llama(TINY, seed=6, dtype=torch.bfloat16, device="cuda")
+    model = Decoder(DecoderWeights.from_hf(hf), max_batch=1, max_seq=16)
+    model.prefill(prompt(TINY, 1, 4).cuda())
+    step = PersistentStep(model, 1, spin_limit=1 << 16)
+    step.start(torch.tensor([1], device="cuda"), model.cache.length)
+    bad = sched.counter_index(TINY.n_layers, 2, "down")
+    step.launch(bad_counter=bad)
+    with pytest.raises(WatchdogTimeout, match=f"counter {bad} \\(layer 2, phase down\\)"):
+        step.check()
+
+
+# ------------------------------------------------------------------------------------------------
+# Compiled for sm_90 without a GPU: every program of the launch fits on the SMs at once
+
+OFFLINE = [
+    ("1b", "bfloat16", 1, {}),
+    ("1b", "bfloat16", 1, {"programs_per_sm": 2, "num_warps": 4}),
+    ("1b", "bfloat16", 8, {}),
+]
+
+
+@pytest.mark.cpu
+def test_every_program_is_resident_on_hopper():
+    """A program that is not resident cannot arrive on a counter: the launch must fit the SMs by
+    registers and shared memory. Compiled in a process of its own (this one interprets)."""
+    from kernels.decoder.persistent_offline import REGISTERS_PER_SM, programs_per_sm_that_fit
+    from kernels.matmul.offline import compile_offline
+
+    variants = [{"config": c, "dtype": d, "batch": b, **o} for c, d, b, o in OFFLINE]
+    made = compile_offline("kernels.decoder.persistent_offline", variants)
+    for options, one in zip(variants, made):
+        launched = options.get("programs_per_sm", 1)
+        assert programs_per_sm_that_fit(one["registers"], one["warps"]) >= launched, options
+        assert one["registers"] * 32 * one["warps"] * launched <= REGISTERS_PER_SM
+        assert one["shared_bytes"] * launched <= 227 * 1024
+        if launched == 1:
+            assert one["spill_bytes"] == 0, options
