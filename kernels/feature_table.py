@@ -91,6 +91,7 @@ KERNELS: dict[str, tuple[tuple[str, ...], str | None]] = {
     "decoder.triton_rope:rope_append_kernel": ((), None),
     "decoder.triton_fused_gemv:add_norm_linear_kernel": ((), None),
     "decoder.triton_gemv:skinny_linear_kernel": ((), None),
+    "decoder.triton_persistent_step:persistent_step_kernel": ((), None),
 }
 
 # Dtypes some GPUs cannot compute with. bf16: Turing (sm_75) has no bf16 tensor cores, so the

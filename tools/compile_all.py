@@ -479,6 +479,21 @@ def configurations(arch: str):
             num_stages=stages,
         )
 
+    from kernels.decoder import persistent_offline
+
+    # the decode step as one kernel, as PersistentStep launches it for Llama-3.2-1B at batch 1
+    add(
+        "decoder.triton_persistent_step:persistent_step_kernel",
+        f"1b {half} batch 1",
+        half,
+        {},
+        {
+            "compile": functools.partial(
+                persistent_offline.compile_for, arch, dtype="bfloat16" if found.bf16 else "float16"
+            )
+        },
+    )
+
     tiled = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8, "UPCAST": False}
     add("matmul.triton_matmul:matmul_kernel", half, half, tiled, num_warps=8, num_stages=3)
     add(
@@ -562,7 +577,7 @@ def compile_one_arch(arch: str) -> None:
         row = {"arch": arch, "kernel": key, "config": label, "budget": budget}
         start = time.perf_counter()
         try:
-            if "compile" in types:  # Gluon: the module's own sm_90 compile
+            if "compile" in types:  # a module's own compile (Gluon, TMA, fp8, the persistent step)
                 compiled = types["compile"]()
             else:
                 kernel = _jit_function(key)

@@ -39,6 +39,7 @@ LECTURES = [
     ("06", "Mixture of experts", ("moe.",)),
     ("06b", "The grouped GEMM (TMA)", ("moe.triton_grouped_gemm",)),
     ("07", "Decoder", ("decoder.",)),
+    ("07b", "The decode step as one persistent kernel", ("decoder.triton_persistent_step",)),
     ("08", "Communication (gloo, CPU processes)", None),
 ]
 # What ran on an H200 in each KERNELS_GPU_PROFILE mode (data/results/h200/gpu-profiles/): the GPU
@@ -51,6 +52,8 @@ EMULATED_NOTEBOOKS = {
     "a100": ("02", "02b", "03h", "04"),
     "rtx4090": ("03", "06"),
 }
+# The Hopper GPUs each lecture ran on, where not both (the H100 runs predate these modules).
+RAN_ON_HOPPER = {"02b": "H200", "07b": "H200"}
 # What a missing feature means for the lecture, where the kernel has a portable path.
 PORTABLE_WORDS = {"pdl": "PDL off", "fp8": "fp8 via float32", "tma": "TMA off"}
 
@@ -76,7 +79,7 @@ def cell(lecture: str, prefixes: tuple[str, ...] | None, arch: str, profile: str
         needs = sorted({f for k in refused for f in feature_table.missing(k, arch)})
         return f"refused: needs {', '.join(needs)}"
     if arch == "sm_90":
-        how = "run (H100, H200)"
+        how = f"run ({RAN_ON_HOPPER.get(lecture, 'H100, H200')})"
     elif profile is not None and lecture in EMULATED_NOTEBOOKS.get(profile, ()):
         how = f"compiled; tests and notebook run on an H200 as {profile}"
     elif profile is not None and lecture in EMULATED_TESTS.get(profile, ()):
