@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from grading import harness
+from grading.cases import make_inputs
 from grading.correctness import LocalCaller, run_case
 from grading.harness import check_function, diagnose, watch
-from grading.cases import make_inputs
 from grading.labs import LAB_MODULES, get_lab
 from grading.spec import Case
 from kernels import runtime
