@@ -1,7 +1,8 @@
 """The persistent decode step: its schedule proven free of deadlocks and data races by the
 simulator, for every batch 1..32 and every number of programs the wrapper may choose; the kernel
 against the decoder's own step (CPU: one program through the interpreter); the watchdog's message
-for a counter that never reaches its count. GPU: greedy tokens against Hugging Face over 64 steps in
+for a counter that never reaches its count; the reading of a traced step (its phases' spans, floors
+and waits). GPU: greedy tokens against Hugging Face over 64 steps in
 bfloat16 and float32, and against the CUDA-graph step."""
 
 import dataclasses
@@ -12,6 +13,8 @@ import torch
 from kernels import runtime
 from kernels.decoder import hf_reference, reference, triton_ops
 from kernels.decoder import persistent_schedule as sched
+from kernels.decoder.benchmark import decode_bytes
+from kernels.decoder.benchmark_persistent import phase_bytes, trace_phases
 from kernels.decoder.config import LLAMA_1B, TINY
 from kernels.decoder.model import Decoder, DecoderWeights
 from kernels.decoder.triton_persistent_step import PersistentStep, WatchdogTimeout
@@ -68,6 +71,47 @@ def test_a_missing_wait_is_a_data_race():
     with pytest.raises(sched.DataRace, match="attention .* reads q before qkv"):
         for seed in range(20):  # some interleaving starts attention before every qkv is done
             sched.simulate(racy, 4, seed=seed)
+
+
+# ------------------------------------------------------------------------------------------------
+# The reading of a traced step
+
+
+@pytest.mark.parametrize("batch, context", [(1, 512), (1, 4096), (8, 512)])
+def test_the_phases_bytes_add_up_to_the_steps_floor(batch, context):
+    nbytes = phase_bytes(LLAMA_1B, batch, context, torch.bfloat16.itemsize)
+    total = sum(nbytes[p.name] for p in sched.schedule(LLAMA_1B, batch, 132))
+    assert total == decode_bytes(batch, context)
+
+
+def test_trace_phases_reads_spans_floors_waits_and_boundaries():
+    # two programs; (begin, end) of each phase in us
+    trace = {
+        "batch": 1,
+        "context": 512,
+        "phases": ["qkv 0", "attention 0", "qkv 1", "attention 1", "lm_head"],
+        "us (program, phase, begin/end)": [
+            [(0, 10), (12, 15), (17, 27), (30, 33), (35, 100)],
+            [(0, 8), (12, 16), (18, 26), (29, 33), (36, 99)],
+        ],
+    }
+    rows = {r["phase"]: r for r in trace_phases(trace, LLAMA_1B, 4000.0, 2)}
+    assert list(rows) == ["qkv", "attention", "lm_head", "counters", "step"]
+    qkv, attention, lm_head = rows["qkv"], rows["attention"], rows["lm_head"]
+    assert (qkv["times"], qkv["span us"], qkv["step us"]) == (2, 10, 20)
+    # 3072 rows x 2048 and the norm's 2048, bf16, at 4000 GB/s
+    assert qkv["floor us"] == pytest.approx((3072 * 2048 + 2048) * 2 / 4e6)
+    assert qkv["% of floor"] == pytest.approx(10 * qkv["floor us"])
+    assert qkv["wait us"] == 2  # layer 1 only: the step's first phase waits for nothing
+    assert (attention["span us"], attention["wait us"]) == (4, 3)  # waits (2 + 4) / 2, 3
+    assert (lm_head["span us"], lm_head["wait us"]) == (65, 2.5)
+    assert rows["counters"]["times"] == 4
+    assert (rows["counters"]["span us"], rows["counters"]["step us"]) == (2, 7)  # 2, 1, 2, 2
+    assert rows["step"]["step us"] == 100 == sum(r["step us"] for r in list(rows.values())[:-1])
+    assert rows["step"]["wait us"] == pytest.approx(3 + 2 + 3 + 2.5)
+    floors = qkv["step floor us"] + attention["step floor us"] + lm_head["step floor us"]
+    assert rows["step"]["floor us"] == pytest.approx(floors)
+    assert rows["step"]["% of floor"] == pytest.approx(floors)  # of a 100 us step
 
 
 # ------------------------------------------------------------------------------------------------

@@ -11,12 +11,14 @@ step's logits are compared with the graph's on the same cache (their bf16 differ
 and saved) and its status word is checked (the watchdog). A few launch configurations of the
 persistent step are timed (programs per SM, warps, K tile) and each is reported. `--trace` adds
 one step of the first configuration at the first context with each program's clock at the begin
-and end of each phase (the timeline of a step).
+and end of each phase (the timeline of a step), and prints where its time went (`trace_phases`:
+each phase kind's span against its own byte floor, and the waits at the counters).
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import time
 
@@ -26,7 +28,7 @@ from kernels import bench, runtime
 from kernels.decoder import hf_reference, reference
 from kernels.decoder import persistent_schedule as sched
 from kernels.decoder.benchmark import decode_floor_ms
-from kernels.decoder.config import LLAMA_1B, PROJECTIONS
+from kernels.decoder.config import LLAMA_1B, PROJECTIONS, projection_shapes
 from kernels.decoder.model import Decoder, DecoderWeights
 from kernels.decoder.triton_persistent_step import PersistentStep
 
@@ -154,6 +156,98 @@ def trace_step(model: Decoder, batch: int, context: int, variant) -> dict:
     }
 
 
+def phase_bytes(config, batch: int, context: int, itemsize: int) -> dict[str, int]:
+    """The compulsory bytes of one phase of each kind: its weights read once (with the RMSNorm's
+    weight where the phase applies one), attention's K and V of the context. Over the schedule
+    they add up to the step's floor (benchmark.decode_bytes); combine and argmax read only what
+    the step itself wrote, so their floor is 0."""
+    c = config
+    weights = {name: n * k for name, (n, k, _) in projection_shapes(c).items()}
+    elements = {
+        "qkv": weights["qkv"] + c.hidden_size,  # + the attention norm's weight
+        "attention": 2 * batch * c.n_kv_heads * context * c.head_dim,
+        "combine": 0,
+        "o": weights["o"],
+        "gate_up": weights["gate_up"] + c.hidden_size,  # + the MLP norm's weight
+        "down": weights["down"],
+        "lm_head": weights["lm_head"] + c.hidden_size,  # + the final norm's weight
+        "argmax": 0,
+    }
+    return {name: n * itemsize for name, n in elements.items()}
+
+
+def trace_phases(trace: dict, config, copy_gbps: float, itemsize: int) -> list[dict]:
+    """Where the time of a traced step (trace_step's dict) went: one row per phase kind, then the
+    counter boundaries, then the whole step. A phase's
+
+    * `span us`: its first program's begin to its last program's end, the median over layers;
+    * `floor us`: its bytes (phase_bytes) at `copy_gbps`, and `% of floor` = floor / span;
+    * `wait us`: a program's end of the phase before to its begin of this one (its arrival, the
+      spin on the counter, the acquire), the mean over programs, the median over layers;
+    * `step us`, `step floor us`: the spans and the floors summed over the step.
+
+    The `counters` row is the boundary between two phases: the last program's end of one to the
+    first program's begin of the next (`span us` the median, `step us` the sum). Phases and
+    boundaries tile the step, so their `step us` add up to the `step` row's; its `wait us` is a
+    program's total wait over the step, the mean over programs."""
+    clock = trace["us (program, phase, begin/end)"]  # [program][phase] = (begin, end)
+    kinds = [name.split()[0] for name in trace["phases"]]
+    first_begin = [min(program[i][0] for program in clock) for i in range(len(kinds))]
+    last_end = [max(program[i][1] for program in clock) for i in range(len(kinds))]
+    waits = [0.0] + [
+        statistics.fmean(program[i][0] - program[i - 1][1] for program in clock)
+        for i in range(1, len(kinds))
+    ]
+    nbytes = phase_bytes(config, trace["batch"], trace["context"], itemsize)
+    rows = []
+    for kind in dict.fromkeys(kinds):
+        at = [i for i, k in enumerate(kinds) if k == kind]
+        spans = [last_end[i] - first_begin[i] for i in at]
+        span = statistics.median(spans)
+        floor = nbytes[kind] / (copy_gbps * 1e3)  # bytes / (GB/s) in us
+        later = [waits[i] for i in at if i > 0]  # the step's first phase waits for nothing
+        rows.append(
+            {
+                "phase": kind,
+                "times": len(at),
+                "span us": span,
+                "floor us": floor,
+                "% of floor": 100 * floor / span if floor else None,
+                "wait us": statistics.median(later) if later else 0.0,
+                "step us": sum(spans),
+                "step floor us": floor * len(at),
+            }
+        )
+    gaps = [first_begin[i] - last_end[i - 1] for i in range(1, len(kinds))]
+    rows.append(
+        {
+            "phase": "counters",
+            "times": len(gaps),
+            "span us": statistics.median(gaps),
+            "floor us": 0.0,
+            "% of floor": None,
+            "wait us": None,
+            "step us": sum(gaps),
+            "step floor us": 0.0,
+        }
+    )
+    step = last_end[-1] - first_begin[0]
+    floor = sum(r["step floor us"] for r in rows)
+    rows.append(
+        {
+            "phase": "step",
+            "times": 1,
+            "span us": step,
+            "floor us": floor,
+            "% of floor": 100 * floor / step,
+            "wait us": sum(waits),
+            "step us": step,
+            "step floor us": floor,
+        }
+    )
+    return rows
+
+
 def main() -> int:
     if not runtime.ON_GPU:
         print(bench.NOT_MEASURED)
@@ -175,6 +269,9 @@ def main() -> int:
     model.cache.v.normal_()
     rows = measure(model, batch, contexts, ceilings, variants)
     traces = [trace_step(model, batch, contexts[0], variants[0])] if "--trace" in args else []
+    for trace in traces:
+        spent = trace_phases(trace, LLAMA_1B, ceilings["copy_gbps"], DTYPE.itemsize)
+        print(bench.table(spent, floatfmt=".2f"))
     path = bench.RESULTS_DIR / runtime.gpu_info().slug / f"{NAME}.json"
     old = json.loads(path.read_text()) if path.exists() else {}
     keep = [

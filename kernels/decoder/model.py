@@ -25,7 +25,8 @@ captures the whole step with each subset fused and keeps the fastest (off until 
 hand with `set_decode_fused`).
 
 `generate(..., persistent=True)` runs the decode steps as one persistent kernel each instead
-(triton_persistent_step.py: no kernel boundaries inside the step); the graph stays the default.
+(triton_persistent_step.py: no kernel boundaries inside the step); the graph stays the default
+(the persistent step is slower on the H200: PERFORMANCE.md, section 6).
 
 Loading real weights: build the Hugging Face model from its folder and hand it over,
 

@@ -37,6 +37,12 @@ and all are resident on an otherwise idle GPU (persistent_offline.py checks ever
 the benchmark launches). The interpreter runs programs one after another: on the CPU the step
 runs with P = 1 (tests), and P > 1 there times out at the first counter, which is what the
 watchdog is for.
+
+Measured on an H200 (PERFORMANCE.md, section 6): correct, and slower than the CUDA graph it set out
+to beat (38.5% of the weight + KV floor at batch 1, context 512, against the graph's 61.0%). Its
+clock trace says why: the counters cost 9% of the step, while the GEMV phases stream at 47% of the
+copy rate, below the same GEMVs launched alone: one program an SM waits for each unit's loads
+before it issues the next unit's.
 """
 
 from __future__ import annotations
