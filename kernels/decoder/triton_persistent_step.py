@@ -238,6 +238,66 @@ def _rotate(a, b, pos, INV_FREQ, j, rope_scale):
 
 
 @triton.jit
+def _project_onto_residual(
+    W,
+    K,
+    in_rows,
+    src_rows,
+    src_ok,
+    x_rows,
+    m_ok,
+    pid,
+    P,
+    HIDDEN: tl.constexpr,
+    LINES: tl.constexpr,
+    LINE: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """This program's units of a projection back onto the residual stream (the o and down phases):
+    x[:, rows] = src[:, rows] + in @ W[rows].T, the product rounded to x's dtype first, as
+    F.linear's output is. src is x itself, except in layer 0's o phase, whose residual is the
+    embedding rows."""
+    dtype = x_rows.dtype.element_ty
+    r = tl.arange(0, ROWS)
+    for u in range(pid, tl.cdiv(HIDDEN, ROWS), P):
+        after = tl.minimum((u + P) * ROWS + r, HIDDEN - 1)
+        _prefetch_rows(W, after, K, LINES, LINE, PREFETCH)  # the next unit's rows into the L2
+        rows = u * ROWS + r
+        r_ok = rows < HIDDEN
+        acc = _rows_times_x(
+            W,
+            tl.minimum(rows, HIDDEN - 1),
+            r_ok,
+            K,
+            in_rows,
+            m_ok,
+            None,  # no norm: the input is attention's output or SwiGLU's
+            None,
+            False,
+            BLOCK_M,
+            ROWS,
+            BLOCK_K,
+            USE_DOT,
+            UPCAST,
+            IEEE,
+        )
+        res = tl.load(
+            src_rows[:, None] + rows[None, :],
+            mask=src_ok[:, None] & r_ok[None, :],
+            other=0.0,
+            cache_modifier=".cg",
+        )
+        new = res.to(tl.float32) + acc.to(dtype).to(tl.float32)
+        tl.store(x_rows[:, None] + rows[None, :], new.to(dtype), mask=m_ok[:, None] & r_ok[None, :])
+
+
+@triton.jit
 def _target(P, index, bad_counter):
     """The count a wait expects: every program, one more on `bad_counter` (the watchdog's test)."""
     return P + (index == bad_counter).to(tl.int32)
@@ -486,36 +546,10 @@ def persistent_step_kernel(
             COUNTERS, STATUS, base + 2, _target(P, base + 2, bad_counter), spin_limit, trace, TRACE
         )
         attn_rows = ATTN + offs_m * Q_W
-        for u in range(pid, tl.cdiv(HIDDEN, ROWS), P):
-            after = tl.minimum((u + P) * ROWS + r, HIDDEN - 1)
-            _prefetch_rows(wo, after, Q_W, LINES_Q, LINE, PREFETCH)
-            rows = u * ROWS + r
-            r_ok = rows < HIDDEN
-            acc = _rows_times_x(
-                wo,
-                tl.minimum(rows, HIDDEN - 1),
-                r_ok,
-                Q_W,
-                attn_rows,
-                m_ok,
-                rstd,
-                norm,
-                False,
-                BLOCK_M,
-                ROWS,
-                BLOCK_K,
-                USE_DOT,
-                UPCAST,
-                IEEE,
-            )
-            res = tl.load(
-                src_rows[:, None] + rows[None, :],
-                mask=src_ok[:, None] & r_ok[None, :],
-                other=0.0,
-                cache_modifier=".cg",
-            )
-            new = res.to(tl.float32) + acc.to(dtype).to(tl.float32)
-            tl.store(x_rows[:, None] + rows[None, :], new.to(dtype), mask=m_ok[:, None] & r_ok)
+        _project_onto_residual(
+            wo, Q_W, attn_rows, src_rows, src_ok, x_rows, m_ok, pid, P, HIDDEN, LINES_Q, LINE,
+            PREFETCH, BLOCK_M, ROWS, BLOCK_K, USE_DOT, UPCAST, IEEE,
+        )  # fmt: skip
         _arrive(COUNTERS, base + 3, trace, TRACE)
 
         # ---- gate_up: norm, rows of gate and the same rows of up, SwiGLU
@@ -562,33 +596,10 @@ def persistent_step_kernel(
             COUNTERS, STATUS, base + 4, _target(P, base + 4, bad_counter), spin_limit, trace, TRACE
         )
         h_rows = H + offs_m * INTER
-        for u in range(pid, tl.cdiv(HIDDEN, ROWS), P):
-            after = tl.minimum((u + P) * ROWS + r, HIDDEN - 1)
-            _prefetch_rows(wd, after, INTER, LINES_I, LINE, PREFETCH)
-            rows = u * ROWS + r
-            r_ok = rows < HIDDEN
-            acc = _rows_times_x(
-                wd,
-                tl.minimum(rows, HIDDEN - 1),
-                r_ok,
-                INTER,
-                h_rows,
-                m_ok,
-                rstd,
-                norm,
-                False,
-                BLOCK_M,
-                ROWS,
-                BLOCK_K,
-                USE_DOT,
-                UPCAST,
-                IEEE,
-            )
-            x_ptrs = x_rows[:, None] + rows[None, :]
-            ok = m_ok[:, None] & r_ok[None, :]
-            res = tl.load(x_ptrs, mask=ok, other=0.0, cache_modifier=".cg")
-            new = res.to(tl.float32) + acc.to(dtype).to(tl.float32)
-            tl.store(x_ptrs, new.to(dtype), mask=ok)
+        _project_onto_residual(
+            wd, INTER, h_rows, x_rows, m_ok, x_rows, m_ok, pid, P, HIDDEN, LINES_I, LINE,
+            PREFETCH, BLOCK_M, ROWS, BLOCK_K, USE_DOT, UPCAST, IEEE,
+        )  # fmt: skip
         _arrive(COUNTERS, base + 5, trace, TRACE)
 
     # ---- lm_head: final norm, a slice of the vocabulary, each program's best logit per sequence
