@@ -203,8 +203,10 @@ def test_killed_shard_resumes_to_the_same_grades(single_run, tmp_path):
     shard.wait()
     # Every process of the shard's session must go. A killed worker whose parent died first is a
     # zombie until init reaps it, which under load can take longer than a fixed pause (CI once saw
-    # one at 0.5 s): zombies are dead, so wait a few seconds for the living to be none.
-    deadline = time.monotonic() + 5
+    # one at 0.5 s): zombies are dead, so wait for the living to be none. A sandbox tearing down
+    # its namespaces after the parent-death SIGKILL stays listed for a while (CI once saw bwrap
+    # still there after 5 s); a leaked sandbox stays for ever, so a long wait still catches it.
+    deadline = time.monotonic() + 30
     while ((left := living_in_session(shard.pid) + living_with_argument(str(workers)))
            and time.monotonic() < deadline):
         time.sleep(0.1)
