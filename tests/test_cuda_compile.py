@@ -4,8 +4,13 @@ sm_120, runtime.COMPILE_ARCHS) and spills nothing.
 The vectorized kernels really issue 16-byte loads. No GPU needed: this is what CI checks of the
 CUDA C."""
 
+import functools
+import hashlib
+import os
 import re
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,25 +21,53 @@ CU_FILES = sorted(cuda.KERNELS_DIR.rglob("*.cu"))
 ARCHS = list(runtime.COMPILE_ARCHS)
 
 
+# nvcc and ptxas take most of this file's time (step 5's tensor-core kernels: about 35 s an
+# architecture on CI's CPU). A compile depends only on nvcc, its flags and the course's CUDA text,
+# so its cubin and ptxas report are kept outside the clone, keyed by all three, as
+# tools/compile_all.py keeps Triton's: a fresh clone on the same machine compiles what changed.
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpu-kernels-course"
+NVCC_CACHE = CACHE / "nvcc"
+
+
+@functools.cache
+def _course_cuda_text() -> bytes:
+    """Every .cu and header of the course, with its path: a change to any of them is a new key."""
+    files = sorted(p for p in cuda.KERNELS_DIR.rglob("*") if p.suffix in {".cu", ".cuh", ".h"})
+    return b"".join(str(p.relative_to(cuda.KERNELS_DIR)).encode() + p.read_bytes() for p in files)
+
+
+@functools.cache
+def _nvcc_version(nvcc: str) -> str:
+    return subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+
+
 def compile_cubin(source: Path, arch: str, tmp_path: Path) -> tuple[Path, str]:
     nvcc = cuda.nvcc_path()
     assert nvcc, "nvcc not found: install the dev extras (nvidia-cuda-nvcc) or a CUDA toolkit"
     cubin = tmp_path / f"{source.stem}_{arch}.cubin"
-    cmd = [
-        nvcc,
-        "-cubin",
-        f"-arch={arch}",
-        "-std=c++17",
-        "-Xptxas",
-        "-v",
-        f"-I{source.parent}",
-        *(f"-I{d}" for d in cuda.cuda_include_dirs()),
-        "-o",
-        str(cubin),
-        str(source),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    flags = [f"-arch={arch}", "-std=c++17", "-Xptxas", "-v", f"-I{source.parent}",
+             *(f"-I{d}" for d in cuda.cuda_include_dirs())]  # fmt: skip
+    # the clone's own folders by their place in it, so a clone elsewhere finds the same key
+    where = [f.replace(str(cuda.KERNELS_DIR), "kernels") for f in flags]
+    where.append(str(source.relative_to(cuda.KERNELS_DIR)))
+    key = hashlib.sha256(
+        "\0".join([_nvcc_version(nvcc), *where]).encode() + _course_cuda_text()
+    ).hexdigest()[:32]
+    kept = NVCC_CACHE / key
+    if (kept / "report.txt").is_file():
+        shutil.copyfile(kept / "out.cubin", cubin)
+        return cubin, (kept / "report.txt").read_text()
+    proc = subprocess.run([nvcc, "-cubin", *flags, "-o", str(cubin), str(source)],
+                          capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
+    NVCC_CACHE.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=NVCC_CACHE))  # renamed whole: never half written
+    shutil.copyfile(cubin, staging / "out.cubin")
+    (staging / "report.txt").write_text(proc.stderr)
+    try:
+        staging.rename(kept)
+    except OSError:  # another worker kept the same compile first
+        shutil.rmtree(staging, ignore_errors=True)
     return cubin, proc.stderr
 
 
