@@ -47,8 +47,9 @@ def compile_cubin(source: Path, arch: str, tmp_path: Path) -> tuple[Path, str]:
     cubin = tmp_path / f"{source.stem}_{arch}.cubin"
     flags = [f"-arch={arch}", "-std=c++17", "-Xptxas", "-v", f"-I{source.parent}",
              *(f"-I{d}" for d in cuda.cuda_include_dirs())]  # fmt: skip
-    # the clone's own folders by their place in it, so a clone elsewhere finds the same key
-    where = [f.replace(str(cuda.KERNELS_DIR), "kernels") for f in flags]
+    # the clone's folders (its kernels/, its .venv's headers) by their place in it, so a clone
+    # elsewhere finds the same key
+    where = [f.replace(str(cuda.KERNELS_DIR.parent), "<clone>") for f in flags]
     where.append(str(source.relative_to(cuda.KERNELS_DIR)))
     key = hashlib.sha256(
         "\0".join([_nvcc_version(nvcc), *where]).encode() + _course_cuda_text()
