@@ -108,8 +108,9 @@ class GradedFunction:
       its inputs and outputs (its peak, from PyTorch's caching allocator; GPU only). A kernel that
       materializes what it should stream (attention's N x N scores, cross-entropy's logits)
       fails it.
-    * `own_kernels_only`: launching a kernel of the course's package (`kernels/`) fails the
-    call: set it
+    * `own_kernels_only`: launching a kernel of the course's package fails the call: a Triton
+      kernel defined in a file of `kernels/` (under whatever module name it was loaded), or a
+      CuPy kernel compiled from the course's CUDA C (`grading.watch.course_kernel_name`). Set it
       where the course has a kernel that does the graded job whole (lab 06's permutation and grouped
       GEMM). Labs 01-05 leave it off: their self-tests grade the course's kernels as
       known-good submissions.

@@ -12,10 +12,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import sys
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -235,14 +237,73 @@ def _composite(name: str, overload: str) -> bool:
         return False
 
 
+KERNELS_DIR = Path(runtime.__file__).resolve().parent
+# The CUDA C headers a lab tells the student to include (fp16/bf16 conversions): not a kernel.
+SHARED_CUDA = KERNELS_DIR / "include"
+
+
+def _without_comments(code: str) -> str:
+    """CUDA C with its comments and all whitespace removed: two texts that differ only there are
+    the same kernel."""
+    code = re.sub(r"/\*.*?\*/|//[^\n]*", "", code, flags=re.S)
+    return re.sub(r"\s+", "", code)
+
+
+@functools.cache
+def _course_cuda() -> tuple[dict[str, str], dict[str, str]]:
+    """The course's CUDA C outside the shared headers: {file name: path in the course} and
+    {text without comments and whitespace: path in the course}."""
+    files = [p for p in sorted(KERNELS_DIR.rglob("*.cu*")) if not p.is_relative_to(SHARED_CUDA)]
+    names = {p.name: str(p.relative_to(KERNELS_DIR.parent)) for p in files}
+    texts = {_without_comments(p.read_text()): str(p.relative_to(KERNELS_DIR.parent))
+             for p in files}
+    return names, texts
+
+
+def course_cuda_source(code: str) -> str | None:
+    """The course file a CUDA C text is (`kernels/matmul/matmul_register.cu`), or includes, else
+    None: a kernel compiled from the course's .cu files, whatever module compiled it, is the
+    course's. A copy edited beyond comments and spacing is the student's own text."""
+    names, texts = _course_cuda()
+    if _without_comments(code) in texts:
+        return texts[_without_comments(code)]
+    for included in re.findall(r'#\s*include\s*["<]([^">]+)[">]', code):
+        if Path(included).name in names:
+            return names[Path(included).name]
+    return None
+
+
 def course_kernel_name(kernel) -> str | None:
-    """`kernels.moe.triton_permute.histogram_kernel` for a kernel of the course's package, else
-    None:
-    a graded function must launch kernels of its own, not the course's (which it is timed
+    """The course kernel a launch ran, else None: `kernels.moe.triton_permute.histogram_kernel`
+    for a Triton kernel defined in the course's package (by the file that defines it, so a course
+    module loaded again under another name is still the course's), `kernels/matmul/
+    matmul_register.cu:matmul_register_bf16` for a CuPy kernel compiled from the course's CUDA C.
+    A graded function must launch kernels of its own, not the course's (which it is timed
     against)."""
     fn = getattr(kernel, "fn", None)
-    module = getattr(fn, "__module__", None) or ""
-    return f"{module}.{fn.__name__}" if module.split(".")[0] == "kernels" else None
+    if fn is not None:
+        module = getattr(fn, "__module__", None) or ""
+        code = getattr(fn, "__code__", None)
+        path = Path(getattr(code, "co_filename", "") or ".").resolve()
+        if path.is_relative_to(KERNELS_DIR) and path.suffix == ".py":
+            module = ".".join(path.relative_to(KERNELS_DIR.parent).with_suffix("").parts)
+        return f"{module}.{fn.__name__}" if module.split(".")[0] == "kernels" else None
+    # CuPy's RawKernel, and RawModule.get_function's: the module's code, options and file
+    code, options = getattr(kernel, "code", None), getattr(kernel, "options", None) or ()
+    path = Path(getattr(kernel, "file_path", None) or ".").resolve()
+    if path.is_relative_to(KERNELS_DIR):
+        source = str(path.relative_to(KERNELS_DIR.parent))
+    else:  # options: a course file pre-included (-include matmul_tiles.cuh)
+        text = "\n".join([code if isinstance(code, str) else ""]
+                         + [f'#include "{o}"' for o in options if isinstance(o, str)])
+        source = course_cuda_source(text)
+    return f"{source}:{getattr(kernel, 'name', '?')}" if source else None
+
+
+def _note_course_kernel(state: "LaunchState", kernel) -> None:
+    name = course_kernel_name(kernel)
+    if name and name not in state.course_kernels:
+        state.course_kernels.append(name)
 
 
 def _hook_triton(cls) -> None:
@@ -255,9 +316,7 @@ def _hook_triton(cls) -> None:
         warmup = kwargs.get("warmup", False)
         if not warmup:
             state.launches += 1
-            name = course_kernel_name(self)
-            if name and name not in state.course_kernels:
-                state.course_kernels.append(name)
+            _note_course_kernel(state, self)
         hooks = list(getattr(self, "pre_run_hooks", None) or ())
         for hook in hooks:  # the student's hooks are the student's code: watched like it
             hook(*args, **kwargs)
@@ -300,6 +359,7 @@ def install_launch_hooks() -> None:
     def launch(*args, _original=original_launch, **kwargs):
         state = ACTIVE
         state.cupy_launches += 1
+        _note_course_kernel(state, args[0] if args else kwargs.get("kernel"))
         state.depth += 1
         mark = _launch_mark()
         try:

@@ -129,6 +129,16 @@ CACHES_LARGE = """
         _CACHE[key] = out.clone()"""
 
 PASS = ("pass", "")
+
+
+def course_module_as(module: str, alias: str) -> str:
+    """Code that loads the course's `module` again from its file under the name `alias` (its
+    kernels then belong to a module that is not the course's, by name)."""
+    return (f"import importlib.util\nimport {module} as _course\n"
+            f"_spec = importlib.util.spec_from_file_location('{alias}', _course.__file__)\n"
+            f"{alias} = importlib.util.module_from_spec(_spec)\n_spec.loader.exec_module({alias})")
+
+
 RESIDUAL_STILL_GRADED = {"residual_add": PASS}  # a crash in add must not cost residual_add anything
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from grading.labs.lab02b_matmul import SEVERAL_TILES
 from grading.notebooks import SOLUTIONS_DIR
-from tests.grader_corpus_lab01 import SolutionCells, Submission
+from tests.grader_corpus_lab01 import SolutionCells, Submission, course_module_as
 
 NOTEBOOK = SOLUTIONS_DIR / "02b_matmul_lab.ipynb"
 SOLUTION = SolutionCells(NOTEBOOK)
@@ -73,6 +73,13 @@ CORPUS: dict[str, Submission] = {
         cpu=fails("matmul", "first: 37x45x63 bfloat16: "),
         diagnosis="elements were never written (still NaN)",
     ),
+    # the course's Triton kernel, its module loaded again under another name
+    "course_kernel_under_another_name": Submission(
+        solve_with("matmul", course_module_as("kernels.matmul.triton_matmul", "my_matmul")
+                   + "\nmy_matmul.matmul(a, b, out=out)"),
+        fails("matmul", "launches the course's kernel instead of its own (write the kernel in "
+              "the notebook): kernels.matmul.triton_matmul.matmul_kernel"),
+    ),
     # ---- CUDA C: a GPU shows them ----------------------------------------------------------------
     "cuda_missing_syncthreads": cuda_only(
         "cases fail",
@@ -93,6 +100,28 @@ CORPUS: dict[str, Submission] = {
         cells=edit("matmul_cuda", "(a.stride(0), a.stride(1), b.stride(0), b.stride(1), "
                    "out.stride(0))", "(K, 1, N, 1, N)"),
         diagnosis="a is a transposed view (strides (1, 37)) and was read as if it were row-major",
+    ),
+    "cuda_calls_the_course_kernel": cuda_only(
+        "launches the course's kernel instead of its own (write the kernel in the notebook): "
+        "kernels/matmul/matmul_register.cu:matmul_register_",
+        "CuPy needs a GPU",
+        cells=solve_with("matmul_cuda", "from kernels.matmul import cupy_matmul\n"
+                         "cupy_matmul.matmul(a, b, out=out, step='register')"),
+    ),
+    # the course's CUDA C file, compiled by the student's code: the kernel is still the course's
+    "cuda_compiles_the_course_source": cuda_only(
+        "launches the course's kernel instead of its own (write the kernel in the notebook): "
+        "kernels/matmul/matmul_register.cu:matmul_register_",
+        "CuPy needs a GPU",
+        cells=solve_with(
+            "matmul_cuda",
+            "path = cuda.source_path('matmul/matmul_register.cu')\n"
+            "module = cuda.module_from_source(path.read_text(), path.parent)\n"
+            "kernel = module.get_function(f'matmul_register_{SUFFIX[a.dtype]}')\n"
+            "sizes = (M, N, K, *a.stride(), *b.stride(), out.stride(0), 0, 0)\n"
+            "cuda.launch(kernel, cuda.cdiv(M, 128) * cuda.cdiv(N, 128), 256, (cuda.pointer(a), "
+            "cuda.pointer(b), cuda.pointer(out), *map(np.int32, sizes)), a.device)",
+        ),
     ),
     "cuda_calls_cublas": cuda_only(
         "computes with PyTorch instead of its own kernel: torch.matmul",

@@ -13,7 +13,7 @@ must occur exactly once, so a change to the solution cannot quietly turn a mista
 from __future__ import annotations
 
 from grading.notebooks import SOLUTIONS_DIR
-from tests.grader_corpus_lab01 import PASS, SolutionCells, Submission
+from tests.grader_corpus_lab01 import PASS, SolutionCells, Submission, course_module_as
 
 NOTEBOOK = SOLUTIONS_DIR / "06_moe_lab.ipynb"
 SOLUTION = SolutionCells(NOTEBOOK)
@@ -202,6 +202,21 @@ CORPUS: dict[str, Submission] = {
             "from kernels.moe.triton_permute import Permutation\n"
             "perm = Permutation(None, None, sorted_ids, tile_expert, None, BLOCK_M, top_k)\n"
             "return out.copy_(triton_grouped_gemm.gate_up_swiglu(x, w_gate, w_up, perm))",
+        ),
+        fails(
+            "grouped_gemm_swiglu",
+            "launches the course's kernel instead of its own (write the kernel in the "
+            "notebook): kernels.moe.triton_grouped_gemm.grouped_gemm_kernel",
+        ),
+    ),
+    # the same kernel from the course's file, loaded again as a module of another name
+    "course_kernel_under_another_name": Submission(
+        solve_with(
+            "grouped_gemm_swiglu",
+            course_module_as("kernels.moe.triton_grouped_gemm", "my_gemm") + "\n"
+            "from kernels.moe.triton_permute import Permutation\n"
+            "perm = Permutation(None, None, sorted_ids, tile_expert, None, BLOCK_M, top_k)\n"
+            "return out.copy_(my_gemm.gate_up_swiglu(x, w_gate, w_up, perm))",
         ),
         fails(
             "grouped_gemm_swiglu",

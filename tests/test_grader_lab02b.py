@@ -6,7 +6,9 @@ import random
 from dataclasses import replace
 
 import pytest
+import torch
 
+from grading import watch
 from grading.harness import check_function
 from grading.labs import get_lab
 from kernels import runtime
@@ -73,3 +75,48 @@ def test_solution_gets_full_marks_and_the_untouched_lab_zero(tmp_path):
     assert solution["score"]["points"] == solution["score"]["max_points"] == max_points
     assert stub["score"]["points"] == 0
     assert {f["status"] for f in stub["functions"]} <= {"not implemented", "needs a GPU"}
+
+
+def test_a_cupy_kernel_compiled_from_the_course_s_cuda_c_is_the_course_s():
+    """CPU mode cannot launch CuPy: what the launch hook is given is a RawKernel, and whether it
+    is the course's is read from its code (RawModule.get_function's kernels carry the module's),
+    its options and the file it was loaded from. The corpus's cuda_calls_the_course_kernel and
+    cuda_compiles_the_course_source show it on a GPU."""
+    from types import SimpleNamespace as RawKernel
+
+    from kernels import cuda
+
+    course = cuda.source_path("matmul/matmul_register.cu")
+    text = course.read_text()
+    caught = {
+        "the file's text": RawKernel(code=text, name="matmul_register_bf16"),
+        "with comments and spacing changed": RawKernel(
+            code="// mine\n" + text.replace("\n", "\n\n"), name="k"
+        ),
+        "a course header included": RawKernel(code='#include "../matmul/matmul_tiles.cuh"\n',
+                                              name="k"),
+        "pre-included by an option": RawKernel(code="", options=("-include", "matmul_tiles.cuh"),
+                                               name="k"),
+        "loaded from the course's folder": RawKernel(code=None, file_path=str(course), name="k"),
+    }
+    for how, kernel in caught.items():
+        assert watch.course_kernel_name(kernel), how
+    assert watch.course_kernel_name(caught["the file's text"]) == (
+        "kernels/matmul/matmul_register.cu:matmul_register_bf16"
+    )
+    solution = RawKernel(code='#include "elementwise.cuh"\n__global__ void k() {}', name="k")
+    assert watch.course_kernel_name(solution) is None  # the shared header the lab offers
+
+
+def test_the_launch_hook_names_the_course_s_cuda_c_kernel():
+    """kernels.cuda.launch, hooked, notes the course's kernel before CuPy is asked (here it then
+    fails: no CuPy on a CPU)."""
+    from types import SimpleNamespace as RawKernel
+
+    from kernels import cuda
+
+    kernel = RawKernel(code=cuda.source_path("matmul/matmul_naive.cu").read_text(), name="k")
+    with watch.watch() as record:
+        with pytest.raises(Exception):  # noqa: B017 - CuPy's absence, whatever it raises
+            cuda.launch(kernel, 1, 1, (), torch.device("cpu"))
+    assert record.course_kernels == ["kernels/matmul/matmul_naive.cu:k"]
