@@ -279,25 +279,36 @@ def course_kernel_name(kernel) -> str | None:
     module loaded again under another name is still the course's), `kernels/matmul/
     matmul_register.cu:matmul_register_bf16` for a CuPy kernel compiled from the course's CUDA C.
     A graded function must launch kernels of its own, not the course's (which it is timed
-    against)."""
+    against). Called at every launch: the answers are cached by what they are read from."""
     fn = getattr(kernel, "fn", None)
     if fn is not None:
-        module = getattr(fn, "__module__", None) or ""
-        code = getattr(fn, "__code__", None)
-        path = Path(getattr(code, "co_filename", "") or ".").resolve()
-        if path.is_relative_to(KERNELS_DIR) and path.suffix == ".py":
-            module = ".".join(path.relative_to(KERNELS_DIR.parent).with_suffix("").parts)
-        return f"{module}.{fn.__name__}" if module.split(".")[0] == "kernels" else None
+        filename = getattr(getattr(fn, "__code__", None), "co_filename", "")
+        return _course_triton(getattr(fn, "__module__", None) or "", str(filename or "."),
+                              fn.__name__)
     # CuPy's RawKernel, and RawModule.get_function's: the module's code, options and file
     code, options = getattr(kernel, "code", None), getattr(kernel, "options", None) or ()
-    path = Path(getattr(kernel, "file_path", None) or ".").resolve()
+    return _course_cupy(code if isinstance(code, str) else "",
+                        tuple(o for o in options if isinstance(o, str)),
+                        str(getattr(kernel, "file_path", None) or "."),
+                        str(getattr(kernel, "name", "?")))
+
+
+@functools.lru_cache(maxsize=4096)
+def _course_triton(module: str, filename: str, name: str) -> str | None:
+    path = Path(filename).resolve()
+    if path.is_relative_to(KERNELS_DIR) and path.suffix == ".py":
+        module = ".".join(path.relative_to(KERNELS_DIR.parent).with_suffix("").parts)
+    return f"{module}.{name}" if module.split(".")[0] == "kernels" else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _course_cupy(code: str, options: tuple, file_path: str, name: str) -> str | None:
+    path = Path(file_path).resolve()
     if path.is_relative_to(KERNELS_DIR):
         source = str(path.relative_to(KERNELS_DIR.parent))
     else:  # options: a course file pre-included (-include matmul_tiles.cuh)
-        text = "\n".join([code if isinstance(code, str) else ""]
-                         + [f'#include "{o}"' for o in options if isinstance(o, str)])
-        source = course_cuda_source(text)
-    return f"{source}:{getattr(kernel, 'name', '?')}" if source else None
+        source = course_cuda_source("\n".join([code] + [f'#include "{o}"' for o in options]))
+    return f"{source}:{name}" if source else None
 
 
 def _note_course_kernel(state: "LaunchState", kernel) -> None:
