@@ -101,9 +101,10 @@ CORPUS: dict[str, Submission] = {
                    "out.stride(0))", "(K, 1, N, 1, N)"),
         diagnosis="a is a transposed view (strides (1, 37)) and was read as if it were row-major",
     ),
+    # the kernel is named by the course file that defines it (matmul_tiles.cuh's macro)
     "cuda_calls_the_course_kernel": cuda_only(
         "launches the course's kernel instead of its own (write the kernel in the notebook): "
-        "kernels/matmul/matmul_register.cu:matmul_register_",
+        "kernels/matmul/matmul_tiles.cuh:matmul_register_",
         "CuPy needs a GPU",
         cells=solve_with("matmul_cuda", "from kernels.matmul import cupy_matmul\n"
                          "cupy_matmul.matmul(a, b, out=out, step='register')"),
