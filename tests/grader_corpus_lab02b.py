@@ -109,10 +109,11 @@ CORPUS: dict[str, Submission] = {
         cells=solve_with("matmul_cuda", "from kernels.matmul import cupy_matmul\n"
                          "cupy_matmul.matmul(a, b, out=out, step='register')"),
     ),
-    # the course's CUDA C file, compiled by the student's code: the kernel is still the course's
+    # the course's CUDA C file, compiled by the student's code: the kernel is still the course's,
+    # named by the header whose macro defines it, as above
     "cuda_compiles_the_course_source": cuda_only(
         "launches the course's kernel instead of its own (write the kernel in the notebook): "
-        "kernels/matmul/matmul_register.cu:matmul_register_",
+        "kernels/matmul/matmul_tiles.cuh:matmul_register_",
         "CuPy needs a GPU",
         cells=solve_with(
             "matmul_cuda",
