@@ -207,14 +207,14 @@ def grade_paths(args, opts: Options, jobs: int) -> int:
             sofar[key] = lab
         labs = [dict(sofar[i]) for i in range(len(tasks))]
         for lab in labs:
-            lab["score"] = report_mod.score_lab(lab)
+            lab["score"] = report_mod.score_lab(lab, opts.perf)
         write_report(args.out, _report(labs, opts, True))
 
     write_partial()
     results, interrupted = run_tasks(tasks, opts, jobs, on_result=write_partial)
     labs = [results[i] for i in range(len(tasks))]
     for lab in labs:
-        lab["score"] = report_mod.score_lab(lab)
+        lab["score"] = report_mod.score_lab(lab, opts.perf)
     report = _report(labs, opts, interrupted)
     write_report(args.out, report)
     out = sys.stderr if args.json else sys.stdout
@@ -315,7 +315,7 @@ def grade_submissions(args, opts: Options, jobs: int) -> int:
         digest, notes = meta[key]
         lab["student"] = student
         lab["notes"] = notes + lab.get("notes", [])
-        lab["score"] = report_mod.score_lab(lab)
+        lab["score"] = report_mod.score_lab(lab, opts.perf)
         prev = previous[student].get(lab_id)
         if not lab.get("interrupted"):
             lab["content_hash"] = digest

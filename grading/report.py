@@ -1,14 +1,13 @@
 """Scores, grades and the human-readable reports.
 
 * **Points** (correctness): a function earns its points when every correctness case passes.
-Functions
-  that cannot run here (CuPy without a GPU) are left out of the maximum and listed as such.
-  Extra-credit
-  functions add their points on top of the maximum (a lab can score 15/10) and do not enter the
-  grade.
+  Functions that cannot run here (CuPy without a GPU) are left out of the maximum and listed as
+  such. Extra-credit functions add their points on top of the maximum (a lab can score 15/10) and
+  do not enter the grade.
 * **Grade** (performance, GPU only): fixed boundaries on the speed relative to the course's
   reference kernel, measured in the same run: A > 80% on every graded kernel, B > 70%, C > 60%,
-  D > 40%, otherwise F. A kernel that is not correct gets F. Without a GPU: "not measured".
+  D > 40%, otherwise F. A kernel that is not correct gets F. Without a GPU: "not measured"; a lab
+  that times nothing (lab 08), or a run with --no-perf: "not timed", with the reason.
 
 The JSON reports follow grading/report.schema.json (checked by tests/test_grader_lab01.py).
 """
@@ -22,6 +21,10 @@ import math
 from kernels.bench import NOT_MEASURED
 
 REPORT_SCHEMA = "grading-report/1"
+# Grades that are no letter because nothing was timed, on purpose (unlike "incomplete": a timed
+# function left without a tier).
+CORRECTNESS_ONLY = "not timed: the lab grades correctness only"
+PERF_OFF = "not timed: --no-perf"
 SUMMARY_SCHEMA = "grading-summary/1"
 
 
@@ -36,7 +39,8 @@ def timed_functions(lab_id: str | None) -> set[str] | None:
         return None
 
 
-def score_lab(lab: dict) -> dict:
+def score_lab(lab: dict, perf: bool = True) -> dict:
+    """Points and grade of one graded lab; `perf` False: the run timed nothing (--no-perf)."""
     functions = lab.get("functions", [])
     graded = [f for f in functions if f["status"] != "needs a GPU"]
     points = sum(f["points"] for f in graded)
@@ -50,10 +54,15 @@ def score_lab(lab: dict) -> dict:
             continue
         tiers.append(f.get("tier") or ("F" if f["status"] != "pass" else None))
     measured = [t for t in tiers if t]
+    on_gpu = lab.get("fingerprint", {}).get("mode") == "gpu"
     if lab.get("interrupted"):
         grade = "interrupted"
-    elif lab.get("fingerprint", {}).get("mode") != "gpu" or not measured or None in tiers:
-        grade = NOT_MEASURED if lab.get("fingerprint", {}).get("mode") != "gpu" else "incomplete"
+    elif timed is not None and not timed:
+        grade = CORRECTNESS_ONLY
+    elif on_gpu and not perf:
+        grade = PERF_OFF
+    elif not on_gpu or not measured or None in tiers:
+        grade = NOT_MEASURED if not on_gpu else "incomplete"
     else:
         grade = max(measured)  # the worst letter decides: "A on every graded kernel"
     return {

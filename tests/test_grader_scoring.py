@@ -46,3 +46,19 @@ def test_the_report_says_when_the_stack_differs_from_the_expected_tables():
     text = report.markdown({**graded, "fingerprint": {**graded["fingerprint"], **newer}})
     assert "01_elementwise_add: your software differs" in text
     assert "triton 3.9.0 (table: 3.6.0)" in text
+
+
+def test_a_lab_that_times_nothing_is_not_timed_not_incomplete():
+    """Lab 08 grades correctness only: its solution is not "incomplete" on a GPU."""
+    lab08 = {"lab": "08_communication", "fingerprint": {"mode": "gpu"},
+             "functions": [{"name": "ring_all_reduce", "status": "pass", "points": 5,
+                            "max_points": 5, "tier": None}]}
+    assert report.score_lab(lab08)["grade"] == report.CORRECTNESS_ONLY
+    assert report.score_lab({**lab08, "fingerprint": {"mode": "cpu"}})["grade"] == (
+        report.CORRECTNESS_ONLY)
+
+
+def test_a_run_without_timing_says_so():
+    assert report.score_lab(lab(None, None), perf=False)["grade"] == report.PERF_OFF
+    assert report.score_lab(lab(None, None, mode="cpu"), perf=False)["grade"] == report.NOT_MEASURED
+    assert report.score_lab(lab(None, "B"), perf=True)["grade"] == "B"
