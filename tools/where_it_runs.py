@@ -45,12 +45,12 @@ LECTURES = [
 # What ran on an H200 in each KERNELS_GPU_PROFILE mode (data/results/h200/gpu-profiles/): the GPU
 # tests of the lectures with gated paths, and the notebooks executed whole.
 EMULATED_TESTS = {
-    "a100": ("02", "02b", "03", "03h", "04", "06", "06b"),
-    "rtx4090": ("02", "02b", "03", "03h", "04", "06", "06b"),
+    "a100": ("02", "02b", "03", "03h", "04", "06", "06b", "07b"),
+    "rtx4090": ("02", "02b", "03", "03h", "04", "06", "06b", "07b"),
 }
 EMULATED_NOTEBOOKS = {
-    "a100": ("02", "02b", "03h", "04"),
-    "rtx4090": ("03", "06"),
+    "a100": ("02", "02b", "03", "03h", "04", "06"),
+    "rtx4090": ("02", "02b", "03", "03h", "04", "06"),
 }
 # The Hopper GPUs each lecture ran on, where not both (the H100 runs predate these modules).
 RAN_ON_HOPPER = {"02b": "H200", "07b": "H200"}
@@ -117,8 +117,10 @@ def table() -> str:
         "*run*: the lecture's kernels and tests ran on that GPU. *tests (and notebook) run on an "
         "H200 as a100/rtx4090*: the lecture's GPU tests (and its notebook, executed whole) ran on "
         "an H200 with `KERNELS_GPU_PROFILE` set, taking that GPU's code paths and "
-        "shared-memory budget (the kernels were still compiled for sm_90). *compiled*: every "
-        "kernel compiles for that architecture (`tools/compile_all.py`, run in CI) but has not "
+        "shared-memory budget (the kernels were still compiled for sm_90); in both modes every "
+        "lab's solution was graded on that H200 with full points "
+        "(`data/results/h200/gpu-profiles/`). *compiled*: every kernel compiles for that "
+        "architecture (`tools/compile_all.py` with the GPU stacks' Triton, run in CI) but has not "
         "run on it. Expected times for GPUs the course has not measured are predicted, not "
         "measured: the grader's reports say so.",
         "",
