@@ -7,8 +7,10 @@ per architecture in which `runtime.features()` answers for that target, so each 
 path that GPU takes. `kernels/feature_table.py` says which kernels cannot exist where; this test
 checks that it names every kernel in `kernels/`, that those kernels are never compiled there, and
 that everything else compiles and fits the target's shared memory. A Hopper instruction added
-without a gate fails here: ptxas refuses it for sm_80. Triton's cache, outside the clone
-(~/.cache/gpu-kernels-course/triton), makes a second run take seconds. The suite compiles each
+without a gate fails here: ptxas refuses it for sm_80. The compiler is the GPU stacks' Triton
+(constraints-gpu.txt and constraints-gpu-cu12.txt both pin it), installed beside the venv by
+tools/triton_alt.py, not the CPU stack's, which no GPU student runs. Triton's cache, outside the
+clone (~/.cache/gpu-kernels-course/triton), makes a second run take seconds. The suite compiles each
 kernel's first configuration on every architecture (about 30 s of CPU an architecture from a cold
 cache); COMPILE_CONFIGS=all compiles every configuration the wrappers launch (about 3 minutes an
 architecture).
@@ -30,6 +32,9 @@ import pytest
 from kernels import feature_table, runtime
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import triton_alt  # noqa: E402 - a script's module, beside the package
+
 pytestmark = pytest.mark.cpu
 
 
@@ -74,18 +79,29 @@ def test_the_feature_table_names_every_kernel():
     assert launched_kernels() == set(feature_table.KERNELS)
 
 
+# Runs the command after it with the GPU stacks' Triton first on PYTHONPATH.
+GPU_STACKS_TRITON = (sys.executable, str(ROOT / "tools" / "triton_alt.py"), "--stack", "gpu-cu12",
+                     "--")  # fmt: skip
+
+
+def test_both_gpu_stacks_pin_the_triton_this_check_compiles_with():
+    assert triton_alt.stack_triton("gpu") == triton_alt.stack_triton("gpu-cu12")
+
+
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("compile") / "rows.json"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "compile_all.py"), "--json", str(out), "--configs",
-         os.environ.get("COMPILE_CONFIGS", "first")],  # fmt: skip
+        [*GPU_STACKS_TRITON, sys.executable, str(ROOT / "tools" / "compile_all.py"), "--json",
+         str(out), "--configs", os.environ.get("COMPILE_CONFIGS", "first")],  # fmt: skip
         capture_output=True,
         text=True,
         timeout=3600,
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
     )
     assert out.exists(), done.stdout[-3000:] + done.stderr[-3000:]
+    said = done.stdout + done.stderr
+    assert f"Triton {triton_alt.stack_triton('gpu-cu12')} from" in said, said[-3000:]
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
@@ -127,7 +143,8 @@ def test_an_ungated_hopper_instruction_fails_for_sm80(tmp_path):
     script.write_text(UNGATED)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=env
+        [*GPU_STACKS_TRITON, sys.executable, str(script)], capture_output=True, text=True,
+        timeout=600, env=env,
     )
     lines = done.stdout.splitlines()
     assert "90 compiled" in lines, done.stdout + done.stderr[-2000:]
