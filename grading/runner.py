@@ -203,8 +203,8 @@ def grade_lab(notebook: Path, lab_id: str, seed: int, opts: Options,
         clean = None
         timed = [f for f in spec.functions if f.perf and f.grade_group is None]
         if opts.perf and not opts.cpu and runtime.ON_GPU and timed:
-            # The course's kernel is timed where no student code ever ran; its start overlaps
-            # the grading.
+            # The course's kernel is timed where no student code ever ran; its start overlaps the
+            # grading.
             clean = CleanWorker(cmd, folder / "clean", deadline, opts, env, sandboxed,
                                 seed_caches=sandboxed)
             clean.start()

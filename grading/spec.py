@@ -22,9 +22,8 @@ class Case:
 
     shape: tuple[int, ...]
     dtype: torch.dtype
-    # "contiguous" | "strided" (a non-contiguous view: must raise ValueError/TypeError or be
-    # right) | any
-    # other name, which the function's `prepare` turns into inputs (and which must be handled)
+    # "contiguous" | "strided" (a non-contiguous view: must raise ValueError/TypeError or be right)
+    # | any other name, which the function's `prepare` turns into inputs (and which must be handled)
     layout: str = "contiguous"
     params: tuple[
         tuple[str, object], ...

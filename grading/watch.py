@@ -40,9 +40,9 @@ ALLOWED_OPS = frozenset({
     _aten.sym_storage_offset.default,
 })
 # Everything else is forbidden outside the student's own kernel launches -- in particular the
-# PyTorch
-# references of the labs: torch.add (lab 01), F.rms_norm (02), F.scaled_dot_product_attention (03),
-# torch._grouped_mm and torch.matmul (06). tests/test_grader_harness.py proves each is caught.
+# PyTorch references of the labs: torch.add (lab 01), F.rms_norm (02),
+# F.scaled_dot_product_attention (03), torch._grouped_mm and torch.matmul (06).
+# tests/test_grader_harness.py proves each is caught.
 
 # GPU clock cycles a launch on a side stream is held back during correctness checks (~50 ms): a
 # function that does not make PyTorch's stream wait for its side stream then loses the race every

@@ -111,8 +111,8 @@ def install() -> None:
             _OTHER_GIVEN.pop()
 
     # the options after `other` differ between Triton releases (3.6: cache_modifier,
-    # eviction_policy, is_volatile; 3.9: cache_policy, is_volatile, some by name): passed on as
-    # they came
+    # eviction_policy, is_volatile; 3.9: cache_policy, is_volatile, some by name): passed on as they
+    # came
     def poisoned_masked_load(self, ptrs, mask, other, *options, **named):
         # Only a tl.load without other= (not an atomic or a descriptor load), with a lane masked.
         unfilled = other is None and _OTHER_GIVEN and not _OTHER_GIVEN[-1]

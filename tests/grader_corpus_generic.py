@@ -77,14 +77,11 @@ def _solution_cells(notebook: str) -> SolutionCells:
     return _CELLS[notebook]
 
 
-# What each lab's reference is called in the grader's message is pinned up to "(aten.": the aten
-# op behind
-# F.rms_norm or F.scaled_dot_product_attention differs between the CPU and CUDA builds. Rounded to
-# bfloat16,
-# each target's first float32 output is caught (attention's: its float32 lse, allowed one ulp of
-# float16,
-# 8192 of float32; the router's top-1 weights are exactly 1 whatever the logits: its first top-2
-# case).
+# What each lab's reference is called in the grader's message is pinned up to "(aten.": the aten op
+# behind F.rms_norm or F.scaled_dot_product_attention differs between the CPU and CUDA builds.
+# Rounded to bfloat16, each target's first float32 output is caught (attention's: its float32 lse,
+# allowed one ulp of float16, 8192 of float32; the router's top-1 weights are exactly 1 whatever the
+# logits: its first top-2 case).
 TARGETS = {
     t.lab: t
     for t in (
@@ -147,8 +144,7 @@ TARGETS = {
 }
 
 # Work on a side stream, without the two waits a correct program has. In CPU mode there are no
-# streams
-# (torch.cuda.stream(None) does nothing): the same code is the solution there, and passes.
+# streams (torch.cuda.stream(None) does nothing): the same code is the solution there, and passes.
 SIDE_STREAM = """side = torch.cuda.Stream() if runtime.ON_GPU else None
 with torch.cuda.stream(side):
 {correct}"""
@@ -260,7 +256,6 @@ def mistake(target: Target, name: str) -> Submission:
             _fails(target, f"RuntimeError: boom (at {fn}, line"),
         )
     # ---- process level: graded through the runner, in a worker it must stop or restart
-    # -------------
     case = target.first_case
     if name == "infinite_loop":
         return Submission(

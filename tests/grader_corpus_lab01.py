@@ -80,9 +80,8 @@ def add_kernel(a_ptr, b_ptr, out_ptr, n, BLOCK: tl.constexpr):
 """
 
 # Launched on a side stream; `synced` adds what a correct program does: the side stream waits for
-# the
-# inputs, PyTorch's stream waits for the result. In CPU mode there are no streams (stream(None) is
-# a no-op).
+# the inputs, PyTorch's stream waits for the result. In CPU mode there are no streams (stream(None)
+# is a no-op).
 SIDE_STREAM_LAUNCH = """    n = out.numel()
     side = torch.cuda.Stream() if runtime.ON_GPU else None
     if side is not None and SYNCED:
@@ -116,8 +115,7 @@ def residual_add(x, attn, mlp, out=None):
 """
 
 # Correct on every correctness case (all < 1M elements), but caches its output for large inputs:
-# only
-# the timed repetitions, which change the inputs before every call, can catch it (GPU only).
+# only the timed repetitions, which change the inputs before every call, can catch it (GPU only).
 CACHES_LARGE = """
     n = out.numel()
     key = (n, out.dtype)
@@ -709,8 +707,7 @@ ATTACKS["torch_add_behind_a_forged_record"] = Submission(
 CORPUS.update(ATTACKS)
 
 # Graded with performance measurement (tests/test_grader_lab01.py::test_performance_*): only the
-# timed
-# repetitions, with inputs that change before each one, can catch these.
+# timed repetitions, with inputs that change before each one, can catch these.
 PERF_CORPUS: dict[str, Submission] = {
     "caches_large_outputs": Submission(
         {"add": add_cell(prelude="_CACHE = {}\n", wrapper_body=CACHES_LARGE)}, {"add": ("pass", "")}

@@ -68,8 +68,8 @@ def _forward(
     diagonal = n_k - n_q
     n_keys = n_k
     if MISTAKE == "mixes_batches":
-        # seed 004: every batch's keys in one flattened sequence (key j of batch b is key
-        # b * n_k + j)
+        # seed 004: every batch's keys in one flattened sequence
+        # (key j of batch b is key b * n_k + j)
         n_keys = n_batch * n_k
     end = n_keys
     if CAUSAL:
@@ -221,9 +221,8 @@ CORPUS = {
         ),
         False,
     ),
-    # Caught at the first case whose scores outgrow the O(N) budget (1 MiB + a copy of q, k
-    # and v): on an
-    # H200, N = 1000 (7.4 MiB of scores against 1.7 MiB), before the N = 4096 case (256 MiB
+    # Caught at the first case whose scores outgrow the O(N) budget (1 MiB + a copy of q, k and v):
+    # on an H200, N = 1000 (7.4 MiB of scores against 1.7 MiB), before the N = 4096 case (256 MiB
     # against 7 MiB)
     "materializes_scores": (
         "1x2x2x1000x1000x64 float16 causal=True",
@@ -251,8 +250,7 @@ DRAWN_DIAGNOSIS = {
 
 # --------------------------------------------------------------------------------------------------
 # The extra-credit backward: delta pre-pass, a dK/dV kernel (a program per key block, summing over
-# the
-# group's query heads), a dQ kernel (a program per query block), with one mistake each.
+# the group's query heads), a dQ kernel (a program per query block), with one mistake each.
 
 
 @triton.jit

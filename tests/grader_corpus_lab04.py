@@ -107,9 +107,8 @@ CORPUS = {
     ),
     # the largest values of a block whose amax has a mantissa above 1.8125 land above 464: 480
     # or 512, not 448
-    # which case first holds a value the missing clamp rounds past 448 depends on the random
-    # inputs, which
-    # differ between the CPU and CUDA generators: the CPU's first is 3x5000, the H100's 1000
+    # which case first holds a value the missing clamp rounds past 448 depends on the random inputs,
+    # which differ between the CPU and CUDA generators: the CPU's first is 3x5000, the H100's 1000
     "no_clamp": (
         "fp8_block_fake_quant",
         fp8_submission,

@@ -82,9 +82,9 @@ CORPUS: dict[str, Submission] = {
         fails("permute", "first: 1x8x1 int32 experts=8: padded_offsets: "),
         diagnosis="each expert's rows must start at a multiple of BLOCK_M",
     ),
-    # n // BLOCK blocks of assignments: the last, partial one is never counted nor placed. A
-    # GPU block
-    # holds 2048 of the small cases' assignments: it first fails on 32767 tokens' top-2 (65534)
+    # n // BLOCK blocks of assignments: the last, partial one is never counted nor placed. A GPU
+    # block holds 2048 of the small cases' assignments: it first fails on 32767 tokens' top-2,
+    # 65534 assignments
     "permute_drops_last_block": Submission(
         edit("permute", "blocks = max(1, triton.cdiv(n, block))", "blocks = max(1, n // block)"),
         fails("permute", "first: 32767x32x2 int32 experts=32: counts: "),
@@ -92,8 +92,8 @@ CORPUS: dict[str, Submission] = {
         diagnosis="the last partial block was dropped; launch cdiv(n, BLOCK) programs and mask "
                   "the last one",
     ),
-    # a block's assignments of one expert placed in reverse: every one in its expert's rows,
-    # out of order
+    # a block's assignments of one expert placed in reverse: every one in its expert's rows, out of
+    # order
     "permute_not_stable": Submission(
         edit(
             "permute",
@@ -131,9 +131,8 @@ CORPUS: dict[str, Submission] = {
         fails("grouped_gemm", "first: 37x8x2x80x96 bfloat16 top_k=2: shape 37x8x2x80x96: "),
         diagnosis="padding rows (sorted_ids == -1) must be 0, so that whatever reads whole tiles",
     ),
-    # N // BLOCK_N column tiles: on the CPU (BLOCK_N 64) columns 64 to 95 are never written;
-    # on a GPU
-    # (BLOCK_N 128) no column tile is launched at all
+    # N // BLOCK_N column tiles: on the CPU (BLOCK_N 64) columns 64 to 95 are never written; on a
+    # GPU (BLOCK_N 128) no column tile is launched at all
     "gemm_drops_last_column_tile": Submission(
         edit("grouped_gemm", "tiles * triton.cdiv(n, BLOCK_N)", "tiles * (n // BLOCK_N)"),
         fails(

@@ -205,8 +205,8 @@ def test_cache_attention_matches_fp64(dtype, n_q):
     q = random_tensor((batch, n_q, hq, d), dtype, DEVICE, g).transpose(1, 2)
     k = random_tensor((batch, hkv, capacity, d), dtype, DEVICE, g)
     v = random_tensor((batch, hkv, capacity, d), dtype, DEVICE, g)
-    # sequence 0 at positions ending at 150 (splits of 64 keys: the last one partial), sequence 1
-    # at 2
+    # sequence 0 at positions ending at 150 (splits of 64 keys: the last one partial),
+    # sequence 1 at 2
     last = torch.tensor([150, n_q - 1 + 2 * (n_q == 1)])
     positions = (last[:, None] - n_q + 1 + torch.arange(n_q)).reshape(-1).to(torch.int32).to(DEVICE)
     out = poison_(torch.empty(batch, hq, n_q, d, dtype=dtype, device=DEVICE))

@@ -110,11 +110,10 @@ def test_every_mistake_changes_the_solution():
 
 
 # --------------------------------------------------------------------------------------------------
-# Hangs, memory exhaustion, crashes, edited check cells: only the runner's watched worker can
-# grade them.
-# Two `python -m grading --submissions` runs (the hangs at HANG_SECONDS, the rest at CASE_SECONDS):
-# a student per mistake, each handing in every lab with that mistake in its target function (the
-# other functions left as handed out, so they cost no time).
+# Hangs, memory exhaustion, crashes, edited check cells: only the runner's watched worker can grade
+# them. Two `python -m grading --submissions` runs (the hangs at HANG_SECONDS, the rest at
+# CASE_SECONDS): a student per mistake, each handing in every lab with that mistake in its target
+# function (the other functions left as handed out, so they cost no time).
 
 
 @pytest.fixture(scope="module")

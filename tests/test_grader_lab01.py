@@ -43,12 +43,11 @@ SCHEMA = json.loads(
     (Path(__file__).resolve().parents[1] / "grading" / "report.schema.json").read_text()
 )
 # Every correct step takes well under a second on a CPU once the worker has warmed up (a GPU step
-# may
-# compile a kernel or start the profiler): these limits are generous for it and short for the hangs.
+# may compile a kernel or start the profiler): these limits are generous for it and short for the
+# hangs.
 CALL_TIMEOUT = runtime.pick(gpu=30, cpu=10)
 # Host memory: 2 GiB on top of the worker's own on a CPU (RLIMIT_AS); on a GPU the parent watches
-# the
-# resident size, which the profiler and kernel compilation raise, so it gets more room there.
+# the resident size, which the profiler and kernel compilation raise, so it gets more room there.
 # "--sandbox auto": bubblewrap where it works, also for --submissions (which requires it by
 # default), so the self-tests run on a machine without it; the sandbox's own tests require it.
 LIMITS = [

@@ -13,8 +13,8 @@ LAB = get_lab("02_rmsnorm")
 def test_wrong_rmsnorm_is_caught(mistake):
     result = check_function(LAB, "rms_norm", submission(mistake), seed=7, perf=False)
     assert result.status == "fail" and result.points == 0
-    # which of a case's two calls fails first depends on the random values, which differ
-    # between modes
+    # which of a case's two calls fails first depends on the random values, which differ between
+    # modes
     message = result.message.replace("called again with new values in the same input buffers: ", "")
     assert CORPUS[mistake] in message, result.message
     assert DIAGNOSIS[mistake] in result.message, result.message

@@ -59,10 +59,9 @@ def fixed_cases(spec) -> tuple:
 def test_wrong_forward_is_caught(mistake):
     label, phrase, gpu_only = CORPUS[mistake]
     if gpu_only and not runtime.ON_GPU:
-        # the memory budget is a GPU check (PyTorch's CPU allocator keeps no peak) and the
-        # N = 4096 case
-        # is GPU-only: in CPU mode the numbers are right and it passes (up to the first case without
-        # parameters, which the grader also calls without out=)
+        # the memory budget is a GPU check (PyTorch's CPU allocator keeps no peak) and the N = 4096
+        # case is GPU-only: in CPU mode the numbers are right and it passes (up to the first case
+        # without parameters, which the grader also calls without out=)
         called_without_out = next(
             c for c in SPEC.cases if c.layout == "contiguous" and min(c.shape) > 1 and not c.params
         )

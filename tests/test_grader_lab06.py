@@ -139,11 +139,10 @@ def test_layer_check_passes_the_solution_and_fails_a_broken_permutation(tmp_path
         solution.grouped_gemm_swiglu,
     ]
     assert check_layer(*pieces)
-    # experts back to back: a tile's rows of the next expert get the wrong weights, in both
-    # modes (a GEMM
-    # that drops the last column tile fails on the CPU only: the GPU's BLOCK_N divides the
-    # layer's sizes;
-    # a router that forgets to renormalize passes, as the reference takes the student's routing)
+    # experts back to back: a tile's rows of the next expert get the wrong weights, in both modes (a
+    # GEMM that drops the last column tile fails on the CPU only: the GPU's BLOCK_N divides the
+    # layer's sizes; a router that forgets to renormalize passes, as the reference takes the
+    # student's routing)
     broken = import_submission(CORPUS["permute_does_not_pad"].cells, tmp_path)
     assert not check_layer(pieces[0], broken.permute, *pieces[2:])
     out = capsys.readouterr().out

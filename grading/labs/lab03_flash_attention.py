@@ -20,11 +20,9 @@ from kernels.testing import TINY, ULP, random_tensor
 
 CAUSAL = (("causal", True),)
 # Odd lengths (1, 100, 197, 1000: none a multiple of a block), Nq != Nk (cross-attention, and
-# queries at
-# the end of a longer KV cache under the causal mask), GQA (2:1 and 4:1), batch 2 (a kernel that
-# mixes
-# batches fails there), both head dims, fp16 and bf16. Small B and H: the interpreter pays per
-# program.
+# queries at the end of a longer KV cache under the causal mask), GQA (2:1 and 4:1), batch 2 (a
+# kernel that mixes batches fails there), both head dims, fp16 and bf16. Small B and H: the
+# interpreter pays per program.
 CASES = (
     Case((1, 2, 2, 1, 1, 64), torch.float16),
     # q and k 8x larger: scores in the hundreds; exp without the max subtracted overflows
@@ -211,14 +209,11 @@ def _memory_budget(q, k, v, causal=False):
 
 
 # ------------------------------------------------------------------------------------------------
-# ----
 # Extra credit: the backward, graded on its own. Its inputs include the forward's o (rounded to the
 # dtype) and lse (float32) computed from the float64 reference, so a wrong forward costs the
-# backward
-# nothing, and the backward must do what FlashAttention-2's does: recompute P from lse, never
-# store it.
-# o and lse depend on the mask, which a case's params do not reach here: a causal case also has the
-# layout "causal", from which `_backward_layout` computes them.
+# backward nothing, and the backward must do what FlashAttention-2's does: recompute P from lse,
+# never store it. o and lse depend on the mask, which a case's params do not reach here: a causal
+# case also has the layout "causal", from which `_backward_layout` computes them.
 CAUSAL_BACKWARD = {"layout": "causal", "params": CAUSAL}
 BACKWARD_CASES = (
     Case((1, 2, 2, 1, 1, 64), torch.float16),

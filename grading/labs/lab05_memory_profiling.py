@@ -13,10 +13,9 @@ from kernels.memory_profiling import estimator, gpt, profiling, reference, trito
 
 # A fixed case's shape is (tokens,), the output's; its hidden size and vocabulary come from this
 # table (a drawn case's shape is (tokens, hidden, vocab): draw_cases).
-# Odd
-# sizes, vocabularies that are not a multiple of any block, a token count not a multiple of
-# BLOCK_T; on a
-# GPU one large case, where materializing the logits (256 MiB) breaks the memory budget.
+# Odd sizes, vocabularies that are not a multiple of any block, a token count not a multiple of
+# BLOCK_T; on a GPU one large case, where materializing the logits (256 MiB) breaks the memory
+# budget.
 DIMS = {
     1: (16, 7),
     37: (48, 1500),
@@ -148,7 +147,6 @@ LAB = LabSpec(
 )
 
 # ------------------------------------------------------------------------------------------------
-# ----
 # The estimator's check: not a kernel, so not graded by the harness; the lab's check cell calls it.
 
 ESTIMATOR_CONFIGS = (

@@ -35,7 +35,6 @@ LOGIT_GAP = 0.75  # a token's logits are at least 0.5 apart (see _router_inputs)
 FLOAT32_UNIT = 2.0**-24  # the unit roundoff of a float32 accumulator
 
 # ------------------------------------------------------------------------------------------------
-# ----
 # Routings
 
 
@@ -78,7 +77,6 @@ def _moe_cases(shapes, dtypes, param: str, layout: str = "contiguous") -> tuple[
 
 
 # ------------------------------------------------------------------------------------------------
-# ----
 # route_topk(logits, top_k) -> (ids (tokens, top_k) int32, weights (tokens, top_k) float32)
 
 ROUTER_CASES = (
@@ -168,12 +166,10 @@ def _router_outputs(shape, dtype):
 
 def _router_tolerance(dtype):
     # The weights are float32 whatever the logits' dtype: exp of each chosen logit (the GPU's exp is
-    # ex2.approx of a rounded product: 2 ulp, plus |l - max| * 2**-24 relative, at most 3 ulp
-    # here, where
-    # a token's top 8 logits are within 6 of its largest), a sum of top_k terms, a division,
-    # and two more
-    # roundings if the full softmax is normalized first -- within 16 ulp of float32. Forgetting the
-    # renormalization is off by 1% or more. The ids must be exact (scale 0).
+    # ex2.approx of a rounded product: 2 ulp, plus |l - max| * 2**-24 relative, at most 3 ulp here,
+    # where a token's top 8 logits are within 6 of its largest), a sum of top_k terms, a division,
+    # and two more roundings if the full softmax is normalized first -- within 16 ulp of float32.
+    # Forgetting the renormalization is off by 1% or more. The ids must be exact (scale 0).
     return 0.0, 16 * 2.0**-23
 
 
@@ -280,7 +276,6 @@ ROUTER = GradedFunction(
 
 
 # ------------------------------------------------------------------------------------------------
-# ----
 # permute(ids, experts) -> (counts, padded_offsets, sorted_ids, tile_expert, row_of), all int32
 
 PERMUTE_OUTPUTS = ("counts", "padded_offsets", "sorted_ids", "tile_expert", "row_of")
@@ -454,12 +449,9 @@ PERMUTE = GradedFunction(
 
 
 # ------------------------------------------------------------------------------------------------
-# ----
 # grouped_gemm(x, w, sorted_ids, tile_expert, top_k) -> c (rows, N): row r = x[sorted_ids[r] //
-# top_k] @
-# w[tile_expert[r // BLOCK_M]].T, 0 in rows without an assignment. Extra credit:
-# grouped_gemm_swiglu(x,
-# w_gate, w_up, ...) -> silu(x_r @ w_gate[e].T) * (x_r @ w_up[e].T).
+# top_k] @ w[tile_expert[r // BLOCK_M]].T, 0 in rows without an assignment. Extra credit:
+# grouped_gemm_swiglu(x, w_gate, w_up, ...) -> silu(x_r @ w_gate[e].T) * (x_r @ w_up[e].T).
 
 HIDDEN, N_OUT = 80, 96  # CPU: neither a multiple of 64; the interpreter's cost grows with the tiles
 GEMM_SHAPES = [(37, 8, 2, HIDDEN, N_OUT)]
@@ -678,8 +670,8 @@ def _course_permutation(sorted_ids, tile_expert, top_k) -> Permutation:
 
 
 # The course's kernels (kernels/moe/triton_grouped_gemm.py) for timing; their outputs are not
-# checked (and
-# they leave the rows of unused tiles unwritten), so they need not be copied into `out`.
+# checked (and they leave the rows of unused tiles unwritten), so they need not be copied into
+# `out`.
 def _course_gemm(x, w, sorted_ids, tile_expert, top_k, out=None):
     perm = _course_permutation(sorted_ids, tile_expert, top_k)
     return triton_grouped_gemm.grouped_gemm(x, w, w, perm, gather=True, swiglu=False)
@@ -804,7 +796,6 @@ LAB = LabSpec(
 )
 
 # ------------------------------------------------------------------------------------------------
-# ----
 # The layer from the student's pieces: not graded (each piece is), the lab's last cell calls it.
 
 LAYER_SHAPE = runtime.pick(

@@ -75,8 +75,7 @@ def _rope_reference(x, positions, freqs):
 
 def _rope_tolerance(dtype):
     # one rounding to the dtype, and the float32 sine and cosine (a few ulp of float32) -- relative
-    # to
-    # |x[j]| + |x[j + D/2]|, the size of the terms of each output (see _rope_scale)
+    # to |x[j]| + |x[j + D/2]|, the size of the terms of each output (see _rope_scale)
     return 0.0, ULP[dtype] + 8 * ULP[torch.float32]
 
 

@@ -530,8 +530,8 @@ def main(argv=None) -> None:
     results["ddp"] = {}
     for label, wait_s in (("cpu backward", 0.0), ("waiting backward", DDP_WAIT_S)):
         d = ddp_steps(backend=backend, steps=4 if args.quick else 12, wait_s=wait_s)
-        # backward is about 2/3 of forward + backward (two products per forward product), plus
-        # its waits
+        # backward is about 2/3 of forward + backward (two products per forward product), plus its
+        # waits
         compute = d["step_median_s"]["compute only"]
         backward = 2 / 3 * (compute - 4 * wait_s) + 4 * wait_s
         d["predicted"] = {

@@ -13,9 +13,9 @@ import math
 import torch
 
 # |logits - forward_fp64| <= tolerance * rms(forward_fp64 logits), by the model's dtype. float32
-# rounds
-# every product and sum of some hundred-term dot products (measured on the tiny test model: ~1e-6);
-# bfloat16 rounds every activation to 8 bits of mantissa, layer after layer (measured: ~2e-2).
+# rounds every product and sum of some hundred-term dot products (measured on the tiny test model:
+# ~1e-6); bfloat16 rounds every activation to 8 bits of mantissa, layer after layer (measured:
+# ~2e-2).
 LOGITS_TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 8e-2}
 
 

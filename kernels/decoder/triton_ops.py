@@ -18,8 +18,7 @@ from kernels.validate import FLOAT_DTYPES
 TOKEN_DTYPES = (torch.int32, torch.int64)
 BLOCK_COLUMNS = runtime.pick(gpu=1024, cpu=8192)  # elements of a row per program
 # argmax splits a row of the vocabulary over programs: 128256 logits in 4096-wide chunks are 32
-# programs
-# per row (one row at batch 1 would otherwise stream 250 KB through one SM).
+# programs per row (one row at batch 1 would otherwise stream 250 KB through one SM).
 ARGMAX_CHUNK = runtime.pick(gpu=4096, cpu=65536)
 STATUS_TOKEN_OUT_OF_RANGE = 2  # the bit embedding sets in a status word (RoPE's is 1)
 

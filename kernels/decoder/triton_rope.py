@@ -31,8 +31,8 @@ from kernels.validate import FLOAT_DTYPES
 
 POSITION_DTYPES = (torch.int32, torch.int64)
 # Heads per program: a (heads, D/2) tile. 8 heads x 32 pairs x 2 halves is 512 elements, a warp's
-# worth
-# of 16-byte loads on each half; the interpreter pays per program, so it gets every head at once.
+# worth of 16-byte loads on each half; the interpreter pays per program, so it gets every head at
+# once.
 HEADS_PER_PROGRAM = runtime.pick(gpu=8, cpu=64)
 STATUS_POSITION_OUT_OF_RANGE = 1  # the bit rope_append sets in `status`
 
