@@ -2,10 +2,8 @@
 from a shell: `python -m grading` (see grading/cli.py and grading/README.md).
 
 The notebook check cells print the grader's own result (`grading.harness.check_function`, the data
-behind
-the JSON and Markdown reports) as compact colour-coded tables: one row per dtype and one column per
-shape
-for correctness, then one row per configuration for performance (GPU only).
+behind the JSON and Markdown reports) as compact colour-coded tables: one row per dtype and one
+column per shape for correctness, then one row per configuration for performance (GPU only).
 """
 
 from __future__ import annotations
@@ -69,8 +67,7 @@ def _fmt(value, spec: str) -> str:
 
 def correctness_lines(spec, result) -> list[str]:
     """The correctness cases of `result` (a FunctionResult) as a dtype x shape table, then each
-    failure
-    with the error figures of the grader's report."""
+    failure with the error figures of the grader's report."""
     if not result.cases:
         return []
     by_label = {c.case: c for c in result.cases}

@@ -84,9 +84,8 @@ def run_tasks(
     calling
     `on_result(key, lab)` in this thread as each lab is done.
 
-    Returns ({key: lab result}, interrupted). On Ctrl-C or SIGTERM the running workers are
-    stopped and
-    every lab not graded yet comes back marked interrupted (and goes through `on_result` too).
+    Returns ({key: lab result}, interrupted). On Ctrl-C or SIGTERM the running workers are stopped
+    and every lab not graded yet comes back marked interrupted (and goes through `on_result` too).
     """
     from tqdm.auto import tqdm
 

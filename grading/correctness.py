@@ -4,16 +4,15 @@ Per case and per trial (`GradedFunction.trials`, 2 by default): fresh random inp
 seed, and for every later trial new values in the *same* input buffers (a function that caches its
 previous output returns stale values and fails); the output buffer poisoned with NaN; the call
 watched for PyTorch compute ops and for kernel launches (grading/watch.py); on a GPU, the output
-read
-back in the order of PyTorch's current stream, before any other synchronization.
+read back in the order of PyTorch's current stream, before any other synchronization.
 
 A call and its verdict are apart. A `Caller` runs the student's function once and returns a
 `CallRecord`: what it raised or returned, copies of its results as they were when it returned, the
 inputs after it, and what the watcher saw. `judge` turns a record into a `CaseResult` through
-`STEPS`,
-a list of named checks. `LocalCaller` calls in this process (the notebook's `grading.check`); the
-grader's parent process uses a caller that sends the inputs to a sandboxed worker and judges what
-comes back (grading/runner.py), so no verdict is made where the student's code runs.
+`STEPS`, a list of named checks. `LocalCaller` calls in this process (the notebook's
+`grading.check`); the grader's parent process uses a caller that sends the inputs to a sandboxed
+worker and judges what comes back (grading/runner.py), so no verdict is made where the student's
+code runs.
 """
 from __future__ import annotations
 

@@ -11,9 +11,8 @@ Both the notebook check cells (`grading.check`) and `python -m grading` grade th
 * `grading/results.py`: what is reported.
 
 An exception is reported with a reason (out of host or GPU memory, `sys.exit`, ...); a CUDA error
-that
-leaves the context unusable raises `ContextLost`, which ends the process (the worker grades the rest
-of the lab in a new one).
+that leaves the context unusable raises `ContextLost`, which ends the process (the worker grades the
+rest of the lab in a new one).
 """
 from __future__ import annotations
 

@@ -5,15 +5,13 @@ Every code cell of a lab that matters carries nbgrader metadata (schema 3):
 * **solution** cells (`solution: true`): the student writes here. In `solutions/` they are complete,
 with
   the parts to hide between `### BEGIN SOLUTION` and `### END SOLUTION`; in `labs/` those regions
-  are
-  replaced by a `raise NotImplementedError()` stub.
+  are replaced by a `raise NotImplementedError()` stub.
 * **check** cells (`grade: true, locked: true`): call the grader's harness. The grader never runs
 the
   student's copy: it uses the lab spec, and reports a check cell whose text was changed.
 * **locked** cells (`locked: true`, not graded): read-only cells. Those whose grade_id starts with
   `setup` hold what the solution cells depend on (imports, constants); the grader takes them from
-  the
-  source notebook, not from the student's copy, and runs no other locked cell.
+  the source notebook, not from the student's copy, and runs no other locked cell.
 
 `solutions/` is the single source; `python -m grading.make_labs` writes `labs/` from it, with an
 nbgrader checksum in every nbgrader cell (`grading.integrity`), as `nbgrader generate_assignment`

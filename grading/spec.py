@@ -2,9 +2,8 @@
 configs.
 
 One `LabSpec` per lab lives in `grading/labs/`; the notebook check cells and `python -m grading`
-both
-run it through `grading.harness`, so a student sees in the notebook exactly what the grader will
-say.
+both run it through `grading.harness`, so a student sees in the notebook exactly what the grader
+will say.
 """
 
 from __future__ import annotations
@@ -120,9 +119,8 @@ class GradedFunction:
       generic diagnosis speak.
     * `graph_capture`: on a GPU, the call must be capturable in a CUDA graph (no host
     synchronization
-      inside it: `.item()`, `.cpu()`, a size read from a tensor), and the graph, replayed on
-      new input
-      values, must compute them right. Not exercised without a GPU (the report says so).
+      inside it: `.item()`, `.cpu()`, a size read from a tensor), and the graph, replayed on new
+      input values, must compute them right. Not exercised without a GPU (the report says so).
     * `allowed_ops`: PyTorch ops (e.g. `"aten.mm.default"`) this function may call on top of the
       allocations and views every function may use: a lab whose lesson is elsewhere (chunked
       cross-entropy around cuBLAS GEMMs) names the library calls it permits.

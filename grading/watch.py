@@ -2,10 +2,8 @@
 how many kernels it launched, which of them are the course's, and on which streams.
 
 `install_launch_hooks` wraps Triton's launch (compiled and interpreted) and `kernels.cuda.launch`
-once
-per process; the hooks write into the `LaunchState` of the `watch` block in force (`ACTIVE`), so
-what
-happens inside a launch (the interpreter's own copies) is not the student's PyTorch.
+once per process; the hooks write into the `LaunchState` of the `watch` block in force (`ACTIVE`),
+so what happens inside a launch (the interpreter's own copies) is not the student's PyTorch.
 """
 from __future__ import annotations
 

@@ -1,22 +1,16 @@
-"""The mistakes issue 8 asks every lab's corpus to have, built once for labs 02-06 from each lab's
+"""The mistakes every lab's corpus must have, built once for labs 02-06 from each lab's
 solution.
 
 Lab 01's corpus (tests/grader_corpus_lab01.py) spells each mistake out for its `add`; here a mistake
-is a rewrite
-of one graded function's wrapper region (`SolutionCells.solve_with`), written in terms of that
-wrapper's
-names (`Target`), so one definition covers every lab. Each `mistake(target, name)` is a `Submission`
-of
-tests/grader_corpus_lab01.py: the rewritten solution cell, the status and phrase the grader must
-give on a GPU
-(`expect`), what the interpreter shows where it differs (`cpu`, with `gpu_only` saying why), and the
-notes
-it must write.
+is a rewrite of one graded function's wrapper region (`SolutionCells.solve_with`), written in terms
+of that wrapper's names (`Target`), so one definition covers every lab. Each `mistake(target, name)`
+is a `Submission` of tests/grader_corpus_lab01.py: the rewritten solution cell, the status and
+phrase the grader must give on a GPU (`expect`), what the interpreter shows where it differs (`cpu`,
+with `gpu_only` saying why), and the notes it must write.
 
 Two kinds: `IN_PROCESS` mistakes are graded with `check_function` directly (fast, no subprocess);
 `PROCESS_LEVEL` ones hang, exhaust memory or crash the process, so only the runner's watched worker
-can
-grade them (tests/test_grader_generic.py grades them with `python -m grading --submissions`).
+can grade them (tests/test_grader_generic.py grades them with `python -m grading --submissions`).
 """
 
 from __future__ import annotations
@@ -340,8 +334,7 @@ def graded_module(target: Target, cells: dict[str, str], folder: Path):
 
 def lab_notebook_with(target: Target, cells: dict[str, str]) -> dict:
     """What a student who attempted only `target` hands in: the lab as handed out (its other
-    functions
-    still stubs, graded "not implemented" in no time), with `cells` replaced."""
+    functions still stubs, graded "not implemented" in no time), with `cells` replaced."""
     notebook = read_notebook(LABS_DIR / target.notebook)
     for cell in notebook["cells"]:
         cell["source"] = cells.get(grade_id(cell), cell["source"])

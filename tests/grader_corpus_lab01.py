@@ -1,15 +1,11 @@
 """Known-wrong and adversarial submissions for lab 01, and what the grader must say about each.
 
 Each `Submission` edits solutions/01_elementwise_add_lab.ipynb: it replaces cells by grade_id (a
-solution
-cell, or a locked cell to prove editing it changes nothing) and may delete cells. `expect` gives,
-per
-graded function, the status and a phrase of the reason the grader must report on a GPU; `cpu`
-overrides
-it where CPU mode (the Triton interpreter) behaves differently, and `gpu_only` says why. Functions
-not
-listed are not checked for that submission. tests/test_grader_lab01.py grades every one in a single
-`python -m grading` run and fails on any misclassification.
+solution cell, or a locked cell to prove editing it changes nothing) and may delete cells. `expect`
+gives, per graded function, the status and a phrase of the reason the grader must report on a GPU;
+`cpu` overrides it where CPU mode (the Triton interpreter) behaves differently, and `gpu_only` says
+why. Functions not listed are not checked for that submission. tests/test_grader_lab01.py grades
+every one in a single `python -m grading` run and fails on any misclassification.
 """
 
 from __future__ import annotations
@@ -158,11 +154,9 @@ class Submission:
 
 class SolutionCells:
     """A solution notebook's nbgrader cells by grade_id, and edits of them for a corpus: `edit`
-    names text of
-    the solution that must occur exactly once (so a change to the solution cannot quietly turn a
-    mistake
-    into a no-op), `solve_with` rewrites a wrapper's solution region. Each returns {grade_id:
-    new source}."""
+    names text of the solution that must occur exactly once (so a change to the solution cannot
+    quietly turn a mistake into a no-op), `solve_with` rewrites a wrapper's solution region. Each
+    returns {grade_id: new source}."""
 
     def __init__(self, notebook: Path):
         self.notebook = notebook
@@ -450,7 +444,7 @@ CORPUS: dict[str, Submission] = {
     ),
 }
 
-# ---- issue 19: submissions written to cheat, and honest code the grader once failed ------------
+# ---- submissions written to cheat, and honest code the grader once failed ---------------------
 # One no-op launch beside the hidden PyTorch (a function must launch a kernel of its own).
 NOOP_LAUNCH = "    add_kernel[(1,)](a, b, out, 0, BLOCK=BLOCK)\n"
 THREAD_ADD = (

@@ -68,7 +68,7 @@ def _forward(
     diagonal = n_k - n_q
     n_keys = n_k
     if MISTAKE == "mixes_batches":
-        # seed 004: every batch's keys in one flattened sequence
+        # a bug of a real kernel: every batch's keys in one flattened sequence
         # (key j of batch b is key b * n_k + j)
         n_keys = n_batch * n_k
     end = n_keys

@@ -2,12 +2,10 @@
 
 Each is solutions/06_moe_lab.ipynb with one edit a student might make, as a `Submission` of
 tests/grader_corpus_lab01.py: `cells` holds the edited solution cells by grade_id, `expect` the
-status and a
-phrase of the message per graded function on a GPU, `cpu` what the interpreter shows where it
-differs,
-`gpu_only` why, and `diagnosis` what the message must also say. An edit names text of the solution
-that
-must occur exactly once, so a change to the solution cannot quietly turn a mistake into a no-op.
+status and a phrase of the message per graded function on a GPU, `cpu` what the interpreter shows
+where it differs, `gpu_only` why, and `diagnosis` what the message must also say. An edit names text
+of the solution that must occur exactly once, so a change to the solution cannot quietly turn a
+mistake into a no-op.
 """
 
 from __future__ import annotations
@@ -37,7 +35,7 @@ def grouped_gemm(x, w, sorted_ids, tile_expert, top_k, out=None):
     return _CACHE[key] if out is None else out.copy_(_CACHE[key])"""
 
 CORPUS: dict[str, Submission] = {
-    # ---- the issue's additions -------------------------------------------------------------------
+    # ---- mistakes of the router and the grouped GEMM ---------------------------------------------
     "forgets_renormalization": Submission(
         edit(
             "route_topk",
@@ -160,7 +158,7 @@ CORPUS: dict[str, Submission] = {
         ),
     ),
     # the same check through .tolist(), which PyTorch runs without dispatching an op: the function
-    # watcher names it (before issue 19 only the GPU's CUDA-graph capture saw it)
+    # watcher names it (once only the GPU's CUDA-graph capture saw it)
     "host_tolist_sync": Submission(
         edit(
             "permute",
@@ -171,7 +169,7 @@ CORPUS: dict[str, Submission] = {
         fails("permute", "reads a tensor's value on the host inside the call (Tensor.tolist): a "
                          "host synchronization"),
     ),
-    # ---- issue 8's general cases, where they are cheap here --------------------------------------
+    # ---- the generic mistakes of every lab, where they are cheap here ----------------------------
     "calls_torch_softmax_and_topk": Submission(
         solve_with(
             "route_topk",

@@ -1,10 +1,8 @@
-"""Issue 8's generic mistakes, in labs 02-06 (tests/grader_corpus_generic.py): each is caught, in
-this mode,
-with the reason the grader must give; the solution is flagged by none of them.
+"""The generic mistakes, in labs 02-06 (tests/grader_corpus_generic.py): each is caught, in
+this mode, with the reason the grader must give; the solution is flagged by none of them.
 
 `[gpu-only]` marks a mistake only a GPU can show: on a CPU the test asserts what the interpreter
-shows
-instead (its `cpu` expectation, as lab 01's corpus does), on a GPU the failure itself:
+shows instead (its `cpu` expectation, as lab 01's corpus does), on a GPU the failure itself:
 
     KERNELS_MODE=gpu python -m pytest tests/test_grader_generic.py
 """

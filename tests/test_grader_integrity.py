@@ -1,6 +1,5 @@
 """What the grader trusts: nbgrader checksums in the generated labs, locked cells taken from the
-source,
-the grader's own functions, and the content hashes that let an instructor's run resume."""
+source, the grader's own functions, and the content hashes that let an instructor's run resume."""
 
 import hashlib
 import json

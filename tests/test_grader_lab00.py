@@ -1,6 +1,5 @@
 """Lab 00 (profiling): wrong answers and wrong fixes are caught with a reason; the solution passes;
-on a
-GPU a correct fix that is no faster than the slow kernel gets a failing speed grade."""
+on a GPU a correct fix that is no faster than the slow kernel gets a failing speed grade."""
 
 
 import pytest

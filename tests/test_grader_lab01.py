@@ -72,9 +72,8 @@ def tree_hash(folder: Path) -> str:
 
 
 def write_submission(folder: Path, submission: Submission | None = None, name: str = LAB) -> Path:
-    """What a student hands in: the lab (with its nbgrader checksums) with the solution's code
-    in the
-    solution cells, then the submission's edits."""
+    """What a student hands in: the lab (with its nbgrader checksums) with the solution's code in
+    the solution cells, then the submission's edits."""
     submission = submission or Submission()
     lab = nbformat.read(LABS_DIR / LAB, as_version=4)
     solution = {

@@ -1,6 +1,5 @@
 """Lab 03: the solution gets full marks, the untouched lab zero, and every wrong forward in the
-corpus is
-caught with the reason a student can act on."""
+corpus is caught with the reason a student can act on."""
 
 import json
 import random
@@ -30,9 +29,8 @@ BACKWARD = LAB.function("flash_attention_backward")
 
 
 def lab_up_to(label: str, spec=SPEC):
-    """The lab with `spec`'s cases up to and including `label` (seeds follow a case's index, so
-    each case
-    gets the inputs it gets in the full run)."""
+    """The lab with `spec`'s cases up to and including `label` (seeds follow a case's index, so each
+    case gets the inputs it gets in the full run)."""
     labels = [c.label for c in spec.cases]
     assert label in labels, f"no case {label!r} in the spec: {labels}"
     return only(spec, spec.cases[: labels.index(label) + 1])

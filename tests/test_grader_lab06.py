@@ -1,7 +1,6 @@
 """Lab 06: the solution gets full marks, the untouched lab zero, and every wrong submission in the
-corpus
-(tests/grader_corpus_lab06.py) is caught with the reason a student can act on -- in this mode; the
-failures only a GPU can show are asserted on a GPU and skipped, saying so, on a CPU."""
+corpus (tests/grader_corpus_lab06.py) is caught with the reason a student can act on -- in this
+mode; the failures only a GPU can show are asserted on a GPU and skipped, saying so, on a CPU."""
 
 import json
 import random
@@ -150,9 +149,8 @@ def test_layer_check_passes_the_solution_and_fails_a_broken_permutation(tmp_path
 
 
 def test_solution_gets_full_marks_and_the_untouched_lab_zero(tmp_path):
-    """`python -m grading` on the solution notebook, the untouched lab, and the solution with
-    its check
-    cells edited to print PASS (restored from the source, and reported), as an instructor runs
+    """`python -m grading` on the solution notebook, the untouched lab, and the solution with its
+    check cells edited to print PASS (restored from the source, and reported), as an instructor runs
     it."""
     name = "06_moe_lab.ipynb"
     edited = json.loads((LABS_DIR / name).read_text())

@@ -1,7 +1,6 @@
 """The parent side of grading (grading/runner.py), with stand-in worker processes: each stop
-condition
-gives its reason, the whole process group goes, a step's limit counts CPU time, and a reply the
-student's code forges on the channel is ignored.
+condition gives its reason, the whole process group goes, a step's limit counts CPU time, and a
+reply the student's code forges on the channel is ignored.
 
 The host-memory watchdog is what guards a GPU worker (RLIMIT_AS cannot be used with CUDA); a CPU
 worker has RLIMIT_AS as well. Here it is exercised on any machine, with a plain Python process.

@@ -1,10 +1,9 @@
 """Lab 03: the FlashAttention forward in Triton (out and lse); the backward as extra credit.
 
 A case's shape is the problem's, (batch, q heads, kv heads, Nq, Nk, head_dim): q is (B, Hq, Nq, D),
-k and
-v are (B, Hkv, Nk, D); the outputs are out (B, Hq, Nq, D) in the inputs' dtype and lse (B, Hq, Nq)
-in
-float32. `causal` is a case parameter (bottom-right aligned, kernels/flash_attention/reference.py).
+k and v are (B, Hkv, Nk, D); the outputs are out (B, Hq, Nq, D) in the inputs' dtype and lse (B, Hq,
+Nq) in float32. `causal` is a case parameter (bottom-right aligned,
+kernels/flash_attention/reference.py).
 """
 
 from __future__ import annotations
@@ -154,8 +153,7 @@ def _tolerance(dtype):
 
 def _float32_error(q, k):
     """A score computed in float32 carries an absolute error of about |s| * 2^-20 at these head
-    dims,
-    which exp turns into a relative error of that size in every probability."""
+    dims, which exp turns into a relative error of that size in every probability."""
     k = k.double().repeat_interleave(q.shape[1] // k.shape[1], 1)
     s_max = (q.double() @ k.transpose(-1, -2)).abs().max().item() / math.sqrt(q.shape[-1])
     return 2.0**-20 * (1 + s_max)
@@ -166,10 +164,9 @@ def _scale(q, k, v, causal=False):
 
     out is a weighted mean of V rows: its error is measured against the magnitude of the terms,
     sum_j p_j |v_j| (the reference attention of |v|), not against |out|, which cancellation can make
-    arbitrarily small. Allowed: two roundings to the dtype (P before the P @ V product, out at
-    the end)
-    plus the float32 error of the scores. lse is float32: its allowance is the float32 error alone,
-    expressed in ulps of the dtype because rtol is one of those.
+    arbitrarily small. Allowed: two roundings to the dtype (P before the P @ V product, out at the
+    end) plus the float32 error of the scores. lse is float32: its allowance is the float32 error
+    alone, expressed in ulps of the dtype because rtol is one of those.
     """
     ulp = ULP[q.dtype]
     err = _float32_error(q, k)
@@ -256,15 +253,12 @@ def _backward_scale(q, k, v, o, lse, do, causal=False):
     """What rtol (one ulp of the dtype) multiplies: four times the magnitude of each gradient's
     terms.
 
-    dS = P * (dP - delta) with dP = dO V^T and delta = rowsum(dO * O); dQ = scale * dS K, dK =
-    scale * dS^T Q,
-    dV = P^T dO. A gradient can cancel to (near) zero -- with one key, dQ is exactly 0 -- so the
-    error is
-    measured against the same sums of absolute terms, |dS| bounded by P * (|dP| + rowsum(|dO|
-    |O|)). Four
-    roundings of terms that size: P and dS rounded to the dtype before their products, O rounded
-    before
-    delta, the gradient rounded at the end (the float32 error of P is far below one of those).
+    dS = P * (dP - delta) with dP = dO V^T and delta = rowsum(dO * O); dQ = scale * dS K,
+    dK = scale * dS^T Q, dV = P^T dO. A gradient can cancel to (near) zero -- with one key, dQ is
+    exactly 0 -- so the error is measured against the same sums of absolute terms, |dS| bounded by
+    P * (|dP| + rowsum(|dO| |O|)). Four roundings of terms that size: P and dS rounded to the dtype
+    before their products, O rounded before delta, the gradient rounded at the end (the float32
+    error of P is far below one of those).
     """
     group = q.shape[1] // k.shape[1]
     scale = 1 / math.sqrt(q.shape[-1])

@@ -3,17 +3,14 @@
 The graded sums take rows x of shape (rows, n) and write one float32 sum per row into out (rows,). A
 case's shape is the output's; its layout names the row length: "contiguous" rows are N_DEFAULT long,
 "n=K" rows K long, "drift n=K" rows hold 0.01 plus random multiples of 2**-7 (every value has the
-same
-low-order bits, so a naive sum loses the same bits at every step and drifts, while Kahan does not).
-The check: |sum - exact| <= 4u * sum |x_i|, u = 2**-24 (a bound with room: a correct Kahan sum stays
-near 2u, the final rounding adds u/2).
+same low-order bits, so a naive sum loses the same bits at every step and drifts, while Kahan does
+not). The check: |sum - exact| <= 4u * sum |x_i|, u = 2**-24 (a bound with room: a correct Kahan sum
+stays near 2u, the final rounding adds u/2).
 
 The quantizer: each block of 128 consecutive elements of the flattened tensor gets the OCP MX scale
 2**(floor(log2 amax) - 8); x / scale is clamped to +-448, rounded to e4m3 and multiplied back. The
-power
--of-two scale makes the division and the multiplication exact, so the result is exact: it must equal
-the
-reference bit for bit. The block's largest values land in [256, 512): clamping matters.
+power-of-two scale makes the division and the multiplication exact, so the result is exact: it must
+equal the reference bit for bit. The block's largest values land in [256, 512): clamping matters.
 """
 
 from __future__ import annotations

@@ -10,10 +10,9 @@ per expert to BLOCK_M, the lab's tile height, which the permutation pads to and 
 in.
 
 Routings: "contiguous" is each token's top_k of uniformly random expert scores; "skewed" sends 7 of
-every
-8 tokens to one expert as their first choice (the rest stay random); few tokens over many experts
-leave
-most experts without a token. Every check except the graph capture runs in the interpreter too.
+every 8 tokens to one expert as their first choice (the rest stay random); few tokens over many
+experts leave most experts without a token. Every check except the graph capture runs in the
+interpreter too.
 """
 
 from __future__ import annotations
@@ -122,13 +121,10 @@ def draw_router_cases(rng) -> tuple[Case, ...]:
 
 def _router_inputs(shape, dtype, device, gen):
     """Logits whose values within a token are at least 2/3 of LOGIT_GAP (0.5) apart: a random
-    permutation
-    of evenly spaced values, each jittered by up to a third of a gap. |logit| <= 48 (128
-    experts), where
-    bfloat16's spacing is 0.25, so after rounding they stay 0.25 apart: no two experts tie, and
-    no rounding
-    of a correct kernel can swap two of them: the float64 reference's choice is the only right
-    one."""
+    permutation of evenly spaced values, each jittered by up to a third of a gap. |logit| <= 48 (128
+    experts), where bfloat16's spacing is 0.25, so after rounding they stay 0.25 apart: no two
+    experts tie, and no rounding of a correct kernel can swap two of them: the float64 reference's
+    choice is the only right one."""
     tokens, experts, _ = shape
     order = torch.rand(tokens, experts, device=device, generator=gen).argsort(dim=1)
     jitter = torch.rand(tokens, experts, device=device, generator=gen) / 3
@@ -224,9 +220,8 @@ _IDENTITY: dict = {}
 
 def _course_router(logits, top_k, out=None):
     """The course's fused router (kernels/moe/triton_router.py) with the identity as the router
-    matrix:
-    its logits are then these logits, exactly (for timing; it also computes x @ I and writes the
-    probs)."""
+    matrix: its logits are then these logits, exactly (for timing; it also computes x @ I and writes
+    the probs)."""
     key = (logits.shape[1], logits.dtype, logits.device)
     if key not in _IDENTITY:
         _IDENTITY[key] = torch.eye(logits.shape[1], dtype=logits.dtype, device=logits.device)
@@ -606,11 +601,9 @@ def _swiglu_reference(x, w_gate, w_up, sorted_ids, tile_expert, top_k):
 
 def _swiglu_scale(x, w_gate, w_up, sorted_ids, tile_expert, top_k):
     """h = silu(g) * u, rounded once: one ulp of |h| (a whole one: the interpreter truncates;
-    sigmoid's own
-    float32 error is far below), plus the float32 errors of g and u carried through: |silu'| <=
-    1.1, so
-    (1.1 |u| G + |silu(g)| U) times the accumulation allowance, G and U the magnitudes |x| @
-    |w|.T."""
+    sigmoid's own float32 error is far below), plus the float32 errors of g and u carried through:
+    |silu'| <= 1.1, so (1.1 |u| G + |silu(g)| U) times the accumulation allowance, G and U the
+    magnitudes |x| @ |w|.T."""
 
     def terms(a, g, u):
         gate, up = a @ g.T, a @ u.T
@@ -805,10 +798,9 @@ LAYER_SHAPE = runtime.pick(
 
 def check_layer(route_topk, permute, grouped_gemm, grouped_gemm_swiglu=None) -> bool:
     """The MoE layer of notebook 06 from the student's functions (router GEMM and combine:
-    PyTorch and the
-    course's), against the float64 loop under the same routing; on a GPU also captured in a CUDA
-    graph and
-    replayed. Prints PASS/FAIL lines; returns whether everything passed."""
+    PyTorch and the course's), against the float64 loop under the same routing; on a GPU also
+    captured in a CUDA graph and replayed. Prints PASS/FAIL lines; returns whether everything
+    passed."""
     from kernels.moe import reference, triton_combine
     from kernels.testing import compare, generator
 

@@ -2,10 +2,9 @@
 transpose.
 
 The lab shows eight readings of `transpose_naive`'s profile (`READINGS`, in this order) and asks
-which
-one shows *why* the kernel is slow, and its value. The grader's answer comes from the same committed
-CSV, data/results/<gpu>/00_profiling/ncu_transpose_naive.csv, so it never goes stale: re-profile on
-another GPU and the expected value follows.
+which one shows *why* the kernel is slow, and its value. The grader's answer comes from the same
+committed CSV, data/results/<gpu>/00_profiling/ncu_transpose_naive.csv, so it never goes stale:
+re-profile on another GPU and the expected value follows.
 """
 
 from __future__ import annotations

@@ -7,13 +7,11 @@ bf16 matmul TFLOP/s), not the datasheet's. A kernel's point:
 * **bytes**: what it moved to and from DRAM (ncu: dram__bytes_read.sum + dram__bytes_write.sum);
 * **flops**: the arithmetic its result needs (the workload's count). ncu's instruction counters
   (fp32 FMA x 2 + adds + multiplies + tensor-core ops) are shown beside it as a check: they also
-  count
-  work the kernel does beyond the count (exp, rescaling, padding rows);
+  count work the kernel does beyond the count (exp, rescaling, padding rows);
 * **time**: ncu's gpu__time_duration (one launch, caches flushed, the GPU's own clocks);
 * intensity = flops / bytes, achieved = flops / time, and the roof at that intensity
   min(F, intensity * B): `fraction_of_roof` says how close the kernel is to its ceiling. For a
-  kernel
-  with no flops (a copy, a transpose) the point is its bandwidth: bytes / time against B.
+  kernel with no flops (a copy, a transpose) the point is its bandwidth: bytes / time against B.
 """
 
 from __future__ import annotations

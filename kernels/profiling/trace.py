@@ -2,11 +2,10 @@
 
 `profile_step` runs one training step of the small GPT (kernels.memory_profiling.gpt) under
 `torch.profiler.profile` with CPU and CUDA activity, its forward, backward and optimizer phases
-marked
-twice: `torch.profiler.record_function` (seen by torch.profiler) and an NVTX range (seen by Nsight
-Systems and Nsight Compute). `export_trace` writes the Chrome trace, trimmed to what a timeline
-needs
-(so it is small enough to commit); Perfetto (https://ui.perfetto.dev) or chrome://tracing open it.
+marked twice: `torch.profiler.record_function` (seen by torch.profiler) and an NVTX range (seen by
+Nsight Systems and Nsight Compute). `export_trace` writes the Chrome trace, trimmed to what a
+timeline needs (so it is small enough to commit); Perfetto (https://ui.perfetto.dev) or
+chrome://tracing open it.
 
 The rest reads such a trace with nothing but `json`:
 * `read_trace` -> `Trace`: CPU ops, runtime calls (cudaLaunchKernel, ...), GPU kernels and the

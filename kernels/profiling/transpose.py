@@ -1,16 +1,14 @@
 """Transpose: the profiling lab's slow kernel and its fix.
 
 `out = x.T`, written into a new row-major (cols, rows) tensor, moves every byte once in and once
-out:
-nothing to compute, so the floor is 2 * x.nbytes over the copy bandwidth. Attention's K^T and every
-weight-layout conversion do this.
+out: nothing to compute, so the floor is 2 * x.nbytes over the copy bandwidth. Attention's K^T and
+every weight-layout conversion do this.
 
 * `transpose_naive` gives each program BLOCK consecutive elements of `out`. Its stores are
 coalesced,
   but out[c, r] comes from x[r, c]: neighbouring threads read addresses `cols` elements apart, so
-  each
-  thread's 2 or 4 bytes arrive in a 32-byte sector of their own. Nsight Compute shows it as global
-  load sectors per request: 32 (one sector per thread of the warp) instead of a handful.
+  each thread's 2 or 4 bytes arrive in a 32-byte sector of their own. Nsight Compute shows it as
+  global load sectors per request: 32 (one sector per thread of the warp) instead of a handful.
 * `transpose_tiled` loads a (BLOCK_R, BLOCK_C) tile along x's rows and stores its transpose along
   out's rows: both sides coalesced; Triton moves the tile between the two layouts through shared
   memory.

@@ -1,10 +1,9 @@
 """The course's kernels as named workloads, for profilers that run a whole process (Nsight Compute).
 
 Each workload builds its inputs, warms up (compilation, autotuning, cuBLAS set-up), then makes
-exactly
-one call between `torch.cuda.profiler.start()` and `stop()`. `ncu --profile-from-start off` profiles
-only the kernels launched in between: the timed call, not the warm-up, the autotuner's trials or the
-allocations.
+exactly one call between `torch.cuda.profiler.start()` and `stop()`. `ncu --profile-from-start off`
+profiles only the kernels launched in between: the timed call, not the warm-up, the autotuner's
+trials or the allocations.
 
     python -m kernels.profiling.workloads add      # what `python -m kernels.profiling.ncu add` runs
 
