@@ -6,10 +6,12 @@ The script prints one JSON line per compiled variant, each after ptxas's report 
 and the matrix multiply's Hopper kernels (matmul/offline.py).
 
 What a compile reports depends only on the script, its arguments, the target, Triton (which brings
-its ptxas) and the course's kernel sources, so the parsed report is kept outside the clone, keyed by
-all of them (~/.cache/gpu-kernels-course/compile-reports, or under KERNELS_CACHE_DIR): the tests
-and lectures that read it compile once per change, not once per run. KERNELS_COMPILE_CACHE=0 always
-compiles.
+its ptxas) and the course files it read, so the parsed report is kept outside the clone
+(~/.cache/gpu-kernels-course/compile-reports, or under KERNELS_CACHE_DIR), keyed by the first four
+and kernels/'s data files (CUDA C, tables), with the digest of every kernels/ module the compile
+imported: an entry whose modules changed since is compiled again. The tests and lectures that
+read a report compile once per change to what they compile, not once per run.
+KERNELS_COMPILE_CACHE=0 always compiles.
 """
 
 from __future__ import annotations
@@ -28,14 +30,29 @@ CACHE_DIR = (
     Path(os.environ.get("KERNELS_CACHE_DIR", Path.home() / ".cache" / "gpu-kernels-course"))
     / "compile-reports"
 )
+# Appended to the script: the kernels/ modules the compile imported, as its last line.
+_LIST_MODULES = f"""
+import json as _json, sys as _sys
+print(_json.dumps({{"kernels_modules": sorted({{
+    m.__file__ for m in list(_sys.modules.values())
+    if (getattr(m, "__file__", None) or "").startswith({str(KERNELS_DIR)!r})}})}}), flush=True)
+"""
+
+
+def _digest(path: str) -> str | None:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 @functools.cache
-def _course_sources() -> bytes:
-    """Every file of kernels/ (sources and the tables they read) with its path: a change to any of
-    them is a new key."""
+def _course_data() -> bytes:
+    """kernels/'s files other than modules and notes (CUDA C, tables), with their paths."""
     files = sorted(
-        p for p in KERNELS_DIR.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+        p
+        for p in KERNELS_DIR.rglob("*")
+        if p.is_file() and p.suffix not in (".py", ".pyc", ".md") and "__pycache__" not in p.parts
     )
     return b"".join(str(p.relative_to(KERNELS_DIR)).encode() + p.read_bytes() for p in files)
 
@@ -44,7 +61,12 @@ def _cache_key(script: str, args: list[str], arch: str) -> str:
     import triton  # the child's: the same interpreter and PYTHONPATH
 
     parts = [script, *args, arch, triton.__version__, triton.__file__, sys.version]
-    return hashlib.sha256("\0".join(parts).encode() + _course_sources()).hexdigest()[:32]
+    return hashlib.sha256("\0".join(parts).encode() + _course_data()).hexdigest()[:32]
+
+
+def _still_valid(entry: dict) -> bool:
+    """Whether every kernels/ module the kept compile imported is as it was then."""
+    return all(_digest(path) == digest for path, digest in entry["modules"].items())
 
 
 def compile_env(arch: str) -> dict[str, str]:
@@ -70,21 +92,25 @@ def run_compile_script(script: str, args: list[str], failure: str, arch: str) ->
     kept = CACHE_DIR / f"{_cache_key(script, args, arch)}.json"
     if use_cache and kept.is_file():
         try:
-            return json.loads(kept.read_text())
-        except ValueError:  # a damaged entry: compile again
+            entry = json.loads(kept.read_text())
+            if _still_valid(entry):
+                return entry["made"]
+        except (ValueError, KeyError, TypeError, AttributeError):  # damaged: compile again
             pass
-    made = _compile(script, args, failure, arch)
+    made, modules = _compile(script, args, failure, arch)
     if use_cache:
+        entry = {"made": made, "modules": {path: _digest(path) for path in modules}}
         kept.parent.mkdir(parents=True, exist_ok=True)
         partial = kept.with_suffix(f".{os.getpid()}.tmp")  # renamed whole: never read half-written
-        partial.write_text(json.dumps(made))
+        partial.write_text(json.dumps(entry))
         partial.replace(kept)
     return made
 
 
-def _compile(script: str, args: list[str], failure: str, arch: str) -> list[dict]:
+def _compile(script: str, args: list[str], failure: str, arch: str):
+    """The reports, and the kernels/ modules the compile imported."""
     done = subprocess.run(
-        [sys.executable, "-c", script, *args],
+        [sys.executable, "-c", script + _LIST_MODULES, *args],
         capture_output=True,
         text=True,
         timeout=900,
@@ -93,14 +119,17 @@ def _compile(script: str, args: list[str], failure: str, arch: str) -> list[dict
     if done.returncode != 0:  # the error, without the binding's reference-leak report after it
         error = done.stderr.split("nanobind: leaked")[0]
         raise RuntimeError(f"{failure}:\n" + error[-3000:])
-    made, ptxas = [], ""
+    made, ptxas, modules = [], "", []
     for line in done.stdout.splitlines():
         if not line.startswith("{"):  # ptxas's report on the variant compiled next
             ptxas += line + "\n"
             continue
         one = json.loads(line)
+        if "kernels_modules" in one:
+            modules = one["kernels_modules"]
+            continue
         one["registers"] = max(map(int, re.findall(r"Used (\d+) registers", ptxas)), default=None)
         one["spill_bytes"] = sum(map(int, re.findall(r"(\d+) bytes spill (?:stores|loads)", ptxas)))
         made.append(one)
         ptxas = ""
-    return made
+    return made, modules

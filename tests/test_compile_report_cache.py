@@ -1,7 +1,7 @@
-"""kernels/compile_report.py keeps what an offline compile reported, keyed by everything it depends
-on: a second call with the same script, arguments, target, Triton and kernel sources does not
-compile again; a change to any of them does, and so does KERNELS_COMPILE_CACHE=0. A failed compile
-is never kept."""
+"""kernels/compile_report.py keeps what an offline compile reported: a second call with the same
+script, arguments, target and Triton, whose kernels/ modules are unchanged, does not compile again;
+a change to any of them does, and so does KERNELS_COMPILE_CACHE=0. A failed compile is never
+kept."""
 
 import json
 
@@ -9,16 +9,20 @@ import pytest
 
 from kernels import compile_report
 
-# Stands in for a compile: appends a line to a log (how many times it ran) and prints a report.
+# Stands in for a compile: appends a line to a log (how many times it ran), imports a module of
+# kernels/ from its file (as a compile imports the kernel's module), and prints a report.
 SCRIPT = """
-import json, sys
+import importlib.util, json, sys
 with open(sys.argv[1], "a") as log:
     log.write("ran\\n")
 if sys.argv[2] == "fail":
     sys.exit("no such kernel")
+spec = importlib.util.spec_from_file_location("kernel_module", sys.argv[3])
+sys.modules["kernel_module"] = importlib.util.module_from_spec(spec)
 print("ptxas info    : Used 40 registers, 8 bytes spill stores")
 print(json.dumps({"variant": sys.argv[2]}))
 """
+MODULE = str(compile_report.KERNELS_DIR / "compile_report.py")
 
 
 @pytest.fixture
@@ -28,26 +32,31 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
+def compile_(log, variant="a", arch="sm_90"):
+    return compile_report.run_compile_script(SCRIPT, [str(log), variant, MODULE], "failed", arch)
+
+
 def test_a_second_identical_compile_is_read_back(tmp_path, cache):
     log = tmp_path / "runs.log"
-    first = compile_report.run_compile_script(SCRIPT, [str(log), "a"], "failed", "sm_90")
+    first = compile_(log)
     assert first == [{"variant": "a", "registers": 40, "spill_bytes": 8}]
-    assert compile_report.run_compile_script(SCRIPT, [str(log), "a"], "failed", "sm_90") == first
+    assert compile_(log) == first
     assert log.read_text().count("ran") == 1
-    assert [json.loads(p.read_text()) for p in cache.iterdir()] == [first]
+    (entry,) = [json.loads(p.read_text()) for p in cache.iterdir()]
+    assert entry["made"] == first and list(entry["modules"]) == [MODULE]
 
 
-def test_another_target_argument_or_source_compiles_again(tmp_path, cache, monkeypatch):
+def test_another_target_argument_or_module_compiles_again(tmp_path, cache, monkeypatch):
     log = tmp_path / "runs.log"
-    compile_report.run_compile_script(SCRIPT, [str(log), "a"], "failed", "sm_90")
-    compile_report.run_compile_script(SCRIPT, [str(log), "a"], "failed", "sm_80")
-    compile_report.run_compile_script(SCRIPT, [str(log), "b"], "failed", "sm_90")
+    compile_(log)
+    compile_(log, arch="sm_80")
+    compile_(log, variant="b")
     assert log.read_text().count("ran") == 3
-    monkeypatch.setattr(compile_report, "_course_sources", lambda: b"a kernel edited")
-    compile_report.run_compile_script(SCRIPT, [str(log), "a"], "failed", "sm_90")
+    monkeypatch.setattr(compile_report, "_digest", lambda path: "the module, edited")
+    compile_(log)
     assert log.read_text().count("ran") == 4
     monkeypatch.setenv("KERNELS_COMPILE_CACHE", "0")
-    compile_report.run_compile_script(SCRIPT, [str(log), "a"], "failed", "sm_90")
+    compile_(log)
     assert log.read_text().count("ran") == 5
 
 
@@ -55,6 +64,6 @@ def test_a_failed_compile_is_not_kept(tmp_path, cache):
     log = tmp_path / "runs.log"
     for _ in range(2):
         with pytest.raises(RuntimeError, match="failed:\n.*no such kernel"):
-            compile_report.run_compile_script(SCRIPT, [str(log), "fail"], "failed", "sm_90")
+            compile_(log, variant="fail")
     assert log.read_text().count("ran") == 2
     assert not cache.exists() or not any(cache.iterdir())
