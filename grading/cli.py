@@ -81,8 +81,7 @@ def run_tasks(
     tasks: list[tuple], opts: Options, jobs: int, *, skipped: int = 0, on_result=None
 ) -> tuple[dict, bool]:
     """Grade (key, notebook, lab_id, seed) tasks in a thread pool (each lab is its own process),
-    calling
-    `on_result(key, lab)` in this thread as each lab is done.
+    calling `on_result(key, lab)` in this thread as each lab is done.
 
     Returns ({key: lab result}, interrupted). On Ctrl-C or SIGTERM the running workers are stopped
     and every lab not graded yet comes back marked interrupted (and goes through `on_result` too).

@@ -1,6 +1,5 @@
 """CUDA-graph capture (GPU only): where the spec says `graph_capture`, the call is captured in a
-CUDA
-graph, and the graph, replayed on new input values, must compute them right."""
+CUDA graph, and the graph, replayed on new input values, must compute them right."""
 from __future__ import annotations
 
 import torch

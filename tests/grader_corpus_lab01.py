@@ -181,8 +181,7 @@ class SolutionCells:
 
     def solve_with(self, cell: str, code: str, prelude: str = "") -> dict[str, str]:
         """The cell with its last solution region's code replaced by `code` (and `prelude`,
-        module-level
-        code such as a cache, put in front of the cell)."""
+        module-level code such as a cache, put in front of the cell)."""
         head, _, rest = self.cells[cell].rpartition(BEGIN)
         body, _, tail = rest.partition(END)
         first_line = body.split("\n")[1]

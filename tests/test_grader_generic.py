@@ -83,9 +83,8 @@ def test_mistake_is_caught(lab, name, tmp_path):
 
 @pytest.mark.parametrize("lab", sorted(TARGETS))
 def test_solution_is_flagged_by_no_mistake(lab, tmp_path):
-    """The negative check: the expectations can say no. The solution passes with full points,
-    and matches
-    no failing expectation of any mistake, in either mode."""
+    """The negative check: the expectations can say no. The solution passes with full points, and
+    matches no failing expectation of any mistake, in either mode."""
     target = TARGETS[lab]
     result = check(target, {}, tmp_path)
     assert result.status == "pass" and result.points == result.max_points > 0, result.message

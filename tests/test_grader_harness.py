@@ -189,11 +189,9 @@ def _add_on_side_stream(synced: bool, side=None):
 
 
 def test_side_streams_gpu_only():
-    """GPU: work left on a side stream fails correctness (every time: its launch is delayed),
-    the same
-    code with the two waits passes, and the timing of a side-stream call covers its kernel. CPU:
-    there
-    are no streams, which is asserted instead."""
+    """GPU: work left on a side stream fails correctness (every time: its launch is delayed), the
+    same code with the two waits passes, and the timing of a side-stream call covers its kernel.
+    CPU: there are no streams, which is asserted instead."""
     if not runtime.ON_GPU:
         assert runtime.MODE == "cpu" and runtime.DEVICE == "cpu"
         with watch(snapshot=torch.empty(4)) as seen:  # nothing to order without streams

@@ -29,8 +29,7 @@ LABS = sorted(LABS_DIR.glob("*_lab.ipynb"))
 
 def test_checksum_is_nbgraders():
     """nbgrader.utils.compute_checksum: md5 of source, cell type, grade/solution/locked flags,
-    grade_id,
-    then the points of a grade cell."""
+    grade_id, then the points of a grade cell."""
     cell = {
         "cell_type": "code",
         "source": "grading.check(LAB, 'add', add)",

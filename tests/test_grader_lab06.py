@@ -108,9 +108,8 @@ def test_every_edit_must_match_the_solution():
 
 
 def test_the_routings_are_what_the_lab_says():
-    """Skewed: 7 of 8 tokens pick the hot expert first; few tokens over many experts: most idle;
-    a token's
-    logits never tie, even in bfloat16."""
+    """Skewed: 7 of 8 tokens pick the hot expert first; few tokens over many experts: most idle; a
+    token's logits never tie, even in bfloat16."""
     from grading.cases import make_inputs
     from kernels.testing import generator
 

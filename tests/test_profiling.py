@@ -1,7 +1,6 @@
 """The profiling lesson's tooling (kernels/profiling): the lab's two transposes, the ncu CSV and
-Chrome
-trace readers and the roofline arithmetic, on made-up inputs where the answer is known and on the
-profiles committed in data/results/<gpu>/00_profiling/."""
+Chrome trace readers and the roofline arithmetic, on made-up inputs where the answer is known and on
+the profiles committed in data/results/<gpu>/00_profiling/."""
 
 import json
 

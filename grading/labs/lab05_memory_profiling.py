@@ -160,9 +160,8 @@ MEASURED_RTOL = 0.10  # against the measured peak (GPU)
 
 
 def check_estimator(fn) -> bool:
-    """fn(batch, seq, d_model, layers, heads, vocab) -> predicted peak bytes of a full float32
-    AdamW step
-    on a GPU. Prints PASS/FAIL lines; returns whether every check passed."""
+    """fn(batch, seq, d_model, layers, heads, vocab) -> predicted peak bytes of a full float32 AdamW
+    step on a GPU. Prints PASS/FAIL lines; returns whether every check passed."""
     ok = True
     try:
         for cfg, batch, seq in ESTIMATOR_CONFIGS:

@@ -1,6 +1,5 @@
 """Lab 06: the MoE layer's own kernels in Triton -- the router's top-k, the permutation, the grouped
-GEMM;
-the grouped GEMM with SwiGLU fused into its epilogue as extra credit.
+GEMM; the grouped GEMM with SwiGLU fused into its epilogue as extra credit.
 
 A case's shape holds the problem: (tokens, experts, top_k) for the router and the permutation, and
 (tokens, experts, top_k, hidden, N) for the grouped GEMMs, whose weights are (experts, N, hidden).
@@ -45,8 +44,7 @@ def _random_ids(tokens: int, experts: int, top_k: int, device, gen) -> torch.Ten
 
 def _skewed_ids(ids: torch.Tensor) -> torch.Tensor:
     """7 of every 8 tokens get HOT_EXPERT as their first choice (moved there if they had it
-    already);
-    each token's experts stay distinct."""
+    already); each token's experts stay distinct."""
     ids = ids.clone()
     hot_first = torch.arange(ids.shape[0], device=ids.device) % 8 != 7
     has_hot = ids == HOT_EXPERT
@@ -570,9 +568,8 @@ def _gemm_reference(x, w, sorted_ids, tile_expert, top_k):
 
 
 def _accumulation_ulps(x):
-    """A float32 sum of `hidden` products is within hidden * u of the sum of their magnitudes,
-    in ulps
-    of the output dtype (rtol is one of those): the allowance on top of the final rounding."""
+    """A float32 sum of `hidden` products is within hidden * u of the sum of their magnitudes, in
+    ulps of the output dtype (rtol is one of those): the allowance on top of the final rounding."""
     return x.shape[1] * FLOAT32_UNIT / ULP[x.dtype]
 
 
@@ -581,9 +578,8 @@ def _gemm_tolerance(dtype):
 
 
 def _gemm_scale(x, w, sorted_ids, tile_expert, top_k):
-    """One rounding to the dtype (the interpreter truncates: a whole ulp) of the magnitude of
-    the terms,
-    |x| @ |w|.T, plus float32 accumulation; rows without an assignment must be exactly 0."""
+    """One rounding to the dtype (the interpreter truncates: a whole ulp) of the magnitude of the
+    terms, |x| @ |w|.T, plus float32 accumulation; rows without an assignment must be exactly 0."""
     magnitude = _gemm_reference(x.abs(), w.abs(), sorted_ids, tile_expert, top_k)
     return magnitude * (1 + _accumulation_ulps(x))
 

@@ -1,13 +1,14 @@
-"""Exploration (2026-11-24, third session): at 32768 tokens, where does the layer lose to dense
-cuBLAS?
+"""Exploration (H100, 2026-11-24): at 32768 tokens, where does the layer lose to dense cuBLAS?
+
 1. The TMA kernel's two products with each GROUP_M pinned (no autotuner), interleaved with cuBLAS on
    the same shapes, on the router's routing and on a routing with every expert at exactly 2048 rows
    (no padding rows: what the ~3% of padded rows cost).
 2. The whole layer as the autotuner configures it, then with its 32768-token choices replaced by the
    best pinned GROUP_M of part 1, each interleaved with dense cuBLAS.
+
 Its output: data/results/h100-80gb-hbm3/explore/06_moe_layer_configs.log (an nvidia-smi clock trace
-was recorded beside it, .clocks.csv). Run from the repository root: PYTHONPATH=. python3
-tools/explore/06_moe_layer_configs.py"""
+was recorded beside it, .clocks.csv). Run from the repository root:
+PYTHONPATH=. python3 tools/explore/06_moe_layer_configs.py"""
 
 import torch
 import triton

@@ -1,4 +1,4 @@
-"""Exploration (2026-11-24, third session), after 06_moe_layer_configs: the whole layer at 32768
+"""Exploration (H100, 2026-11-24), after 06_moe_layer_configs: the whole layer at 32768
 tokens with the grouped GEMMs' GROUP_M pinned, against the layer as the autotuner configures it and
 dense cuBLAS, all interleaved in one run of ~50 rounds (the GPU is held at its 700 W power limit
 throughout, at 1300-1400 MHz, so only an interleaved run compares them); then the layer's CUDA graph
