@@ -123,6 +123,18 @@ def test_a_calibrated_row_takes_precedence_and_is_labelled(no_calibration):
     assert expected.load("02_rmsnorm", "h200")["status"] == expected.MEASURED
 
 
+def test_a_lab_that_timed_nothing_gets_no_row(no_calibration):
+    """Lab 08 times nothing, and a lab whose timed functions failed has no timings: calibrate and
+    --write-expected leave such a lab's table as it is."""
+    report = t4_report()
+    report["labs"] = [{**lab, "functions": [{**f, "perf": []} for f in lab["functions"]]}
+                      if lab["lab"] == "02_rmsnorm" else lab for lab in report["labs"]]
+    assert not expected.timed_anything(next(lab for lab in report["labs"]
+                                            if lab["lab"] == "02_rmsnorm"))
+    written = calibrate.write_rows(report, H100_REPORT)
+    assert written and not any(p.stem == "02_rmsnorm" for p in written)
+
+
 def test_a_calibration_needs_a_grading_run_on_a_gpu(no_calibration):
     cpu = copy.deepcopy(t4_report())
     cpu["fingerprint"]["mode"] = "cpu"
