@@ -109,9 +109,9 @@ class GradedFunction:
     * `own_kernels_only`: launching a kernel of the course's package fails the call: a Triton
       kernel defined in a file of `kernels/` (under whatever module name it was loaded), or a
       CuPy kernel compiled from the course's CUDA C (`grading.watch.course_kernel_name`). Set it
-      where the course has a kernel that does the graded job whole (lab 06's permutation and grouped
-      GEMM). Labs 01-05 leave it off: their self-tests grade the course's kernels as
-      known-good submissions.
+      where the course has a kernel that does the graded job whole (lab 00's transpose, 02b's matrix
+      product, 06's permutation and grouped GEMM). The other labs leave it off: their self-tests
+      grade the course's kernels as known-good submissions.
     * `diagnose(output_name, result, want, bad, *inputs, **params)` optional: what a wrong output's
       pattern of bad elements (`bad`, a bool tensor of `want`'s shape) says in the lab's own terms
       ("wrong for tokens not a multiple of the block (tokens=37, first bad token 32)"), or ""

@@ -263,8 +263,8 @@ def course_cuda_source(code: str) -> str | None:
     None: a kernel compiled from the course's .cu files, whatever module compiled it, is the
     course's. A copy edited beyond comments and spacing is the student's own text."""
     names, texts = _course_cuda()
-    if _without_comments(code) in texts:
-        return texts[_without_comments(code)]
+    if (bare := _without_comments(code)) in texts:
+        return texts[bare]
     for included in re.findall(r'#\s*include\s*["<]([^">]+)[">]', code):
         if Path(included).name in names:
             return names[Path(included).name]
