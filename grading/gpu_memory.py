@@ -189,6 +189,10 @@ class CallMemory:
 def budget_note(lab_spec, memory: ProcessMemory) -> str | None:
     """The lab's note where its memory budgets are judged on the worker's figure alone."""
     if memory.why_not and any(f.memory_budget is not None for f in lab_spec.functions):
-        return (f"GPU memory budgets judged on the figure the worker reported only: the grading "
-                f"process could not observe it ({memory.why_not})")
+        return unobserved_note("GPU memory budgets", memory.why_not)
     return None
+
+
+def unobserved_note(what: str, why: str) -> str:
+    return (f"{what} judged on the figure the worker reported only: the grading process could "
+            f"not observe it ({why})")

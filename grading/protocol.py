@@ -589,6 +589,7 @@ class WorkerCaller:
         read from here around each call of a function with a memory budget."""
         self.worker, self.folder, self.name, self.clean = worker, folder, name, clean
         self.memory = memory
+        self.unobserved = ""  # why a budgeted call's memory could not be read from here
         self.spec = None
         self.sent = 0
         self.sent_bytes = 0  # the last inputs sent: a record holds a few copies of them at most
@@ -639,6 +640,7 @@ class WorkerCaller:
             reply = self.worker.request(message)
         record = self._record(reply, self.spec, with_out=True)
         record.outside_memory = watch.observed
+        self.unobserved = self.unobserved or watch.observed.why_not
         return record
 
     def _watch_memory(self, loaded: int):

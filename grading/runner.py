@@ -124,6 +124,11 @@ def _grade_in_worker(worker: WorkerProcess, lab: dict, spec, todo, done: dict, s
                 fn_spec, seed, f"{where}: the grader failed (a bug in the grader, not in your "
                                f"code): {type(exc).__name__}: {exc}")
             continue
+        if caller.unobserved and memory is not None and not memory.why_not:
+            from grading.gpu_memory import unobserved_note
+
+            lab["notes"].append(unobserved_note(f"{fn_spec.name}: its GPU memory budget",
+                                                caller.unobserved))
         worker.set_step(fn_spec.name, "checking the grader's own functions")
         changed = worker.request({"op": "guard"}).get("changed") or []
         if changed:

@@ -145,7 +145,8 @@ class FakeWorker:
     def request(self, message):
         if message["op"] != "call":
             return {}
-        self.nvml.used[os.getpid()] += self.rise
+        if os.getpid() in self.nvml.used:
+            self.nvml.used[os.getpid()] += self.rise
         time.sleep(0.02)
         forged = record_to_dict(self.record)
         forged["outside_memory"] = {"growth": 0}  # a figure of its own: never read
@@ -186,10 +187,21 @@ def test_without_nvml_the_worker_s_figure_decides_and_the_report_says_so(monkeyp
     assert "figure the worker reported only" in note and "pynvml is not installed" in note
     assert gpu_memory.budget_note(get_lab("01_elementwise_add"), missing) is None  # no budget
     assert gpu_memory.budget_note(LAB, FakeNvml()) is None
-    # NVML readable, but the worker's processes not in its list (a container's PID namespace)
-    with CallMemory(FakeNvml({1: 10 * MiB}), os.getpid(), own=0) as watch:
-        pass
-    assert watch.observed.growth is None and "lists no process" in watch.observed.why_not
+
+
+def test_a_worker_nvml_does_not_list_is_not_observed_and_the_caller_says_why(tmp_path):
+    """NVML readable, but none of the worker's processes in its list (the grading process in a
+    container whose process IDs are not the driver's): nothing observed, the worker's figure
+    decides, and the caller keeps the reason for the lab's notes."""
+    nvml = FakeNvml({1: 10 * MiB})  # init's, never a worker's
+    forged, inputs = honest_record(extra_bytes=0)
+    caller = WorkerCaller(FakeWorker(tmp_path, forged, nvml, 0), tmp_path, "token_losses", None,
+                          nvml)
+    caller.begin_case(SPEC, CASE, inputs)
+    record = caller.call(0, inputs, profile=False)
+    assert record.outside_memory.growth is None
+    assert "lists no process" in caller.unobserved
+    assert judged(record, inputs).ok
 
 
 @pytest.mark.gpu
