@@ -34,6 +34,7 @@ from grading.cases import (
     output_shapes,
     references,
 )
+from grading.gpu_memory import OutsideMemory
 from grading.results import CaseResult
 from grading.spec import Case, GradedFunction
 from grading.watch import Watched, is_torch_kernel, watch
@@ -60,6 +61,8 @@ class CallRecord:
     guards_after: tuple = ()  # the guard band after each output, as bytes
     watched: Watched = field(default_factory=lambda: Watched([], 0))
     extra_bytes: int | None = None  # device memory beyond inputs and outputs at the peak (GPU)
+    # The grading process's own reading (grading/gpu_memory.py), set there, never by the worker
+    outside_memory: OutsideMemory | None = None
 
 
 def _alias(result: torch.Tensor, out: torch.Tensor | None, inputs, names) -> str:
@@ -132,6 +135,9 @@ class LocalCaller:
         budget = spec.memory_budget is not None and runtime.ON_GPU
         if budget:
             torch.cuda.synchronize()
+            # what earlier calls left cached is given back, so what this one reserves is seen
+            # from outside the process as growth (grading/gpu_memory.py)
+            torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
             allocated_before = torch.cuda.memory_allocated()
         interpreter_poison.clear()  # CPU mode: the masked loads without other= of this call only
@@ -277,15 +283,25 @@ def _course_kernels(j: Judgement) -> CaseResult | None:
 
 
 def _memory_budget(j: Judgement) -> CaseResult | None:
-    if j.record.extra_bytes is None or j.spec.memory_budget is None:
+    """The worker's own count first (its message names the peak exactly), then the grading
+    process's reading through NVML, which the worker cannot forge: over the budget by more than
+    it can resolve, it decides, whatever the worker reported."""
+    if j.spec.memory_budget is None:
         return None
     budget = j.spec.memory_budget(*j.inputs, **j.case.kwargs)
-    extra = j.record.extra_bytes
-    if extra > budget:
+    extra, outside = j.record.extra_bytes, j.record.outside_memory
+    hint = "does it materialize an intermediate it should stream through on-chip memory?"
+    if extra is not None and extra > budget:
         return j.fail(f"{dx.size_context(j.case)}: allocated {extra / 2**20:.1f} MiB of device "
                       f"memory beyond its inputs and outputs at its peak; the budget is "
-                      f"{budget / 2**20:.1f} MiB (does it materialize an intermediate it should "
-                      f"stream through on-chip memory?)")
+                      f"{budget / 2**20:.1f} MiB ({hint})")
+    if outside is not None and outside.over(budget):
+        return j.fail(f"{dx.size_context(j.case)}: its processes' GPU memory grew by "
+                      f"{outside.growth / 2**20:.1f} MiB during the call, as the grading process "
+                      f"saw it through NVML, outside the process that ran it; the budget is "
+                      f"{budget / 2**20:.1f} MiB, and at most "
+                      f"{outside.allowance(budget) / 2**20:.1f} MiB with the grader's own copies "
+                      f"and the allocator's rounding ({hint})")
     return None
 
 

@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import os
 import select
 import signal
@@ -583,8 +584,12 @@ class WorkerCaller:
     timing interleaves the worker's batches with a `CleanWorker`'s."""
 
     def __init__(self, worker: WorkerProcess, folder: Path, name: str,
-                 clean: CleanWorker | None = None):
+                 clean: CleanWorker | None = None, memory=None):
+        """`memory` (grading/gpu_memory.py `ProcessMemory`, on a GPU): the worker's GPU memory
+        read from here around each call of a function with a memory budget."""
         self.worker, self.folder, self.name, self.clean = worker, folder, name, clean
+        self.memory = memory
+        self.unobserved = ""  # why a budgeted call's memory could not be read from here
         self.spec = None
         self.sent = 0
         self.sent_bytes = 0  # the last inputs sent: a record holds a few copies of them at most
@@ -624,9 +629,29 @@ class WorkerCaller:
                              "inputs": self._send(inputs)})
 
     def call(self, trial: int, inputs: tuple, *, profile: bool):
-        reply = self.worker.request({"op": "call", "trial": trial, "profile": profile,
-                                     "inputs": self._send(inputs) if trial else None})
-        return self._record(reply, self.spec, with_out=True)
+        message = {"op": "call", "trial": trial, "profile": profile,
+                   "inputs": self._send(inputs) if trial else None}
+        # Not around the profiled call: the profiler the worker starts inside it (CUPTI) maps
+        # device buffers of its own, of a size this process does not know. The case's other
+        # calls are observed (the largest case is the profiled one: its second call is judged).
+        if self.memory is None or self.spec.memory_budget is None or profile:
+            return self._record(self.worker.request(message), self.spec, with_out=True)
+        with self._watch_memory(loaded=self.sent_bytes if trial else 0) as watch:
+            reply = self.worker.request(message)
+        record = self._record(reply, self.spec, with_out=True)
+        record.outside_memory = watch.observed
+        self.unobserved = self.unobserved or watch.observed.why_not
+        return record
+
+    def _watch_memory(self, loaded: int):
+        """The worker's GPU memory sampled from here during the call: what the grader's own
+        work in it may add is the inputs it loads and the copies of the outputs."""
+        from grading.cases import output_shapes
+        from grading.gpu_memory import OUTPUT_COPIES, CallMemory
+
+        outputs = sum(math.prod(shape) * dtype.itemsize
+                      for shape, dtype in output_shapes(self.spec, self.case))
+        return CallMemory(self.memory, self.worker.proc.pid, loaded + OUTPUT_COPIES * outputs)
 
     def call_allocating(self, spec, case, inputs):
         reply = self.worker.request({"op": "allocating", "name": self.name,
@@ -758,6 +783,7 @@ def read_record(folder: Path, name, spec, record_cls, watched_cls, with_out: boo
             or not isinstance(watched.tampered, str)):
         raise WorkerReplyError("a record whose fields are not what a call returns")
     record.results = None if record.results is None else tuple(record.results)
+    record.outside_memory = None  # this process's reading only (WorkerCaller.call)
     return record
 
 

@@ -66,7 +66,7 @@ def use_sandbox(opts: Options) -> tuple[bool, str]:
 
 def _grade_in_worker(worker: WorkerProcess, lab: dict, spec, todo, done: dict, seed: int,
                      opts: Options, unreadable: str | None, folder: Path,
-                     clean: CleanWorker | None = None) -> None:
+                     clean: CleanWorker | None = None, memory=None) -> None:
     """Grade the functions not done yet in this worker; raises WorkerGone if it dies."""
     from grading import harness
     from grading.diagnosis import Limits
@@ -101,7 +101,7 @@ def _grade_in_worker(worker: WorkerProcess, lab: dict, spec, todo, done: dict, s
             continue
         worker.set_step(fn_spec.name, "looking the function up")
         kind = worker.request({"op": "function", "name": fn_spec.name}).get("kind")
-        caller = WorkerCaller(worker, folder, fn_spec.name, clean)
+        caller = WorkerCaller(worker, folder, fn_spec.name, clean, memory)
         try:
             if fn_spec.grade_group is not None:  # run in a process group, judged here (lab 08)
                 result = fn_spec.grade_group(fn_spec, kind, caller.run_group, seed, context.step)
@@ -124,6 +124,11 @@ def _grade_in_worker(worker: WorkerProcess, lab: dict, spec, todo, done: dict, s
                 fn_spec, seed, f"{where}: the grader failed (a bug in the grader, not in your "
                                f"code): {type(exc).__name__}: {exc}")
             continue
+        if caller.unobserved and memory is not None and not memory.why_not:
+            from grading.gpu_memory import unobserved_note
+
+            lab["notes"].append(unobserved_note(f"{fn_spec.name}: its GPU memory budget",
+                                                caller.unobserved))
         worker.set_step(fn_spec.name, "checking the grader's own functions")
         changed = worker.request({"op": "guard"}).get("changed") or []
         if changed:
@@ -209,13 +214,21 @@ def grade_lab(notebook: Path, lab_id: str, seed: int, opts: Options,
                                 seed_caches=sandboxed)
             clean.start()
             audit_stack.callback(clean.close)
+        memory = None
+        if not opts.cpu and runtime.ON_GPU:  # the budgets are checked on a GPU only
+            from grading import gpu_memory
+
+            memory = gpu_memory.shared_nvml()
+            note = gpu_memory.budget_note(spec, memory)
+            if note:
+                lab["notes"].append(note)
         while len(done) < len(spec.functions):
             work = _worker_folder(folder / f"worker-{len(lab['incidents'])}", lab_id, code,
                                   seed_caches=sandboxed and not opts.cpu and runtime.ON_GPU)
             worker = WorkerProcess(cmd, work, deadline, opts, env, sandboxed)
             try:
                 _grade_in_worker(worker, lab, spec, spec.functions, done, seed, opts,
-                                 unreadable, work, clean)
+                                 unreadable, work, clean, memory)
                 break
             except ContextLostInWorker:
                 continue

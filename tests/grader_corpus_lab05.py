@@ -205,3 +205,45 @@ DRAWN_CORPUS = {
 }
 # caught by the vocabulary above 2**16 that a GPU draws (lab05.large_vocabulary_case)
 LARGE_VOCABULARY = ("vocab_past_32768_ignored", "elements wrong")
+
+
+# --------------------------------------------------------------------------------------------------
+# An attack on the grader, graded by `python -m grading` (what it forges is the worker's record):
+# tests/test_grader_lab05.py::test_a_forged_memory_record_is_judged_on_the_memory_seen_from_outside
+
+FORGES_THE_MEMORY_RECORD = """import sys
+
+_worker = sys.modules["__main__"]
+if hasattr(_worker, "record_to_dict"):
+    _report = _worker.record_to_dict
+
+    def _forged(record):
+        if record.extra_bytes is not None:
+            record.extra_bytes = 0
+        return _report(record)
+
+    _worker.record_to_dict = _forged
+"""
+# the (tokens, vocab) float32 logits: 512 MiB in the 4096-token case, whose budget is 32 MiB
+HOLDS_THE_LOGITS = (
+    "logits = torch.empty(x.shape[0], w.shape[0], dtype=torch.float32, device=x.device)\n"
+)
+OUTSIDE_REASON = "as the grading process saw it through NVML, outside the process that ran it"
+
+
+def forged_memory_record():
+    """The solution's kernel beside a buffer for the whole logits (what a kernel that stores them
+    allocates), with the worker's record rewritten to say the call allocated nothing beyond its
+    inputs and outputs: only the grading process's own reading of the worker's GPU memory sees
+    it. A `Submission` of the lab as handed out, with this one function solved."""
+    from tests.grader_corpus_generic import TARGETS
+    from tests.grader_corpus_lab01 import PASS, Submission
+
+    target = TARGETS["05_memory_profiling"]
+    code = HOLDS_THE_LOGITS + target.solution.region("token_losses")
+    return Submission(
+        target.solution.solve_with("token_losses", code, FORGES_THE_MEMORY_RECORD),
+        {"token_losses": ("fail", OUTSIDE_REASON)},
+        cpu={"token_losses": PASS},
+        gpu_only="memory budgets are checked on a GPU only",
+    )

@@ -15,6 +15,7 @@ from tests.grader_corpus_lab05 import (
     DRAWN_CORPUS,
     GPU_ONLY,
     LARGE_VOCABULARY,
+    forged_memory_record,
     streaming_submission,
     submission,
 )
@@ -36,6 +37,32 @@ def test_materialized_logits_break_the_memory_budget(mistake):
         assert result.status == "fail" and GPU_ONLY[mistake] in result.message, result.message
     else:  # the values are right: only a GPU's allocator sees the logits it should not store
         assert result.status == "pass", result.message
+
+
+@pytest.mark.gpu
+def test_a_forged_memory_record_is_judged_on_the_memory_seen_from_outside(tmp_path):
+    """`python -m grading` on a notebook whose token_losses holds the whole logits and rewrites
+    the worker's record to claim no memory beyond its inputs and outputs: the grading process's
+    own reading of the worker's GPU memory (NVML) fails it, naming the 4096-token case."""
+    import json
+
+    from tests.grader_corpus_generic import TARGETS, lab_notebook_with
+    from tests.test_grader_lab01 import LIMITS, grade, strict_json
+
+    target = TARGETS["05_memory_profiling"]
+    submission = forged_memory_record()
+    (tmp_path / "student").mkdir()
+    notebook = lab_notebook_with(target, submission.cells)
+    (tmp_path / "student" / target.notebook).write_text(json.dumps(notebook))
+    proc = grade(tmp_path / "student", "--lab", target.lab, "--out", tmp_path / "out",
+                 "--seed", "1234", "--no-perf", *LIMITS)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (lab,) = strict_json(tmp_path / "out" / "report.json")["labs"]
+    graded = {f["name"]: f for f in lab["functions"]}["token_losses"]
+    status, phrase = submission.expected(runtime.ON_GPU)["token_losses"]
+    assert graded["status"] == status and graded["points"] == 0, graded["message"]
+    assert phrase in graded["message"] and "n=4096" in graded["message"], graded["message"]
+    assert not any("figure the worker reported only" in note for note in lab["notes"])
 
 
 def only(cases, **changes):

@@ -89,14 +89,14 @@ def test_an_explicit_stack_is_kept_whatever_the_driver(on_path):
 
 def test_each_stack_installs_its_own_cupy_wheel(monkeypatch):
     monkeypatch.setattr(setup_env.shutil, "which", lambda name: "/usr/bin/nvcc")
-    assert setup_env.extras_for("test", "gpu") == "test,cuda13"
-    assert setup_env.extras_for("test", "gpu-cu12") == "test,cuda12"
-    assert setup_env.extras_for("test", "cpu") == "test,cuda13"
-    assert setup_env.extras_for("test,cuda12", "gpu") == "test,cuda12"  # asked for: kept
+    assert setup_env.extras_for("test", "gpu") == "test,cuda13,nvml"
+    assert setup_env.extras_for("test", "gpu-cu12") == "test,cuda12,nvml"
+    assert setup_env.extras_for("test", "cpu") == "test,cuda13"  # NVML: GPU stacks only
+    assert setup_env.extras_for("test,cuda12", "gpu") == "test,cuda12,nvml"  # asked for: kept
     # no nvcc on PATH: CUDA 13's as wheels, except on the CUDA 12 stack
     monkeypatch.setattr(setup_env.shutil, "which", lambda name: None)
-    assert setup_env.extras_for("test", "gpu") == "test,cuda13,nvcc"
-    assert setup_env.extras_for("test", "gpu-cu12") == "test,cuda12"
+    assert setup_env.extras_for("test", "gpu") == "test,cuda13,nvml,nvcc"
+    assert setup_env.extras_for("test", "gpu-cu12") == "test,cuda12,nvml"
 
 
 def test_the_cuda_12_pins_are_a_cuda_12_stack_with_the_gpu_stacks_triton():

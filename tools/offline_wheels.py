@@ -94,8 +94,8 @@ def main() -> int:
     parser.add_argument("--dest", type=Path, default=Path("wheels"))
     parser.add_argument(
         "--extras",
-        default="test,cuda13",
-        help="pyproject extras (default: test,cuda13; cuda12 for CuPy's CUDA 12 wheel)",
+        default="test,cuda13,nvml",
+        help="pyproject extras (default: test,cuda13,nvml; cuda12 for CuPy's CUDA 12 wheel)",
     )
     parser.add_argument("--python-version", default="3.12", help="the GPU machine's Python")
     args = parser.parse_args()

@@ -207,7 +207,8 @@ def system_cupy_extra(python: str) -> str:
 
 def extras_for(requested: str, stack: str) -> str:
     """The optional parts of pyproject.toml to install: EXTRAS (default test, lab and browser;
-    the browser test's part is left out with BROWSER_TEST=0), the stack's CuPy wheel, plus nvcc as
+    the browser test's part is left out with BROWSER_TEST=0), the stack's CuPy wheel, NVML's
+    bindings on a GPU stack, plus nvcc as
     wheels where no CUDA toolkit's nvcc is on PATH (CUDA 13's: not on the CUDA 12 stack, whose
     CuPy would find its headers)."""
     extras = [e for e in requested.split(",") if e]
@@ -215,6 +216,8 @@ def extras_for(requested: str, stack: str) -> str:
         extras.remove("browser")
     if not {"cuda12", "cuda13"} & set(extras):
         extras.append(CUPY_EXTRAS.get(stack) or system_cupy_extra(sys.executable))
+    if stack != "cpu" and "nvml" not in extras:  # the grader's outside view of GPU memory
+        extras.append("nvml")
     if shutil.which("nvcc") is None and "nvcc" not in extras and stack != "gpu-cu12":
         extras.append("nvcc")
     return ",".join(extras)
