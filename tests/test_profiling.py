@@ -89,6 +89,21 @@ def test_profile_command_profiles_only_the_marked_call_at_real_clocks(tmp_path):
     assert ncu.base_name("sm__warps_active.avg.pct_of_peak_sustained_active") == "sm__warps_active"
 
 
+def test_matmul_profiles_ask_where_the_cycles_went(tmp_path):
+    """The missed targets' workloads add the warp-state sections and bank-conflict counters to
+    the usual ones, and count their compulsory bytes at their operands' widths."""
+    for name in workloads.MATMUL_WHY:
+        work = workloads.get(name)
+        joined = " ".join(ncu.profile_command("ncu", name, [], tmp_path / "r", work.sections))
+        assert all(f"--section {s}" in joined for s in (*ncu.SECTIONS, "WarpStateStats"))
+        assert work.tensor_cores and work.flops > 0
+        assert any("bank_conflicts" in m for m in work.metrics)
+    m, n, k = workloads.MLP_SHAPE
+    assert workloads.get("matmul_gluon").bytes == 2 * (m * k + k * n + m * n)
+    assert workloads.get("matmul_fp8_block_scaled").bytes == m * k + k * n + 2 * m * n
+    assert workloads.get("matmul_fp8_block_scaled").flops == 2 * m * n * k
+
+
 @pytest.mark.parametrize("name", workloads.PROFILED)
 def test_committed_profile_reads_back(name):
     kernels, meta = ncu.load(name, GPU)

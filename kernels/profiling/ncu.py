@@ -1,6 +1,6 @@
 """Nsight Compute over one of the course's kernels, and its CSV report read back.
 
-    python -m kernels.profiling.ncu add rmsnorm       # or: all
+    python -m kernels.profiling.ncu add rmsnorm       # or: all, or matmul (its missed targets)
     python -m kernels.profiling.ncu --list
 
 profiles each named workload (`kernels.profiling.workloads`) in its own process and writes, for
@@ -233,8 +233,10 @@ def base_name(metric: str) -> str:
     return metric.split(".")[0]
 
 
-def profile_command(ncu: str, name: str, metrics: list[str], report: Path) -> list[str]:
-    sections = [arg for s in SECTIONS for arg in ("--section", s)]
+def profile_command(
+    ncu: str, name: str, metrics: list[str], report: Path, extra_sections: tuple[str, ...] = ()
+) -> list[str]:
+    sections = [arg for s in (*SECTIONS, *extra_sections) for arg in ("--section", s)]
     return [
         ncu,
         "--profile-from-start",
@@ -271,14 +273,14 @@ def profile(
     work = workloads.get(name)
     out_dir = Path(out_dir) if out_dir else results_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
-    wanted = list(METRICS)
+    wanted = [*METRICS, *work.metrics]
     metrics = [m for m in wanted if known is None or base_name(m) in known]
     log = []
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / f"{name}.ncu-rep"
         core = [m for m in metrics if m in CORE_METRICS]
         for attempt in (metrics, core, []):
-            cmd = profile_command(ncu, name, attempt, report)
+            cmd = profile_command(ncu, name, attempt, report, work.sections)
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **in_repo())
             log.append(
                 {
@@ -318,7 +320,7 @@ def profile(
         "flops": work.flops,
         "tensor_cores": work.tensor_cores,
         "ncu": ncu_version(ncu),
-        "sections": list(SECTIONS),
+        "sections": [*SECTIONS, *work.sections],
         "metrics": metrics,
         "metrics_dropped": [m for m in wanted if m not in metrics],
         "command": " ".join(log[-1]["command"][:-4]).replace(str(report), report.name)
@@ -335,7 +337,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("names", nargs="*", help="workloads to profile, or 'all'")
+    parser.add_argument("names", nargs="*", help="workloads to profile, 'all' or 'matmul'")
     parser.add_argument("--list", action="store_true", help="list the workloads")
     parser.add_argument(
         "--out", type=Path, help="folder (default: data/results/<gpu>/00_profiling)"
@@ -348,7 +350,8 @@ def main(argv=None) -> int:
     if not runtime.ON_GPU:
         print("ncu profiles need a GPU", file=sys.stderr)
         return 1
-    names = list(workloads.PROFILED) if args.names == ["all"] else args.names
+    groups = {"all": workloads.PROFILED, "matmul": workloads.MATMUL_WHY}
+    names = [n for name in args.names for n in groups.get(name, (name,))]
     known = available_metrics(ncu_path() or "ncu")
     failed = []
     for name in names:

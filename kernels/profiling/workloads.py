@@ -33,6 +33,24 @@ GEMM_N = runtime.pick(gpu=4096, cpu=64)
 LAUNCH_ORDER_N = runtime.pick(gpu=8192, cpu=64)
 COPY_BYTES = runtime.pick(gpu=2**30, cpu=2**16)
 TRANSPOSE = runtime.pick(gpu=(8192, 8192), cpu=(64, 96))  # the lab's slow kernel and its fix
+# The matrix multiply's targets that were missed (kernels/matmul/PERFORMANCE.md): CUDA C's mma.sync
+# step at the shape its target names, the Hopper kernels at the model's MLP shape.
+MMA_SHAPE = runtime.pick(gpu=(4096, 4096, 4096), cpu=(64, 64, 64))
+MLP_SHAPE = runtime.pick(gpu=(8192, 11008, 4096), cpu=(64, 96, 128))
+# Where a GEMM's cycles go: the warps' stall reasons, the schedulers' issue rate, the pipes' use
+# and shared memory's bank conflicts (ldmatrix reads as ldsm).
+WHY_SECTIONS = ("WarpStateStats", "SchedulerStats", "ComputeWorkloadAnalysis")
+WHY_METRICS = (
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ldsm.sum",
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ldsm.sum",
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum",
+    "smsp__inst_executed_op_ldsm.sum",
+    "lts__t_sector_hit_rate.pct",
+    "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+)
 
 
 @dataclass(frozen=True)
@@ -44,6 +62,8 @@ class Workload:
     flops: int  # the arithmetic the result needs (a multiply-add is 2)
     tensor_cores: bool  # does the work belong on the tensor cores?
     build: Callable[[], Callable[[], object]]  # allocates the inputs, returns the call
+    sections: tuple[str, ...] = ()  # ncu sections beyond ncu.SECTIONS
+    metrics: tuple[str, ...] = ()  # metrics beyond ncu.METRICS
 
 
 def _add():
@@ -97,6 +117,43 @@ def _triton_matmul(group_m: int):
     a, b = reference.make_inputs(n, n, n, torch.bfloat16, seed=0)
     out = torch.empty(n, n, dtype=torch.bfloat16, device=runtime.DEVICE)
     return lambda: triton_matmul.matmul(a, b, out, group_m=group_m)
+
+
+def _gemm_16bit(kernel: str, shape):
+    from kernels.matmul import reference
+
+    a, b = reference.make_inputs(*shape, torch.bfloat16, seed=0)
+    if kernel == "cublas":
+        return lambda: a @ b
+    if kernel == "mma":
+        from kernels.matmul import cupy_matmul
+
+        return lambda: cupy_matmul.matmul(a, b)
+    if kernel == "tma":
+        from kernels.matmul import triton_matmul_tma
+
+        return lambda: triton_matmul_tma.matmul_tma(a, b)
+    from kernels.matmul import gluon_matmul
+
+    return lambda: gluon_matmul.gluon_matmul(a, b)
+
+
+def _gemm_fp8(kernel: str):
+    from kernels.matmul import gluon_matmul, reference
+    from kernels.matmul import triton_fp8_matmul as f8
+
+    a, w_t = reference.make_inputs(*MLP_SHAPE, torch.bfloat16, layout="nt", seed=0)
+    w = w_t.T  # (N, K), as nn.Linear stores it
+    if kernel == "cublas":
+        (a8, sa), (w8, sw) = f8.quantize_per_tensor(a), f8.quantize_per_tensor(w)
+        return lambda: f8.fp8_matmul_scaled_mm(a8, w8, sa, sw)
+    (a8, sa), (w8, sw) = f8.quantize_activation(a), f8.quantize_weight(w)
+    return lambda: gluon_matmul.gluon_fp8_matmul_block_scaled(a8, sa, w8, sw)
+
+
+def _gemm_counts(shape, itemsize: int = 2, out_itemsize: int = 2):
+    m, n, k = shape
+    return itemsize * (m * k + k * n) + out_itemsize * m * n, 2 * m * n * k
 
 
 def _copy():
@@ -182,6 +239,78 @@ WORKLOADS = {
             )
             for order, group_m in (("grouped", 8), ("row_major", 1))
         ),
+        # The missed targets of the matrix multiply, each beside the cuBLAS call it is measured
+        # against, with the sections that say where the cycles went.
+        *(
+            Workload(
+                name,
+                what,
+                kernel,
+                *_gemm_counts(shape, *sizes),
+                True,
+                build,
+                WHY_SECTIONS,
+                WHY_METRICS,
+            )
+            for name, what, kernel, shape, sizes, build in (
+                (
+                    "matmul_mma",
+                    "CUDA C step 5, mma.sync, {}x{}x{} bf16".format(*MMA_SHAPE),
+                    "matmul_mma",
+                    MMA_SHAPE,
+                    (),
+                    lambda: _gemm_16bit("mma", MMA_SHAPE),
+                ),
+                (
+                    "cublas_mma_shape",
+                    "cuBLAS {}x{}x{} bf16 (step 5's anchor)".format(*MMA_SHAPE),
+                    "gemm|sm90|nvjet|cutlass",
+                    MMA_SHAPE,
+                    (),
+                    lambda: _gemm_16bit("cublas", MMA_SHAPE),
+                ),
+                (
+                    "matmul_tma",
+                    "Triton persistent TMA GEMM, {}x{}x{} bf16".format(*MLP_SHAPE),
+                    "matmul_tma_kernel",
+                    MLP_SHAPE,
+                    (),
+                    lambda: _gemm_16bit("tma", MLP_SHAPE),
+                ),
+                (
+                    "matmul_gluon",
+                    "Gluon warp-specialized GEMM, {}x{}x{} bf16".format(*MLP_SHAPE),
+                    "gluon_matmul_kernel",
+                    MLP_SHAPE,
+                    (),
+                    lambda: _gemm_16bit("gluon", MLP_SHAPE),
+                ),
+                (
+                    "cublas_mlp_shape",
+                    "cuBLAS {}x{}x{} bf16 (the Hopper kernels' anchor)".format(*MLP_SHAPE),
+                    "gemm|sm90|nvjet|cutlass",
+                    MLP_SHAPE,
+                    (),
+                    lambda: _gemm_16bit("cublas", MLP_SHAPE),
+                ),
+                (
+                    "matmul_fp8_block_scaled",
+                    "Gluon fp8 GEMM, 1x128 and 128x128 scales, {}x{}x{}".format(*MLP_SHAPE),
+                    "gluon_matmul_kernel",
+                    MLP_SHAPE,
+                    (1,),
+                    lambda: _gemm_fp8("gluon"),
+                ),
+                (
+                    "cublas_fp8_mlp_shape",
+                    "cuBLAS fp8, per-tensor scales, {}x{}x{} (the fp8 anchor)".format(*MLP_SHAPE),
+                    "gemm|sm90|nvjet|cutlass",
+                    MLP_SHAPE,
+                    (1,),
+                    lambda: _gemm_fp8("cublas"),
+                ),
+            )
+        ),
         Workload(
             "copy",
             f"torch copy_, {COPY_BYTES >> 20} MiB fp32 (the copy ceiling)",
@@ -224,6 +353,18 @@ PROFILED = (
     "matmul",
     "flash_attention",
     "grouped_gemm",
+)
+
+# The matrix multiply's missed targets and their anchors (notebook 02b, part 7):
+# `python -m kernels.profiling.ncu matmul` profiles these.
+MATMUL_WHY = (
+    "matmul_mma",
+    "cublas_mma_shape",
+    "matmul_tma",
+    "matmul_gluon",
+    "cublas_mlp_shape",
+    "matmul_fp8_block_scaled",
+    "cublas_fp8_mlp_shape",
 )
 
 
