@@ -285,6 +285,9 @@ class WorkerProcess:
         self._buffer = b""
         self._next_id = 0
         self.step: dict | None = None
+        # Seconds spent in each kind of step ("import", "call", "perf"): where a lab's time goes.
+        self.seconds_by_kind: dict[str, float] = {}
+        self._step_started = time.monotonic()
 
     def _child_pid(self, info_r: int) -> int:
         """The sandboxed worker's PID as this process sees it (bwrap's --info-fd), for CPU time."""
@@ -304,8 +307,16 @@ class WorkerProcess:
             return self.proc.pid
 
     def set_step(self, function: str | None, step: str, kind: str = "call") -> None:
+        self._close_step()
         self.step = {"function": function, "step": step, "kind": kind,
                      "limit_s": self.opts.limit(kind)}
+
+    def _close_step(self) -> None:
+        now = time.monotonic()
+        if self.step is not None:
+            spent, kind = now - self._step_started, self.step["kind"]
+            self.seconds_by_kind[kind] = self.seconds_by_kind.get(kind, 0.0) + spent
+        self._step_started = now
 
     def _stop(self, why: str, wall: bool = False) -> None:
         self.attempt.stopped, self.attempt.wall = why, wall
@@ -430,6 +441,7 @@ class WorkerProcess:
             return None
 
     def close(self) -> None:
+        self._close_step()
         for fd in (self._req_w, self._rep_r):
             try:
                 os.close(fd)

@@ -64,6 +64,10 @@ def use_sandbox(opts: Options) -> tuple[bool, str]:
     return False, f"none: {why}"
 
 
+# The worker's kinds of step (protocol.WorkerProcess.set_step), as a report's `seconds` names the
+# lab's time in each; the kernel audit's is kernel_audit.seconds.
+PHASES = {"import": "worker start and import", "call": "correctness", "perf": "performance"}
+
 def _grade_in_worker(worker: WorkerProcess, lab: dict, spec, todo, done: dict, seed: int,
                      opts: Options, unreadable: str | None, folder: Path,
                      clean: CleanWorker | None = None, memory=None) -> None:
@@ -222,6 +226,7 @@ def grade_lab(notebook: Path, lab_id: str, seed: int, opts: Options,
             note = gpu_memory.budget_note(spec, memory)
             if note:
                 lab["notes"].append(note)
+        seconds: dict[str, float] = {}
         while len(done) < len(spec.functions):
             work = _worker_folder(folder / f"worker-{len(lab['incidents'])}", lab_id, code,
                                   seed_caches=sandboxed and not opts.cpu and runtime.ON_GPU)
@@ -253,6 +258,9 @@ def grade_lab(notebook: Path, lab_id: str, seed: int, opts: Options,
                     break
             finally:
                 worker.close()
+                for kind, secs in worker.seconds_by_kind.items():
+                    phase = PHASES.get(kind, kind)
+                    seconds[phase] = seconds.get(phase, 0.0) + secs
         if audit and not lab.get("error"):
             # Seeded from the last worker's caches, which hold the student's compiled kernels
             # too: under ncu, which serializes every launch, compiling and autotuning is slow.
@@ -262,6 +270,7 @@ def grade_lab(notebook: Path, lab_id: str, seed: int, opts: Options,
                 sandbox.seed_caches(audit_work, from_worker=work)
             kernel_audit.audit_lab(lab, spec, done, seed, opts, env, cmd, audit_work, sandboxed,
                                    early)
+    lab["seconds"] = {kind: round(secs, 2) for kind, secs in seconds.items()}
     lab["functions"] = [done[f.name] for f in spec.functions]
     lab["elapsed_s"] = round(time.monotonic() - started, 2)
     return lab

@@ -250,6 +250,16 @@ def test_reports_follow_the_schema(graded):
     assert graded["report"]["options"]["private"] == [str(graded["out"].resolve())]
 
 
+def test_each_lab_says_where_its_time_went(graded):
+    """The workers' seconds by phase: importing always, the cases wherever a function ran; they
+    sum to no more than the lab's time."""
+    solution = graded["labs"]["solution"]
+    seconds = solution["seconds"]
+    assert set(seconds) <= {"worker start and import", "correctness", "performance"}, seconds
+    assert seconds["worker start and import"] > 0 and seconds["correctness"] > 0, seconds
+    assert sum(seconds.values()) <= solution["elapsed_s"] + 0.05, (seconds, solution["elapsed_s"])
+
+
 def test_grader_never_writes_into_student_folders(graded):
     assert graded["unchanged"]
 
