@@ -53,6 +53,16 @@ def test_the_committed_predictions_are_what_the_script_writes(lab_id):
         assert row["basis"]["gpu"] in ("NVIDIA H200", "NVIDIA H100 80GB HBM3")
 
 
+def test_a_basis_gpu_is_predicted_only_where_it_has_no_measured_row():
+    """Lab 02b was measured on the H200 only: the H100 gets a row predicted from it; lab 01 has a
+    measured H100 row, which is never overwritten by a prediction."""
+    matmul = predict_expected.predict_lab("02b_matmul", predict_expected.PREDICTED_GPUS)
+    h100 = matmul["gpus"]["h100-80gb-hbm3"]
+    assert h100["status"] == expected.PREDICTED and h100["basis"]["gpu"] == "NVIDIA H200"
+    add = predict_expected.predict_lab("01_elementwise_add", predict_expected.PREDICTED_GPUS)
+    assert "h100-80gb-hbm3" not in add["gpus"] and "h200" not in add["gpus"]
+
+
 def test_every_lab_with_a_measured_row_has_predictions():
     measured = {p.stem for p in expected.EXPECTED_DIR.glob("*.yaml")
                 if (yaml.safe_load(p.read_text()) or {}).get("gpus")}  # fmt: skip

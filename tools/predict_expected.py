@@ -13,8 +13,8 @@ that workload; the prediction assumes the same efficiency on the other GPU:
 
     predicted_us(gpu) = measured_us(basis) * floor(gpu) / floor(basis)
 
-The basis is the H200's row where the lab has one, else the H100's. A GPU with a measured row is
-never predicted, and a configuration whose bytes do not fit in a GPU's memory gets no row there. A
+The basis is the H200's row where the lab has one, else the H100's; the other of the two is
+predicted where the lab has no row of it measured. A GPU with a measured row is never predicted, and a configuration whose bytes do not fit in a GPU's memory gets no row there. A
 workload far from its floor on the basis (latency, extra passes) is noted as rough.
 Every row says "predicted, not measured" and names its basis (data/expected/README.md).
 """
@@ -119,9 +119,10 @@ def predict_lab(lab_id: str, gpus: tuple[str, ...]) -> dict | None:
     if basis_slug is None:
         return None
     work = workloads(lab_id)
+    unmeasured_bases = tuple(slug for slug in BASES if slug not in gpus)
     predicted = {
         gpu: predict_entry(gpu, basis_slug, rows[basis_slug], work)
-        for gpu in gpus
+        for gpu in (*gpus, *unmeasured_bases)
         if gpu not in rows
     }
     return {
