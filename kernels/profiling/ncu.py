@@ -18,6 +18,8 @@ How it runs ncu, and why:
   flushes L2 before each repetition;
 * sections SpeedOfLight, Occupancy, LaunchStats and MemoryWorkloadAnalysis, plus the metrics in
   `METRICS` (bytes per memory level, load efficiency, tensor pipes, flop counters);
+  a workload adds its own (`Workload.sections`, `.metrics`: the matrix multiply's missed targets
+  ask for the warps' stall reasons and shared memory's bank conflicts);
 * `--export` then `--import --csv --page raw --print-units base`: the app's own output never mixes
   with the CSV, and every value is in bytes, nanoseconds, percent or counts. The `details` page (the
   sections as the GUI shows them, with ncu's rule messages) is stored beside it, as
