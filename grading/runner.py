@@ -68,6 +68,7 @@ def use_sandbox(opts: Options) -> tuple[bool, str]:
 # lab's time in each; the kernel audit's is kernel_audit.seconds.
 PHASES = {"import": "worker start and import", "call": "correctness", "perf": "performance"}
 
+
 def _grade_in_worker(worker: WorkerProcess, lab: dict, spec, todo, done: dict, seed: int,
                      opts: Options, unreadable: str | None, folder: Path,
                      clean: CleanWorker | None = None, memory=None) -> None:

@@ -151,9 +151,10 @@ def _gemm_fp8(kernel: str):
     return lambda: gluon_matmul.gluon_fp8_matmul_block_scaled(a8, sa, w8, sw)
 
 
-def _gemm_counts(shape, itemsize: int = 2, out_itemsize: int = 2):
+def _gemm_counts(shape, itemsize: int):
+    """Compulsory bytes (A and B at `itemsize` bytes an element, C in bf16) and flops of a GEMM."""
     m, n, k = shape
-    return itemsize * (m * k + k * n) + out_itemsize * m * n, 2 * m * n * k
+    return itemsize * (m * k + k * n) + 2 * m * n, 2 * m * n * k
 
 
 def _copy():
@@ -246,19 +247,19 @@ WORKLOADS = {
                 name,
                 what,
                 kernel,
-                *_gemm_counts(shape, *sizes),
+                *_gemm_counts(shape, itemsize),
                 True,
                 build,
                 WHY_SECTIONS,
                 WHY_METRICS,
             )
-            for name, what, kernel, shape, sizes, build in (
+            for name, what, kernel, shape, itemsize, build in (
                 (
                     "matmul_mma",
                     "CUDA C step 5, mma.sync, {}x{}x{} bf16".format(*MMA_SHAPE),
                     "matmul_mma",
                     MMA_SHAPE,
-                    (),
+                    2,
                     lambda: _gemm_16bit("mma", MMA_SHAPE),
                 ),
                 (
@@ -266,7 +267,7 @@ WORKLOADS = {
                     "cuBLAS {}x{}x{} bf16 (step 5's anchor)".format(*MMA_SHAPE),
                     "gemm|sm90|nvjet|cutlass",
                     MMA_SHAPE,
-                    (),
+                    2,
                     lambda: _gemm_16bit("cublas", MMA_SHAPE),
                 ),
                 (
@@ -274,7 +275,7 @@ WORKLOADS = {
                     "Triton persistent TMA GEMM, {}x{}x{} bf16".format(*MLP_SHAPE),
                     "matmul_tma_kernel",
                     MLP_SHAPE,
-                    (),
+                    2,
                     lambda: _gemm_16bit("tma", MLP_SHAPE),
                 ),
                 (
@@ -282,7 +283,7 @@ WORKLOADS = {
                     "Gluon warp-specialized GEMM, {}x{}x{} bf16".format(*MLP_SHAPE),
                     "gluon_matmul_kernel",
                     MLP_SHAPE,
-                    (),
+                    2,
                     lambda: _gemm_16bit("gluon", MLP_SHAPE),
                 ),
                 (
@@ -290,7 +291,7 @@ WORKLOADS = {
                     "cuBLAS {}x{}x{} bf16 (the Hopper kernels' anchor)".format(*MLP_SHAPE),
                     "gemm|sm90|nvjet|cutlass",
                     MLP_SHAPE,
-                    (),
+                    2,
                     lambda: _gemm_16bit("cublas", MLP_SHAPE),
                 ),
                 (
@@ -298,7 +299,7 @@ WORKLOADS = {
                     "Gluon fp8 GEMM, 1x128 and 128x128 scales, {}x{}x{}".format(*MLP_SHAPE),
                     "gluon_matmul_kernel",
                     MLP_SHAPE,
-                    (1,),
+                    1,
                     lambda: _gemm_fp8("gluon"),
                 ),
                 (
@@ -306,7 +307,7 @@ WORKLOADS = {
                     "cuBLAS fp8, per-tensor scales, {}x{}x{} (the fp8 anchor)".format(*MLP_SHAPE),
                     "gemm|sm90|nvjet|cutlass",
                     MLP_SHAPE,
-                    (1,),
+                    1,
                     lambda: _gemm_fp8("cublas"),
                 ),
             )
