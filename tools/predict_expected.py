@@ -14,8 +14,9 @@ that workload; the prediction assumes the same efficiency on the other GPU:
     predicted_us(gpu) = measured_us(basis) * floor(gpu) / floor(basis)
 
 The basis is the H200's row where the lab has one, else the H100's; the other of the two is
-predicted where the lab has no row of it measured. A GPU with a measured row is never predicted, and a configuration whose bytes do not fit in a GPU's memory gets no row there. A
-workload far from its floor on the basis (latency, extra passes) is noted as rough.
+predicted where the lab has no row of it measured. A GPU with a measured row is never predicted,
+and a configuration whose bytes do not fit in a GPU's memory gets no row there. A workload far
+from its floor on the basis (latency, extra passes) is noted as rough.
 Every row says "predicted, not measured" and names its basis (data/expected/README.md).
 """
 
