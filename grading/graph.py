@@ -17,42 +17,64 @@ GRAPH_SYNC_HINT = ("does it synchronize with the host inside the call: .item(), 
                    "the data-independent bound")
 
 
-def graph_capture(fn, spec: GradedFunction, case: Case, seed: int) -> CaseResult | None:
-    """The call captured in a CUDA graph, then the graph replayed on new input values and checked
-    (None if both work). A host synchronization inside the call (`.item()`) makes the capture fail;
-    a graph that replays what the host decided during capture is wrong for the new values."""
-    label = f"CUDA graph {case.label}"
-    kw = case.kwargs
+def graph_inputs(spec: GradedFunction, case: Case, seed: int) -> tuple[tuple, tuple]:
+    """The inputs the call is captured on, and the new values the graph is replayed on."""
     gen = generator(seed, runtime.DEVICE)
-    inputs = make_inputs(spec, case, gen)
+    return make_inputs(spec, case, gen), make_inputs(spec, case, gen)
+
+
+def replay_outputs(fn, spec: GradedFunction, case: Case, captured: tuple,
+                   replayed: tuple) -> tuple | str:
+    """The call captured in a CUDA graph on `captured`, then `replayed`'s values copied into those
+    buffers and the graph replayed: its outputs, or why it could not be captured. A host
+    synchronization inside the call (`.item()`) makes the capture fail."""
+    kw = case.kwargs
     outs = new_outputs(spec, case)
     warm_up = torch.cuda.Stream()  # compiling and autotuning happen here, outside the capture
     warm_up.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.stream(warm_up):
-            fn(*inputs, **kw, out=out_argument(outs))
+            fn(*captured, **kw, out=out_argument(outs))
         torch.cuda.current_stream().wait_stream(warm_up)
         with torch.cuda.graph(graph):
-            fn(*inputs, **kw, out=out_argument(outs))
+            fn(*captured, **kw, out=out_argument(outs))
     except Exception as exc:  # noqa: BLE001 - a capture fails with whatever the forbidden call raises
-        dx.check_context(label, exc)
-        return CaseResult(label, False, f"could not be captured in a CUDA graph "
-                          f"({dx.short_exception(exc)}): {GRAPH_SYNC_HINT}")
-    for t, fresh in zip(inputs, make_inputs(spec, case, gen)):
+        dx.check_context(f"CUDA graph {case.label}", exc)
+        return (f"could not be captured in a CUDA graph ({dx.short_exception(exc)}): "
+                f"{GRAPH_SYNC_HINT}")
+    for t, fresh in zip(captured, replayed):
         t.copy_(fresh)
     for out in outs:
         poison_(out)
     graph.replay()
     torch.cuda.synchronize()
+    return tuple(outs)
+
+
+def judge_replay(spec: GradedFunction, case: Case, replayed: tuple,
+                 found: tuple | str) -> CaseResult | None:
+    """The replayed graph's outputs (or why there was no graph) against the references of the
+    values it was replayed on, as the judging process made them (None if right). A graph that
+    replays what the host decided during capture is wrong for the new values."""
+    label = f"CUDA graph {case.label}"
+    if isinstance(found, str):
+        return CaseResult(label, False, found)
     atol, rtol = spec.tolerance(case.dtype)
-    wants, scales = references(spec, inputs, kw)
-    for oname, out, want, scale in zip(output_names(spec), outs, wants, scales):
+    wants, scales = references(spec, replayed, case.kwargs)
+    for oname, out, want, scale in zip(output_names(spec), found, wants, scales):
         cmp = compare(out, want, atol=atol, rtol=rtol, scale=scale)
         if not cmp.ok:
             prefix = "" if spec.n_outputs == 1 else f"{oname}: "
             return CaseResult(label, False, f"{prefix}the CUDA graph replayed on new inputs is "
-                              f"wrong "
-                              f"({cmp.reason}): does the call depend on values the host read while "
-                              f"it was captured?", cmp.as_dict())
+                              f"wrong ({cmp.reason}): does the call depend on values the host read "
+                              f"while it was captured?", cmp.as_dict())
     return None
+
+
+def graph_capture(fn, spec: GradedFunction, case: Case, seed: int) -> CaseResult | None:
+    """Capture, replay and judge in this process (the notebooks' check cells); the grader's worker
+    only captures and replays, and the grader judges (protocol.WorkerCaller.graph_capture)."""
+    captured, replayed = graph_inputs(spec, case, seed)
+    found = replay_outputs(fn, spec, case, captured, tuple(t.clone() for t in replayed))
+    return judge_replay(spec, case, replayed, found)

@@ -671,14 +671,25 @@ class WorkerCaller:
         return self._record(reply, spec, with_out=False)
 
     def graph_capture(self, spec, case, seed: int):
-        from grading.results import CaseResult
+        """The worker captures and replays; the replayed values are made and judged here, so a
+        worker that returns something else than the graph's outputs for them fails."""
+        import torch
 
+        from grading.graph import graph_inputs, judge_replay
+
+        captured, replayed = graph_inputs(spec, case, derived_seed(seed, self.name, "graph"))
         reply = self.worker.request({"op": "graph", "name": self.name, "case": case.as_json(),
-                                     "seed": derived_seed(seed, self.name, "graph")})
+                                     "captured": self._send(captured),
+                                     "replayed": self._send(replayed)})
         if "context_lost" in reply:
             raise ContextLostInWorker(str(reply["context_lost"]))
-        found = reply.get("result")
-        return None if found is None else CaseResult(**found)
+        if "error" in reply:
+            return judge_replay(spec, case, replayed, str(reply["error"]))
+        outputs = load_worker_file(self.folder, reply.get("outputs"), self.record_limit())
+        if (not isinstance(outputs, tuple) or len(outputs) != spec.n_outputs
+                or not all(type(t) is torch.Tensor for t in outputs)):
+            raise WorkerReplyError("graph outputs that are not the function's outputs")
+        return judge_replay(spec, case, replayed, outputs)
 
     def run_group(self, groups: list):
         """Process groups' runs (`GradedFunction.grade_group`'s `call`): each rank a fresh

@@ -12,7 +12,8 @@ sent and returns what the call did (a `CallRecord`); the parent, which made the 
   {"op": "begin", "name", "case", "inputs"}       -> {}            (the case's first inputs)
   {"op": "call", "trial", "inputs", "profile"}    -> {"record"}    (new values, same buffers)
   {"op": "allocating", "name", "case", "inputs"}  -> {"record"}    (called without out=)
-  {"op": "graph", "name", "case", "seed"}         -> {"result"}    (GPU; a seed of its own)
+  {"op": "graph", "name", "case", "captured", "replayed"} -> {"outputs"} | {"error"} (GPU: the
+                                                  graph's outputs, judged by the grader)
   {"op": "perf", "name", "config", "seed", "rounds"} -> {"result"} (a timed batch: its times and
                                                   wrong elements per round)
   {"op": "wall_ready", "name", "config", "seed"}  -> {}            (inputs made, one call made)
@@ -37,7 +38,6 @@ Linux) and GPU memory (a fraction of the device for PyTorch's and CuPy's allocat
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib.util
 import json
 import os
@@ -176,13 +176,16 @@ class Worker:
         return {"record": self._save(record_to_dict(record), f"record-{req['id']}.pt")}
 
     def op_graph(self, req) -> dict:
-        from grading.graph import graph_capture
+        from grading.graph import replay_outputs
         from grading.spec import Case
 
         spec = self.lab.function(req["name"])
-        found = graph_capture(self._fn(req["name"]), spec, Case.from_json(req["case"]),
-                              req["seed"])
-        return {"result": None if found is None else dataclasses.asdict(found)}
+        found = replay_outputs(self._fn(req["name"]), spec, Case.from_json(req["case"]),
+                               tuple(self._load(req["captured"])),
+                               tuple(self._load(req["replayed"])))
+        if isinstance(found, str):
+            return {"error": found}
+        return {"outputs": self._save(found, f"graph-{req['id']}.pt")}
 
     def op_perf(self, req) -> dict:
         from grading.performance import config_from_json, time_batch
