@@ -33,6 +33,8 @@ GEMM_N = runtime.pick(gpu=4096, cpu=64)
 LAUNCH_ORDER_N = runtime.pick(gpu=8192, cpu=64)
 COPY_BYTES = runtime.pick(gpu=2**30, cpu=2**16)
 TRANSPOSE = runtime.pick(gpu=(8192, 8192), cpu=(64, 96))  # the lab's slow kernel and its fix
+# cuBLAS's GEMM kernels as ncu's -k matches them: names with gemm, sm90, nvjet or cutlass in them.
+CUBLAS_KERNELS = "gemm|sm90|nvjet|cutlass"
 # The matrix multiply's targets that were missed (kernels/matmul/PERFORMANCE.md): CUDA C's mma.sync
 # step at the shape its target names, the Hopper kernels at the model's MLP shape.
 MMA_SHAPE = runtime.pick(gpu=(4096, 4096, 4096), cpu=(64, 64, 64))
@@ -220,7 +222,7 @@ WORKLOADS = {
         Workload(
             "matmul",
             f"cuBLAS {GEMM_N}^3 bf16 (the matmul ceiling)",
-            "gemm|sm90|nvjet|cutlass",
+            CUBLAS_KERNELS,
             3 * 2 * GEMM_N**2,
             2 * GEMM_N**3,
             True,
@@ -265,7 +267,7 @@ WORKLOADS = {
                 (
                     "cublas_mma_shape",
                     "cuBLAS {}x{}x{} bf16 (step 5's anchor)".format(*MMA_SHAPE),
-                    "gemm|sm90|nvjet|cutlass",
+                    CUBLAS_KERNELS,
                     MMA_SHAPE,
                     2,
                     lambda: _gemm_16bit("cublas", MMA_SHAPE),
@@ -289,7 +291,7 @@ WORKLOADS = {
                 (
                     "cublas_mlp_shape",
                     "cuBLAS {}x{}x{} bf16 (the Hopper kernels' anchor)".format(*MLP_SHAPE),
-                    "gemm|sm90|nvjet|cutlass",
+                    CUBLAS_KERNELS,
                     MLP_SHAPE,
                     2,
                     lambda: _gemm_16bit("cublas", MLP_SHAPE),
@@ -305,7 +307,7 @@ WORKLOADS = {
                 (
                     "cublas_fp8_mlp_shape",
                     "cuBLAS fp8, per-tensor scales, {}x{}x{} (the fp8 anchor)".format(*MLP_SHAPE),
-                    "gemm|sm90|nvjet|cutlass",
+                    CUBLAS_KERNELS,
                     MLP_SHAPE,
                     1,
                     lambda: _gemm_fp8("cublas"),
