@@ -287,6 +287,8 @@ class WorkerProcess:
         self.step: dict | None = None
         # Seconds spent in each kind of step ("import", "call", "perf"): where a lab's time goes.
         self.seconds_by_kind: dict[str, float] = {}
+        # The correctness phase's round trips by part (WorkerCaller.timed): what in it to cut.
+        self.call_seconds: dict[str, float] = {}
         self._step_started = time.monotonic()
 
     def _child_pid(self, info_r: int) -> int:
@@ -591,6 +593,18 @@ class CleanWorker:
             self.worker = None
 
 
+# The parts of the correctness phase a WorkerCaller times; the rest of the phase is this process
+# making inputs and references and judging (grading/runner.py names it).
+CALL_PARTS = {
+    "send": "inputs written for the worker",
+    "begin": "worker loads a case",
+    "first": "a case's first call (compiles)",
+    "later": "a case's later calls",
+    "read": "records read back",
+    "other": "calls without out= and graph captures",
+}
+
+
 class WorkerCaller:
     """`grading.correctness.Caller` through a worker: inputs go as files, records come back;
     timing interleaves the worker's batches with a `CleanWorker`'s."""
@@ -606,7 +620,21 @@ class WorkerCaller:
         self.sent = 0
         self.sent_bytes = 0  # the last inputs sent: a record holds a few copies of them at most
 
+    @contextlib.contextmanager
+    def timed(self, part: str):
+        """Adds the block's seconds to the worker's `call_seconds[part]`."""
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            spent = time.monotonic() - started
+            self.worker.call_seconds[part] = self.worker.call_seconds.get(part, 0.0) + spent
+
     def _send(self, tensors: tuple) -> str:
+        with self.timed(CALL_PARTS["send"]):
+            return self._write_inputs(tensors)
+
+    def _write_inputs(self, tensors: tuple) -> str:
         import torch
 
         self.sent += 1
@@ -632,13 +660,16 @@ class WorkerCaller:
             raise NotImplementedError
         if "context_lost" in reply:
             raise ContextLostInWorker(str(reply["context_lost"]))
-        return read_record(self.folder, reply.get("record"), spec, CallRecord, Watched, with_out,
-                           self.record_limit())
+        with self.timed(CALL_PARTS["read"]):
+            return read_record(self.folder, reply.get("record"), spec, CallRecord, Watched,
+                               with_out, self.record_limit())
 
     def begin_case(self, spec, case, inputs) -> None:
         self.spec, self.case = spec, case
-        self.worker.request({"op": "begin", "name": self.name, "case": case.as_json(),
-                             "inputs": self._send(inputs)})
+        message = {"op": "begin", "name": self.name, "case": case.as_json(),
+                   "inputs": self._send(inputs)}
+        with self.timed(CALL_PARTS["begin"]):
+            self.worker.request(message)
 
     def call(self, trial: int, inputs: tuple, *, profile: bool):
         message = {"op": "call", "trial": trial, "profile": profile,
@@ -646,9 +677,12 @@ class WorkerCaller:
         # Not around the profiled call: the profiler the worker starts inside it (CUPTI) maps
         # device buffers of its own, of a size this process does not know. The case's other
         # calls are observed (the largest case is the profiled one: its second call is judged).
+        part = CALL_PARTS["later" if trial else "first"]
         if self.memory is None or self.spec.memory_budget is None or profile:
-            return self._record(self.worker.request(message), self.spec, with_out=True)
-        with self._watch_memory(loaded=self.sent_bytes if trial else 0) as watch:
+            with self.timed(part):
+                reply = self.worker.request(message)
+            return self._record(reply, self.spec, with_out=True)
+        with self._watch_memory(loaded=self.sent_bytes if trial else 0) as watch, self.timed(part):
             reply = self.worker.request(message)
         record = self._record(reply, self.spec, with_out=True)
         record.outside_memory = watch.observed
@@ -666,8 +700,10 @@ class WorkerCaller:
         return CallMemory(self.memory, self.worker.proc.pid, loaded + OUTPUT_COPIES * outputs)
 
     def call_allocating(self, spec, case, inputs):
-        reply = self.worker.request({"op": "allocating", "name": self.name,
-                                     "case": case.as_json(), "inputs": self._send(inputs)})
+        message = {"op": "allocating", "name": self.name, "case": case.as_json(),
+                   "inputs": self._send(inputs)}
+        with self.timed(CALL_PARTS["other"]):
+            reply = self.worker.request(message)
         return self._record(reply, spec, with_out=False)
 
     def graph_capture(self, spec, case, seed: int):
@@ -678,9 +714,10 @@ class WorkerCaller:
         from grading.graph import graph_inputs, judge_replay
 
         captured, replayed = graph_inputs(spec, case, derived_seed(seed, self.name, "graph"))
-        reply = self.worker.request({"op": "graph", "name": self.name, "case": case.as_json(),
-                                     "captured": self._send(captured),
-                                     "replayed": self._send(replayed)})
+        message = {"op": "graph", "name": self.name, "case": case.as_json(),
+                   "captured": self._send(captured), "replayed": self._send(replayed)}
+        with self.timed(CALL_PARTS["other"]):
+            reply = self.worker.request(message)
         if "context_lost" in reply:
             raise ContextLostInWorker(str(reply["context_lost"]))
         if "error" in reply:

@@ -67,6 +67,8 @@ def use_sandbox(opts: Options) -> tuple[bool, str]:
 # The worker's kinds of step (protocol.WorkerProcess.set_step), as a report's `seconds` names the
 # lab's time in each; the kernel audit's is kernel_audit.seconds.
 PHASES = {"import": "worker start and import", "call": "correctness", "perf": "performance"}
+# What of the correctness phase is not a WorkerCaller round trip (protocol.CALL_PARTS).
+IN_GRADER = "grading process: inputs, references, judging"
 
 
 def _grade_in_worker(worker: WorkerProcess, lab: dict, spec, todo, done: dict, seed: int,
@@ -228,6 +230,7 @@ def grade_lab(notebook: Path, lab_id: str, seed: int, opts: Options,
             if note:
                 lab["notes"].append(note)
         seconds: dict[str, float] = {}
+        correctness: dict[str, float] = {}
         while len(done) < len(spec.functions):
             work = _worker_folder(folder / f"worker-{len(lab['incidents'])}", lab_id, code,
                                   seed_caches=sandboxed and not opts.cpu and runtime.ON_GPU)
@@ -262,6 +265,8 @@ def grade_lab(notebook: Path, lab_id: str, seed: int, opts: Options,
                 for kind, secs in worker.seconds_by_kind.items():
                     phase = PHASES.get(kind, kind)
                     seconds[phase] = seconds.get(phase, 0.0) + secs
+                for part, secs in worker.call_seconds.items():
+                    correctness[part] = correctness.get(part, 0.0) + secs
         if audit and not lab.get("error"):
             # Seeded from the last worker's caches, which hold the student's compiled kernels
             # too: under ncu, which serializes every launch, compiling and autotuning is slow.
@@ -272,6 +277,10 @@ def grade_lab(notebook: Path, lab_id: str, seed: int, opts: Options,
             kernel_audit.audit_lab(lab, spec, done, seed, opts, env, cmd, audit_work, sandboxed,
                                    early)
     lab["seconds"] = {kind: round(secs, 2) for kind, secs in seconds.items()}
+    if correctness:
+        correctness[IN_GRADER] = max(0.0, seconds.get(PHASES["call"], 0.0)
+                                     - sum(correctness.values()))
+        lab["correctness_seconds"] = {part: round(secs, 2) for part, secs in correctness.items()}
     lab["functions"] = [done[f.name] for f in spec.functions]
     lab["elapsed_s"] = round(time.monotonic() - started, 2)
     return lab

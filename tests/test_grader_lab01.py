@@ -25,6 +25,8 @@ import pytest
 
 from grading import sandbox
 from grading.notebooks import LABS_DIR, SOLUTIONS_DIR, grade_id, role
+from grading.protocol import CALL_PARTS
+from grading.runner import IN_GRADER
 from kernels import runtime
 from tests.grader_corpus_lab01 import (
     CORPUS,
@@ -258,6 +260,11 @@ def test_each_lab_says_where_its_time_went(graded):
     assert set(seconds) <= {"worker start and import", "correctness", "performance"}, seconds
     assert seconds["worker start and import"] > 0 and seconds["correctness"] > 0, seconds
     assert sum(seconds.values()) <= solution["elapsed_s"] + 0.05, (seconds, solution["elapsed_s"])
+    # The correctness phase by part: every part the worker's calls pass through, summing to it.
+    parts = solution["correctness_seconds"]
+    assert set(CALL_PARTS.values()) - {CALL_PARTS["other"]} <= set(parts), parts
+    assert all(parts[p] > 0 for p in (CALL_PARTS["first"], CALL_PARTS["send"], IN_GRADER)), parts
+    assert abs(sum(parts.values()) - seconds["correctness"]) < 0.05, (parts, seconds)
 
 
 def test_grader_never_writes_into_student_folders(graded):
