@@ -123,17 +123,20 @@ def prompt(config, batch, n, seed=7):
     return torch.randint(0, config.vocab_size, (batch, n), generator=g)
 
 
+@pytest.mark.parametrize("pipelined_k", [0, 32], ids=["one-tile-a-unit", "pipelined-k32"])
 @pytest.mark.parametrize(
     "dtype, batch", [(torch.float32, 2), (torch.bfloat16, 1), (torch.float32, 5)]
 )
-def test_step_matches_the_decoders_step(dtype, batch):
+def test_step_matches_the_decoders_step(dtype, batch, pipelined_k):
     """Logits and next tokens of two steps against Decoder.decode_step on the same cache; batch 5
-    takes the tl.dot path."""
+    takes the tl.dot path. Pipelined: K tiles of 32 split every unit of TINY's K (96, 200: 3 and
+    7 tiles, the last partial) and a program's units run as one loop, so a unit accumulated over
+    the wrong tiles, stored before its last tile or not reset after it fails."""
     hf = hf_reference.random_llama(TINY, seed=3, dtype=dtype)
     model = Decoder(DecoderWeights.from_hf(hf), max_batch=batch, max_seq=24)
     tokens = prompt(TINY, batch, 7).to(DEVICE)
     token = triton_ops.argmax(model.prefill(tokens))
-    step = PersistentStep(model, batch)
+    step = PersistentStep(model, batch, pipelined_k=pipelined_k, num_stages=3 if pipelined_k else 1)
     step.start(token, model.cache.length)
     for _ in range(2):
         length = model.cache.length
