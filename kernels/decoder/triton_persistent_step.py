@@ -843,7 +843,7 @@ class PersistentStep:
     `programs` (default: one per SM on a GPU, one in the interpreter), `block_k`, `num_warps` and
     `num_stages` (software pipelining of the tl.dot loops) set the launch; `pipelined_k` > 0 runs
     the o, gate_up, down and lm_head phases as one loop a program over its (unit, K tile) steps,
-    K tiles of `pipelined_k` loaded `num_stages` - 1 steps ahead into shared memory
+    K tiles of `pipelined_k` loaded `pipeline_stages` - 1 steps ahead into shared memory
     (_pipelined_units; 0, the default: one tile of `block_k` a unit, nothing in flight across
     units); `prefetch` asks for the L2 prefetch of the next phase's first rows (NVIDIA GPUs; never
     in the interpreter);
@@ -860,6 +860,7 @@ class PersistentStep:
         num_warps: int = 8,
         num_stages: int = 1,
         pipelined_k: int = 0,
+        pipeline_stages: int = 4,
         prefetch: bool = True,
         trace: bool = False,
         spin_limit: int = SPIN_LIMIT,
@@ -887,7 +888,7 @@ class PersistentStep:
             raise ValueError(
                 f"PersistentStep: pipelined_k must be 0 or a power of two, got {pipelined_k}"
             )
-        self.pipelined_k = pipelined_k
+        self.pipelined_k, self.pipeline_stages = pipelined_k, pipeline_stages
         self.prefetch = prefetch and COMPILED
         self.spin_limit = spin_limit
         self.weights = stacked_weights(model.w)
@@ -975,7 +976,7 @@ class PersistentStep:
         constants = dict(
             HIDDEN=c.hidden_size, N_HEADS=c.n_heads, N_KV=c.n_kv_heads, D=c.head_dim,
             INTER=c.intermediate_size, HALF=self.tile.half_rows, BLOCK_M=self.block_m,
-            BLOCK_K=self.block_k, PIPE_K=self.pipelined_k, STAGES=self.num_stages,
+            BLOCK_K=self.block_k, PIPE_K=self.pipelined_k, STAGES=self.pipeline_stages,
             BLOCK_G=triton.next_power_of_2(c.n_heads // c.n_kv_heads),
             BLOCK_T=32 if COMPILED else 16, BLOCK_S=triton.next_power_of_2(self.tile.splits),
             BLOCK_P=triton.next_power_of_2(self.programs), USE_DOT=self.use_dot,
