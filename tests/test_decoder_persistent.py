@@ -204,11 +204,14 @@ def test_refusals():
 
 
 @gpu
+@pytest.mark.parametrize("pipelined_k", [0, 64], ids=["one-tile-a-unit", "pipelined-k64"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("batch", [1, 2, 8])
-def test_gpu_greedy_equals_hf_and_the_graph(dtype, batch):
+def test_gpu_greedy_equals_hf_and_the_graph(dtype, batch, pipelined_k):
     hf = hf_reference.random_llama(TINY, seed=5, dtype=dtype, device="cuda")
     model = Decoder(DecoderWeights.from_hf(hf), max_batch=batch, max_seq=96)
+    if pipelined_k:  # generate(persistent=True) takes the step made here
+        model.persistent_step(batch, pipelined_k=pipelined_k, pipeline_stages=4)
     tokens = prompt(TINY, batch, 9, seed=batch).cuda()
     theirs = hf_reference.greedy(hf, tokens, 64)
     graphed = model.generate(tokens, 64, graph=True)

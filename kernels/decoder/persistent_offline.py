@@ -41,8 +41,9 @@ VARIANTS = [
     ("1b", "bfloat16", 32, {}),
     # the GEMV phases' K tiles pipelined through shared memory (PERFORMANCE.md 6.2)
     ("1b", "bfloat16", 1, {"pipelined_k": 512, "pipeline_stages": 5}),
+    ("1b", "bfloat16", 1, {"pipelined_k": 1024, "pipeline_stages": 3}),
     ("1b", "bfloat16", 1, {"pipelined_k": 256, "pipeline_stages": 8}),
-    ("1b", "bfloat16", 8, {"pipelined_k": 512, "pipeline_stages": 3}),
+    ("1b", "bfloat16", 8, {"pipelined_k": 256, "pipeline_stages": 5}),
 ]
 TYPES = {
     torch.bfloat16: "bf16",

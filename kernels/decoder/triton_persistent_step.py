@@ -38,6 +38,10 @@ the benchmark launches). The interpreter runs programs one after another: on the
 runs with P = 1 (tests), and P > 1 there times out at the first counter, which is what the
 watchdog is for.
 
+`pipelined_k` (off by default) runs the o, gate_up, down and lm_head phases as one loop a program
+over its (unit, K tile) steps, the form of Triton's persistent matmul, with short K tiles that the
+software pipeliner loads into shared memory (cp.async) a few steps ahead (_pipelined_units).
+
 Measured on an H200 (PERFORMANCE.md, section 6): correct, and slower than the CUDA graph it set out
 to beat (38.5% of the weight + KV floor at batch 1, context 512, against the graph's 61.0%). Its
 clock trace says why: the counters cost 9% of the step, while the GEMV phases stream at 47% of the
