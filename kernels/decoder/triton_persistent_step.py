@@ -351,7 +351,11 @@ def _pipelined_units(
     * SWIGLU (gate_up): N outputs of H, a unit HALF gate rows and the same HALF up rows of W;
     * RESIDUAL (o, down): N outputs of x (OUT: x's rows), a unit 2 HALF rows, src the residual;
     * ARGMAX (lm_head): N = the vocabulary, a unit 2 HALF rows, the logits into OUT; returns
-      the program's best logit of each sequence and its index (-inf and 0 for the others)."""
+      the program's best logit of each sequence and its index (-inf and 0 for the others).
+
+    The copies of x's tiles are narrower than 16 bytes at small tiles, so they go through the
+    SM's L1 (cp.async.ca), not around it as `.cg` loads do: what makes them see the other
+    programs' writes is the acquire of the counter before the phase."""
     ROWS: tl.constexpr = 2 * HALF
     K_TILES: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
     PER_UNIT: tl.constexpr = HALF if EPILOGUE == SWIGLU else ROWS  # outputs a unit makes
