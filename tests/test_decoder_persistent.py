@@ -123,17 +123,20 @@ def prompt(config, batch, n, seed=7):
     return torch.randint(0, config.vocab_size, (batch, n), generator=g)
 
 
+@pytest.mark.parametrize("pipelined_k", [0, 32], ids=["one-tile-a-unit", "pipelined-k32"])
 @pytest.mark.parametrize(
     "dtype, batch", [(torch.float32, 2), (torch.bfloat16, 1), (torch.float32, 5)]
 )
-def test_step_matches_the_decoders_step(dtype, batch):
+def test_step_matches_the_decoders_step(dtype, batch, pipelined_k):
     """Logits and next tokens of two steps against Decoder.decode_step on the same cache; batch 5
-    takes the tl.dot path."""
+    takes the tl.dot path. Pipelined: K tiles of 32 split every unit of TINY's K (96, 200: 3 and
+    7 tiles, the last partial) and a program's units run as one loop, so a unit accumulated over
+    the wrong tiles, stored before its last tile or not reset after it fails."""
     hf = hf_reference.random_llama(TINY, seed=3, dtype=dtype)
     model = Decoder(DecoderWeights.from_hf(hf), max_batch=batch, max_seq=24)
     tokens = prompt(TINY, batch, 7).to(DEVICE)
     token = triton_ops.argmax(model.prefill(tokens))
-    step = PersistentStep(model, batch)
+    step = PersistentStep(model, batch, pipelined_k=pipelined_k)
     step.start(token, model.cache.length)
     for _ in range(2):
         length = model.cache.length
@@ -201,11 +204,14 @@ def test_refusals():
 
 
 @gpu
+@pytest.mark.parametrize("pipelined_k", [0, 64], ids=["one-tile-a-unit", "pipelined-k64"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("batch", [1, 2, 8])
-def test_gpu_greedy_equals_hf_and_the_graph(dtype, batch):
+def test_gpu_greedy_equals_hf_and_the_graph(dtype, batch, pipelined_k):
     hf = hf_reference.random_llama(TINY, seed=5, dtype=dtype, device="cuda")
     model = Decoder(DecoderWeights.from_hf(hf), max_batch=batch, max_seq=96)
+    if pipelined_k:  # generate(persistent=True) takes the step made here
+        model.persistent_step(batch, pipelined_k=pipelined_k, pipeline_stages=4)
     tokens = prompt(TINY, batch, 9, seed=batch).cuda()
     theirs = hf_reference.greedy(hf, tokens, 64)
     graphed = model.generate(tokens, 64, graph=True)
@@ -239,13 +245,16 @@ OFFLINE = [
     ("1b", "bfloat16", 1, {}),
     ("1b", "bfloat16", 1, {"programs_per_sm": 2, "num_warps": 4}),
     ("1b", "bfloat16", 8, {}),
+    ("1b", "bfloat16", 1, {"pipelined_k": 512, "pipeline_stages": 5}),
 ]
 
 
 @pytest.mark.cpu
 def test_every_program_is_resident_on_hopper():
     """A program that is not resident cannot arrive on a counter: the launch must fit the SMs by
-    registers and shared memory. Compiled in a process of its own (this one interprets)."""
+    registers and shared memory. Compiled in a process of its own (this one interprets). The
+    pipelined GEMV phases must load through shared memory (cp.async): the compiler declines
+    loads whose alignment it cannot prove, and then nothing is in flight across steps."""
     from kernels.decoder.persistent_offline import REGISTERS_PER_SM, programs_per_sm_that_fit
     from kernels.matmul.offline import compile_offline
 
@@ -258,3 +267,4 @@ def test_every_program_is_resident_on_hopper():
         assert one["shared_bytes"] * launched <= 227 * 1024
         if launched == 1:
             assert one["spill_bytes"] == 0, options
+        assert (one["async_copies"] > 0) == bool(options.get("pipelined_k")), options

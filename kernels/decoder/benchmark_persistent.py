@@ -2,14 +2,16 @@
 and the weight + KV floor, at Llama-3.2-1B's shape in bf16 with random weights.
 
     python -m kernels.decoder.benchmark_persistent [--batch 1] [--contexts 512,4096] [--trace]
-    (adds its rows to data/results/<gpu>/07_decoder_megakernel.json)
+        [--variants "1,8,0,1;1,8,0,1,512,5"] [--name 07_decoder_megakernel]
+    (adds its rows to data/results/<gpu>/<name>.json)
 
 The conventions are the decoder benchmark's: device time by events, the variants interleaved round
 by round with L2 flushed before each, medians; the floor is every weight and the context's K and V
 read once at the measured copy rate (benchmark.decode_floor_ms). Before timing, the persistent
 step's logits are compared with the graph's on the same cache (their bf16 difference is printed
 and saved) and its status word is checked (the watchdog). A few launch configurations of the
-persistent step are timed (programs per SM, warps, K tile) and each is reported. `--trace` adds
+persistent step are timed (programs per SM, warps, K tile, stages, and the GEMV phases' K tile
+pipelined through shared memory with its stages) and each is reported. `--trace` adds
 one step of the first configuration at the first context with each program's clock at the begin
 and end of each phase (the timeline of a step), and prints where its time went (`trace_phases`:
 each phase kind's span against its own byte floor, and the waits at the counters).
@@ -35,9 +37,34 @@ from kernels.decoder.triton_persistent_step import PersistentStep
 NAME = "07_decoder_megakernel"
 DTYPE = torch.bfloat16
 MAX_SEQ = 4096 + 64
-# (programs per SM, warps, K tile (0: the wrapper's default), stages): the launch configurations
-# timed by default; --variants "1,8,0,1;2,4,1024,1" sets others
+# (programs per SM, warps, K tile (0: the wrapper's default), stages[, pipelined K tile (0: none),
+# its stages]): the launch configurations timed by default; --variants "1,8,0,1;1,8,0,1,512,5"
+# sets others
 VARIANTS = ((1, 8, 0, 1), (2, 4, 0, 1))
+
+
+def persistent_step(model: Decoder, batch: int, variant, trace: bool = False):
+    """(its name, the PersistentStep) of one launch configuration."""
+    pipelined = (0, 4)  # no pipelined K tile; 4 stages when one is given without them
+    per_sm, warps, block_k, stages, pipelined_k, pipeline_stages = (
+        *variant,
+        *pipelined[len(variant) - 4 :],
+    )
+    step = PersistentStep(
+        model,
+        batch,
+        programs=per_sm * runtime.features().sm_count,
+        num_warps=warps,
+        block_k=block_k or None,
+        num_stages=stages,
+        pipelined_k=pipelined_k,
+        pipeline_stages=pipeline_stages,
+        trace=trace,
+    )
+    name = f"persistent ({per_sm}/SM, {warps} warps, K {step.block_k}, {stages} stages"
+    if pipelined_k:
+        name += f", GEMV K {pipelined_k} pipelined x {pipeline_stages}"
+    return name + ")", step
 
 
 def graph_steps(model: Decoder, batch: int) -> dict:
@@ -53,20 +80,8 @@ def graph_steps(model: Decoder, batch: int) -> dict:
 
 
 def measure(model: Decoder, batch: int, contexts, ceilings: dict, variants) -> list[dict]:
-    sms = runtime.features().sm_count
     graphs = graph_steps(model, batch)
-    persistent = {}
-    for per_sm, warps, block_k, stages in variants:
-        step = PersistentStep(
-            model,
-            batch,
-            programs=per_sm * sms,
-            num_warps=warps,
-            block_k=block_k or None,
-            num_stages=stages,
-        )
-        name = f"persistent ({per_sm}/SM, {warps} warps, K {step.block_k}, {stages} stages)"
-        persistent[name] = step
+    persistent = dict(persistent_step(model, batch, variant) for variant in variants)
     rows = []
     for context in contexts:
         tokens = torch.randint(0, LLAMA_1B.vocab_size, (batch,), device="cuda")
@@ -126,16 +141,7 @@ def measure(model: Decoder, batch: int, contexts, ceilings: dict, variants) -> l
 def trace_step(model: Decoder, batch: int, context: int, variant) -> dict:
     """One step of the first variant with the clock stamps on (a build of its own): each
     program's begin and end of each phase, in microseconds from the first program's start."""
-    per_sm, warps, block_k, stages = variant
-    step = PersistentStep(
-        model,
-        batch,
-        programs=per_sm * runtime.features().sm_count,
-        num_warps=warps,
-        block_k=block_k or None,
-        num_stages=stages,
-        trace=True,
-    )
+    _, step = persistent_step(model, batch, variant, trace=True)
     tokens = torch.randint(0, LLAMA_1B.vocab_size, (batch,), device="cuda")
     for _ in range(3):  # the last of three, L2 flushed before it
         step.start(tokens, context)
@@ -272,7 +278,8 @@ def main() -> int:
     for trace in traces:
         spent = trace_phases(trace, LLAMA_1B, ceilings["copy_gbps"], DTYPE.itemsize)
         print(bench.table(spent, floatfmt=".2f"))
-    path = bench.RESULTS_DIR / runtime.gpu_info().slug / f"{NAME}.json"
+    name = args[args.index("--name") + 1] if "--name" in args else NAME
+    path = bench.RESULTS_DIR / runtime.gpu_info().slug / f"{name}.json"
     old = json.loads(path.read_text()) if path.exists() else {}
     keep = [
         r
@@ -289,7 +296,7 @@ def main() -> int:
         ]
         + traces,
     }
-    print("wrote", bench.save_results(NAME, results))
+    print("wrote", bench.save_results(name, results))
     return 0
 
 

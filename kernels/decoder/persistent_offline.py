@@ -39,6 +39,11 @@ VARIANTS = [
     ("1b", "bfloat16", 8, {}),
     ("1b", "bfloat16", 8, {"num_stages": 3}),
     ("1b", "bfloat16", 32, {}),
+    # the GEMV phases' K tiles pipelined through shared memory (PERFORMANCE.md 6.2)
+    ("1b", "bfloat16", 1, {"pipelined_k": 512, "pipeline_stages": 5}),
+    ("1b", "bfloat16", 1, {"pipelined_k": 1024, "pipeline_stages": 3}),
+    ("1b", "bfloat16", 1, {"pipelined_k": 256, "pipeline_stages": 8}),
+    ("1b", "bfloat16", 8, {"pipelined_k": 256, "pipeline_stages": 5}),
 ]
 TYPES = {
     torch.bfloat16: "bf16",
@@ -97,15 +102,24 @@ def compile_for(
     programs = programs_per_sm * runtime.features().sm_count
     step = PersistentStep(model, batch, programs=programs, **options)
     args, constants = step.kernel_arguments()
-    signature = {}
+    signature, divisible = {}, []
     for name, value in zip(persistent_step_kernel.arg_names, args):
         if isinstance(value, torch.Tensor):
             signature[name] = "*" + TYPES[value.dtype]
+            divisible.append(name)  # the caching allocator's tensors are 16-byte aligned
         else:
             signature[name] = "fp32" if isinstance(value, float) else "i32"
+            if isinstance(value, int) and value % 16 == 0:
+                divisible.append(name)
     signature |= dict.fromkeys(constants, "constexpr")
     return compile_triton(
-        persistent_step_kernel, signature, constants, arch, step.num_warps, step.num_stages
+        persistent_step_kernel,
+        signature,
+        constants,
+        arch,
+        step.num_warps,
+        step.num_stages,
+        divisible=tuple(divisible),
     )
 
 
@@ -126,7 +140,8 @@ def main() -> int:
         fit = programs_per_sm_that_fit(made["registers"], made["warps"])
         print(
             f"{options}: {made['registers']} registers, {made['spill_bytes']} bytes spilled, "
-            f"{made['shared_bytes']} bytes shared, {fit} programs fit an SM "
+            f"{made['shared_bytes']} bytes shared, {made['async_copies']} cp.async, "
+            f"{fit} programs fit an SM "
             f"({options.get('programs_per_sm', 1)} launched)"
         )
     return 0

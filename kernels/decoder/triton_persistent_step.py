@@ -38,6 +38,10 @@ the benchmark launches). The interpreter runs programs one after another: on the
 runs with P = 1 (tests), and P > 1 there times out at the first counter, which is what the
 watchdog is for.
 
+`pipelined_k` (off by default) runs the o, gate_up, down and lm_head phases as one loop a program
+over its (unit, K tile) steps, the form of Triton's persistent matmul, with short K tiles that the
+software pipeliner loads into shared memory (cp.async) a few steps ahead (_pipelined_units).
+
 Measured on an H200 (PERFORMANCE.md, section 6): correct, and slower than the CUDA graph it set out
 to beat (38.5% of the weight + KV floor at batch 1, context 512, against the graph's 61.0%). Its
 clock trace says why: the counters cost 9% of the step, while the GEMV phases stream at 47% of the
@@ -178,6 +182,49 @@ def _inv_rms(x_rows, m_ok, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr)
 
 
 @triton.jit
+def _tile_times_x(
+    acc,
+    W,
+    rows,
+    row_ok,
+    K,
+    k0,
+    x_rows,
+    m_ok,
+    rstd,
+    NORM,
+    HAS_NORM: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """acc (BLOCK_M, rows) fp32 + x[:, k0:k0 + BLOCK_K] @ W[rows, k0:k0 + BLOCK_K].T, x the rows at
+    x_rows, RMS-normalized (times rstd, rounded, times NORM, rounded: Hugging Face's order) when
+    HAS_NORM."""
+    k = k0 + tl.arange(0, BLOCK_K)
+    k_ok = k < K
+    w_ptrs = W + rows.to(tl.int64)[:, None] * K + k[None, :]
+    w = tl.load(w_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+    x_ptrs = x_rows[:, None] + k[None, :]
+    x = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0, cache_modifier=".cg")
+    if HAS_NORM:
+        g = tl.load(NORM + k, mask=k_ok, other=0.0).to(tl.float32)
+        x = (x.to(tl.float32) * rstd[:, None]).to(x.dtype).to(tl.float32) * g[None, :]
+        x = x.to(w.dtype)
+    if USE_DOT:
+        if UPCAST:
+            acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc)
+        elif IEEE:  # fp32 weights: no TF32 rounding of the operands
+            acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
+    else:
+        acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    return acc
+
+
+@triton.jit
 def _rows_times_x(
     W,
     rows,
@@ -195,31 +242,13 @@ def _rows_times_x(
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
 ):
-    """(BLOCK_M, ROWS) fp32: x @ W[rows].T over all of K, x the rows at x_rows, RMS-normalized
-    (times rstd, rounded, times NORM, rounded: Hugging Face's order) when HAS_NORM."""
-    offs_k = tl.arange(0, BLOCK_K)
-    w_ptrs = W + rows.to(tl.int64)[:, None] * K + offs_k[None, :]
-    x_ptrs = x_rows[:, None] + offs_k[None, :]
+    """(BLOCK_M, ROWS) fp32: x @ W[rows].T over all of K (_tile_times_x, tile after tile)."""
     acc = tl.zeros((BLOCK_M, ROWS), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        k_ok = offs_k < K - k0
-        w = tl.load(w_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        x = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0, cache_modifier=".cg")
-        if HAS_NORM:
-            g = tl.load(NORM + k0 + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-            x = (x.to(tl.float32) * rstd[:, None]).to(x.dtype).to(tl.float32) * g[None, :]
-            x = x.to(w.dtype)
-        if USE_DOT:
-            if UPCAST:
-                acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc)
-            elif IEEE:  # fp32 weights: no TF32 rounding of the operands
-                acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(x, tl.trans(w), acc)
-        else:
-            acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
-        w_ptrs += BLOCK_K
-        x_ptrs += BLOCK_K
+        acc = _tile_times_x(
+            acc, W, rows, row_ok, K, k0, x_rows, m_ok, rstd, NORM, HAS_NORM, BLOCK_K, USE_DOT,
+            UPCAST, IEEE,
+        )  # fmt: skip
     return acc
 
 
@@ -238,9 +267,133 @@ def _rotate(a, b, pos, INV_FREQ, j, rope_scale):
 
 
 @triton.jit
+def _swiglu_store(
+    acc, H, cols, m_ok, INTER: tl.constexpr, BLOCK_M: tl.constexpr, HALF: tl.constexpr
+):
+    """gate_up's epilogue: silu(gate) * up of a paired unit's (BLOCK_M, 2 HALF) product into
+    H[:, cols], each rounded as F.linear and F.silu round."""
+    dtype = H.dtype.element_ty
+    gate, up = _halves(acc.to(dtype).to(tl.float32), BLOCK_M, HALF)
+    act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)  # silu, rounded
+    offs_m = tl.arange(0, BLOCK_M)
+    h_ptrs = H + offs_m[:, None] * INTER + cols[None, :]
+    tl.store(h_ptrs, (act * up).to(dtype), mask=m_ok[:, None] & (cols < INTER)[None, :])
+
+
+@triton.jit
+def _residual_store(acc, rows, r_ok, src_rows, src_ok, x_rows, m_ok):
+    """o's and down's epilogue: x[:, rows] = src[:, rows] + acc, the product rounded to x's dtype
+    first, as F.linear's output is."""
+    dtype = x_rows.dtype.element_ty
+    res = tl.load(
+        src_rows[:, None] + rows[None, :],
+        mask=src_ok[:, None] & r_ok[None, :],
+        other=0.0,
+        cache_modifier=".cg",
+    )
+    new = res.to(tl.float32) + acc.to(dtype).to(tl.float32)
+    tl.store(x_rows[:, None] + rows[None, :], new.to(dtype), mask=m_ok[:, None] & r_ok[None, :])
+
+
+@triton.jit
+def _logits_and_best(acc, rows, r_ok, LOGITS, m_ok, vocab, best, best_idx, BLOCK_M: tl.constexpr):
+    """lm_head's epilogue: a unit's logits stored, and (best, best_idx) of each sequence updated
+    with them; a program's units come in increasing order, so a later equal logit keeps the
+    smaller index."""
+    logits = acc.to(LOGITS.dtype.element_ty)
+    offs_m = tl.arange(0, BLOCK_M)
+    tl.store(
+        LOGITS + offs_m[:, None] * vocab + rows[None, :], logits, mask=m_ok[:, None] & r_ok[None, :]
+    )
+    value = tl.where(r_ok[None, :], logits.to(tl.float32), float("-inf"))
+    tile_best = tl.max(value, axis=1)
+    tile_idx = tl.min(tl.where(value == tile_best[:, None], rows[None, :], vocab), axis=1)
+    take = tile_best > best
+    return tl.where(take, tile_best, best), tl.where(take, tile_idx, best_idx)
+
+
+# The epilogues of _pipelined_units
+SWIGLU = tl.constexpr(0)
+RESIDUAL = tl.constexpr(1)
+ARGMAX = tl.constexpr(2)
+
+
+@triton.jit
+def _pipelined_units(
+    W,
+    K: tl.constexpr,
+    N,
+    x_rows,
+    m_ok,
+    rstd,
+    NORM,
+    HAS_NORM: tl.constexpr,
+    OUT,
+    src_rows,
+    src_ok,
+    pid,
+    P,
+    EPILOGUE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    STAGES: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """This program's units of a GEMV phase as one loop over its (unit, K tile) steps, the form of
+    Triton's persistent matmul: the software pipeliner loads the next STAGES - 1 steps' tiles into
+    shared memory (cp.async), across the units' boundaries, while this step's tile is reduced; the
+    tiles waiting there hold no registers. The product is accumulated per unit and goes to the
+    EPILOGUE after the unit's last K tile:
+
+    * SWIGLU (gate_up): N outputs of H, a unit HALF gate rows and the same HALF up rows of W;
+    * RESIDUAL (o, down): N outputs of x (OUT: x's rows), a unit 2 HALF rows, src the residual;
+    * ARGMAX (lm_head): N = the vocabulary, a unit 2 HALF rows, the logits into OUT; returns
+      the program's best logit of each sequence and its index (-inf and 0 for the others).
+
+    The copies of x's tiles are narrower than 16 bytes at small tiles, so they go through the
+    SM's L1 (cp.async.ca), not around it as `.cg` loads do: what makes them see the other
+    programs' writes is the acquire of the counter before the phase."""
+    ROWS: tl.constexpr = 2 * HALF
+    K_TILES: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
+    PER_UNIT: tl.constexpr = HALF if EPILOGUE == SWIGLU else ROWS  # outputs a unit makes
+    r = tl.arange(0, ROWS)
+    n_units = tl.cdiv(N, PER_UNIT)
+    best = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    best_idx = tl.zeros((BLOCK_M,), tl.int32)
+    acc = tl.zeros((BLOCK_M, ROWS), dtype=tl.float32)
+    for step in tl.range(0, tl.cdiv(n_units - pid, P) * K_TILES, num_stages=STAGES):
+        u = pid + (step // K_TILES) * P
+        k_tile = step % K_TILES
+        if EPILOGUE == SWIGLU:  # rows j of gate (the first N rows of W) and j of up (the next N)
+            out = u * HALF + r % HALF
+            rows = tl.minimum(out, N - 1) + (r // HALF) * N
+        else:
+            out = u * ROWS + r
+            rows = tl.minimum(out, N - 1)
+        acc = _tile_times_x(
+            acc, W, rows, out < N, K, k_tile * BLOCK_K, x_rows, m_ok, rstd, NORM, HAS_NORM,
+            BLOCK_K, USE_DOT, UPCAST, IEEE,
+        )  # fmt: skip
+        if k_tile == K_TILES - 1:
+            if EPILOGUE == SWIGLU:
+                _swiglu_store(acc, OUT, u * HALF + tl.arange(0, HALF), m_ok, N, BLOCK_M, HALF)
+            elif EPILOGUE == RESIDUAL:
+                _residual_store(acc, out, out < N, src_rows, src_ok, OUT, m_ok)
+            else:
+                best, best_idx = _logits_and_best(
+                    acc, out, out < N, OUT, m_ok, N, best, best_idx, BLOCK_M
+                )
+            acc = tl.zeros((BLOCK_M, ROWS), dtype=tl.float32)
+    return best, best_idx
+
+
+@triton.jit
 def _project_onto_residual(
     W,
-    K,
+    K: tl.constexpr,
     in_rows,
     src_rows,
     src_ok,
@@ -253,48 +406,48 @@ def _project_onto_residual(
     LINE: tl.constexpr,
     PREFETCH: tl.constexpr,
     BLOCK_M: tl.constexpr,
-    ROWS: tl.constexpr,
+    HALF: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PIPE_K: tl.constexpr,
+    STAGES: tl.constexpr,
     USE_DOT: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     """This program's units of a projection back onto the residual stream (the o and down phases):
-    x[:, rows] = src[:, rows] + in @ W[rows].T, the product rounded to x's dtype first, as
-    F.linear's output is. src is x itself, except in layer 0's o phase, whose residual is the
-    embedding rows."""
-    dtype = x_rows.dtype.element_ty
-    r = tl.arange(0, ROWS)
-    for u in range(pid, tl.cdiv(HIDDEN, ROWS), P):
-        after = tl.minimum((u + P) * ROWS + r, HIDDEN - 1)
-        _prefetch_rows(W, after, K, LINES, LINE, PREFETCH)  # the next unit's rows into the L2
-        rows = u * ROWS + r
-        r_ok = rows < HIDDEN
-        acc = _rows_times_x(
-            W,
-            tl.minimum(rows, HIDDEN - 1),
-            r_ok,
-            K,
-            in_rows,
-            m_ok,
-            None,  # no norm: the input is attention's output or SwiGLU's
-            None,
-            False,
-            BLOCK_M,
-            ROWS,
-            BLOCK_K,
-            USE_DOT,
-            UPCAST,
-            IEEE,
-        )
-        res = tl.load(
-            src_rows[:, None] + rows[None, :],
-            mask=src_ok[:, None] & r_ok[None, :],
-            other=0.0,
-            cache_modifier=".cg",
-        )
-        new = res.to(tl.float32) + acc.to(dtype).to(tl.float32)
-        tl.store(x_rows[:, None] + rows[None, :], new.to(dtype), mask=m_ok[:, None] & r_ok[None, :])
+    x[:, rows] = src[:, rows] + in @ W[rows].T. src is x itself, except in layer 0's o phase, whose
+    residual is the embedding rows. PIPE_K > 0: _pipelined_units, K tiles of PIPE_K."""
+    if PIPE_K > 0:
+        _pipelined_units(
+            W, K, HIDDEN, in_rows, m_ok, None, None, False, x_rows, src_rows, src_ok, pid, P,
+            RESIDUAL, BLOCK_M, HALF, PIPE_K, STAGES, USE_DOT, UPCAST, IEEE,
+        )  # fmt: skip
+    else:
+        ROWS: tl.constexpr = 2 * HALF
+        r = tl.arange(0, ROWS)
+        for u in range(pid, tl.cdiv(HIDDEN, ROWS), P):
+            after = tl.minimum((u + P) * ROWS + r, HIDDEN - 1)
+            _prefetch_rows(W, after, K, LINES, LINE, PREFETCH)  # the next unit's rows into the L2
+            rows = u * ROWS + r
+            r_ok = rows < HIDDEN
+            acc = _rows_times_x(
+                W,
+                tl.minimum(rows, HIDDEN - 1),
+                r_ok,
+                K,
+                in_rows,
+                m_ok,
+                None,  # no norm: the input is attention's output or SwiGLU's
+                None,
+                False,
+                BLOCK_M,
+                ROWS,
+                BLOCK_K,
+                USE_DOT,
+                UPCAST,
+                IEEE,
+            )
+            _residual_store(acc, rows, r_ok, src_rows, src_ok, x_rows, m_ok)
 
 
 @triton.jit
@@ -357,6 +510,8 @@ def persistent_step_kernel(
     HALF: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PIPE_K: tl.constexpr,
+    STAGES: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_S: tl.constexpr,
@@ -548,7 +703,7 @@ def persistent_step_kernel(
         attn_rows = ATTN + offs_m * Q_W
         _project_onto_residual(
             wo, Q_W, attn_rows, src_rows, src_ok, x_rows, m_ok, pid, P, HIDDEN, LINES_Q, LINE,
-            PREFETCH, BLOCK_M, ROWS, BLOCK_K, USE_DOT, UPCAST, IEEE,
+            PREFETCH, BLOCK_M, HALF, BLOCK_K, PIPE_K, STAGES, USE_DOT, UPCAST, IEEE,
         )  # fmt: skip
         _arrive(COUNTERS, base + 3, trace, TRACE)
 
@@ -561,32 +716,34 @@ def persistent_step_kernel(
         )
         rstd = _inv_rms(x_rows, m_ok, HIDDEN, eps, BLOCK_M, BLOCK_K)
         norm = MLP_NORM + layer * HIDDEN
-        for u in range(pid, tl.cdiv(INTER, HALF), P):
-            after = tl.minimum((u + P) * HALF + pair_j, INTER - 1) + pair_set * INTER
-            _prefetch_rows(wg, after, HIDDEN, LINES_H, LINE, PREFETCH)
-            rows = u * HALF + pair_j
-            acc = _rows_times_x(
-                wg,
-                tl.minimum(rows, INTER - 1) + pair_set * INTER,
-                rows < INTER,
-                HIDDEN,
-                x_rows,
-                m_ok,
-                rstd,
-                norm,
-                True,
-                BLOCK_M,
-                ROWS,
-                BLOCK_K,
-                USE_DOT,
-                UPCAST,
-                IEEE,
-            )
-            gate, up = _halves(acc.to(dtype).to(tl.float32), BLOCK_M, HALF)
-            act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)  # silu, rounded
-            cols = u * HALF + half_j
-            h_ptrs = H + offs_m[:, None] * INTER + cols[None, :]
-            tl.store(h_ptrs, (act * up).to(dtype), mask=m_ok[:, None] & (cols < INTER)[None, :])
+        if PIPE_K > 0:
+            _pipelined_units(
+                wg, HIDDEN, INTER, x_rows, m_ok, rstd, norm, True, H, None, None, pid, P,
+                SWIGLU, BLOCK_M, HALF, PIPE_K, STAGES, USE_DOT, UPCAST, IEEE,
+            )  # fmt: skip
+        else:
+            for u in range(pid, tl.cdiv(INTER, HALF), P):
+                after = tl.minimum((u + P) * HALF + pair_j, INTER - 1) + pair_set * INTER
+                _prefetch_rows(wg, after, HIDDEN, LINES_H, LINE, PREFETCH)
+                rows = u * HALF + pair_j
+                acc = _rows_times_x(
+                    wg,
+                    tl.minimum(rows, INTER - 1) + pair_set * INTER,
+                    rows < INTER,
+                    HIDDEN,
+                    x_rows,
+                    m_ok,
+                    rstd,
+                    norm,
+                    True,
+                    BLOCK_M,
+                    ROWS,
+                    BLOCK_K,
+                    USE_DOT,
+                    UPCAST,
+                    IEEE,
+                )
+                _swiglu_store(acc, H, u * HALF + half_j, m_ok, INTER, BLOCK_M, HALF)
         _arrive(COUNTERS, base + 4, trace, TRACE)
 
         # ---- down: the down projection + the residual
@@ -598,7 +755,7 @@ def persistent_step_kernel(
         h_rows = H + offs_m * INTER
         _project_onto_residual(
             wd, INTER, h_rows, x_rows, m_ok, x_rows, m_ok, pid, P, HIDDEN, LINES_I, LINE,
-            PREFETCH, BLOCK_M, ROWS, BLOCK_K, USE_DOT, UPCAST, IEEE,
+            PREFETCH, BLOCK_M, HALF, BLOCK_K, PIPE_K, STAGES, USE_DOT, UPCAST, IEEE,
         )  # fmt: skip
         _arrive(COUNTERS, base + 5, trace, TRACE)
 
@@ -607,43 +764,39 @@ def persistent_step_kernel(
     _prefetch_rows(LM_HEAD, tl.minimum(pid * ROWS + r, vocab - 1), HIDDEN, LINES_H, LINE, PREFETCH)
     _wait(COUNTERS, STATUS, last - 1, _target(P, last - 1, bad_counter), spin_limit, trace, TRACE)
     rstd = _inv_rms(x_rows, m_ok, HIDDEN, eps, BLOCK_M, BLOCK_K)
-    best = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    best_idx = tl.zeros((BLOCK_M,), tl.int32)
-    for u in range(pid, tl.cdiv(vocab, ROWS), P):
-        after = tl.minimum((u + P) * ROWS + r, vocab - 1)
-        _prefetch_rows(LM_HEAD, after, HIDDEN, LINES_H, LINE, PREFETCH)
-        rows = u * ROWS + r
-        r_ok = rows < vocab
-        acc = _rows_times_x(
-            LM_HEAD,
-            tl.minimum(rows, vocab - 1),
-            r_ok,
-            HIDDEN,
-            x_rows,
-            m_ok,
-            rstd,
-            FINAL_NORM,
-            True,
-            BLOCK_M,
-            ROWS,
-            BLOCK_K,
-            USE_DOT,
-            UPCAST,
-            IEEE,
-        )
-        logits = acc.to(dtype)
-        tl.store(
-            LOGITS + offs_m[:, None] * vocab + rows[None, :],
-            logits,
-            mask=m_ok[:, None] & r_ok[None, :],
-        )
-        value = tl.where(r_ok[None, :], logits.to(tl.float32), float("-inf"))
-        tile_best = tl.max(value, axis=1)
-        tile_idx = tl.min(tl.where(value == tile_best[:, None], rows[None, :], vocab), axis=1)
-        # a program's units come in increasing order: a later equal logit keeps the smaller index
-        take = tile_best > best
-        best_idx = tl.where(take, tile_idx, best_idx)
-        best = tl.where(take, tile_best, best)
+    if PIPE_K > 0:
+        best, best_idx = _pipelined_units(
+            LM_HEAD, HIDDEN, vocab, x_rows, m_ok, rstd, FINAL_NORM, True, LOGITS, None, None, pid,
+            P, ARGMAX, BLOCK_M, HALF, PIPE_K, STAGES, USE_DOT, UPCAST, IEEE,
+        )  # fmt: skip
+    else:
+        best = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+        best_idx = tl.zeros((BLOCK_M,), tl.int32)
+        for u in range(pid, tl.cdiv(vocab, ROWS), P):
+            after = tl.minimum((u + P) * ROWS + r, vocab - 1)
+            _prefetch_rows(LM_HEAD, after, HIDDEN, LINES_H, LINE, PREFETCH)
+            rows = u * ROWS + r
+            r_ok = rows < vocab
+            acc = _rows_times_x(
+                LM_HEAD,
+                tl.minimum(rows, vocab - 1),
+                r_ok,
+                HIDDEN,
+                x_rows,
+                m_ok,
+                rstd,
+                FINAL_NORM,
+                True,
+                BLOCK_M,
+                ROWS,
+                BLOCK_K,
+                USE_DOT,
+                UPCAST,
+                IEEE,
+            )
+            best, best_idx = _logits_and_best(
+                acc, rows, r_ok, LOGITS, m_ok, vocab, best, best_idx, BLOCK_M
+            )
     tl.store(BEST_VAL + pid * BLOCK_M + offs_m, best)
     tl.store(BEST_IDX + pid * BLOCK_M + offs_m, best_idx)
     _arrive(COUNTERS, last, trace, TRACE)
@@ -696,8 +849,12 @@ class PersistentStep:
     `positions` and returns `tokens`; `logits` holds the step's logits.
 
     `programs` (default: one per SM on a GPU, one in the interpreter), `block_k`, `num_warps` and
-    `num_stages` (software pipelining of the tl.dot loops) set the launch; `prefetch` asks for
-    the L2 prefetch of the next phase's first rows (NVIDIA GPUs; never in the interpreter);
+    `num_stages` (software pipelining of the tl.dot loops) set the launch; `pipelined_k` > 0 runs
+    the o, gate_up, down and lm_head phases as one loop a program over its (unit, K tile) steps,
+    K tiles of `pipelined_k` loaded `pipeline_stages` - 1 steps ahead into shared memory
+    (_pipelined_units; 0, the default: one tile of `block_k` a unit, nothing in flight across
+    units); `prefetch` asks for the L2 prefetch of the next phase's first rows (NVIDIA GPUs; never
+    in the interpreter);
     `trace` records each program's begin and end of each phase in `trace` (nanoseconds of the
     GPU's clock; GPU only)."""
 
@@ -710,6 +867,8 @@ class PersistentStep:
         block_k: int | None = None,
         num_warps: int = 8,
         num_stages: int = 1,
+        pipelined_k: int = 0,
+        pipeline_stages: int = 4,
         prefetch: bool = True,
         trace: bool = False,
         spin_limit: int = SPIN_LIMIT,
@@ -733,6 +892,11 @@ class PersistentStep:
         self.block_m = max(16 if self.use_dot else 1, triton.next_power_of_2(batch))
         self.block_k = block_k or (self.default_block_k() if COMPILED else 32)
         self.num_warps, self.num_stages = num_warps, num_stages
+        if pipelined_k < 0 or pipelined_k & (pipelined_k - 1):
+            raise ValueError(
+                f"PersistentStep: pipelined_k must be 0 or a power of two, got {pipelined_k}"
+            )
+        self.pipelined_k, self.pipeline_stages = pipelined_k, pipeline_stages
         self.prefetch = prefetch and COMPILED
         self.spin_limit = spin_limit
         self.weights = stacked_weights(model.w)
@@ -820,7 +984,8 @@ class PersistentStep:
         constants = dict(
             HIDDEN=c.hidden_size, N_HEADS=c.n_heads, N_KV=c.n_kv_heads, D=c.head_dim,
             INTER=c.intermediate_size, HALF=self.tile.half_rows, BLOCK_M=self.block_m,
-            BLOCK_K=self.block_k, BLOCK_G=triton.next_power_of_2(c.n_heads // c.n_kv_heads),
+            BLOCK_K=self.block_k, PIPE_K=self.pipelined_k, STAGES=self.pipeline_stages,
+            BLOCK_G=triton.next_power_of_2(c.n_heads // c.n_kv_heads),
             BLOCK_T=32 if COMPILED else 16, BLOCK_S=triton.next_power_of_2(self.tile.splits),
             BLOCK_P=triton.next_power_of_2(self.programs), USE_DOT=self.use_dot,
             UPCAST=not COMPILED, IEEE=m.dtype == torch.float32, PREFETCH=self.prefetch,

@@ -28,6 +28,7 @@ for options in json.loads(sys.argv[1]):
         "warps": kernel.metadata.num_warps, "shared_bytes": kernel.metadata.shared,
         "wgmma": len(wgmma), "wgmma_fp8": sum("e4m3" in w for w in wgmma),
         "mma_sync": ptx.count("mma.sync"), "tma_copies": ptx.count("cp.async.bulk.tensor"),
+        "async_copies": len(re.findall(r"cp\\.async\\.c[ag]", ptx)),
         "mbarriers": ptx.count("mbarrier.try_wait"), "f32_adds": ptx.count("add.f32"),
         "register_budgets": sorted({int(n) for n in re.findall(r"setmaxnreg[.a-z0-9]*\\s+(\\d+)",
                                                               ptx)}),
@@ -38,7 +39,8 @@ for options in json.loads(sys.argv[1]):
 def compile_offline(module: str, variants: list[dict], arch: str = "sm_90") -> list[dict]:
     """`module.compile_for(arch, **options)` for each options dict in `variants`, in one fresh
     process: per variant the warps, shared bytes, wgmma instructions (and how many multiply
-    fp8 e4m3), mma.sync instructions, TMA copies, mbarrier waits, float32 adds (an fp8
+    fp8 e4m3), mma.sync instructions, TMA copies, cp.async copies (global to shared, the software
+    pipeline's without TMA), mbarrier waits, float32 adds (an fp8
     product's promotions into its fp32 accumulator), the `setmaxnreg` register
     budgets, the PTX target, and from ptxas the registers a thread and the bytes spilled."""
     return run_compile_script(
@@ -54,10 +56,14 @@ def compile_triton(
     num_warps: int,
     num_stages: int = 3,
     gluon: bool = False,
+    divisible: tuple[str, ...] = (),
 ):
     """Compile a @triton.jit (or, with `gluon`, a @gluon.jit) function for `arch` ("sm_90") without
     a GPU. `signature` maps every parameter, in order, to its type string ("constexpr" for those in
-    `constants`, a descriptor's from `descriptor_type`)."""
+    `constants`, a descriptor's from `descriptor_type`). `divisible` names the parameters a launch
+    would mark divisible by 16 (16-byte-aligned tensors, integers that are multiples of 16):
+    without the mark, the compiler cannot prove a load's alignment, so it issues narrower loads
+    and declines cp.async, unlike the launch on a GPU."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -69,8 +75,9 @@ def compile_triton(
     names = list(signature)
     constexprs = {(names.index(n),): value for n, value in constants.items()}
     target = GPUTarget("cuda", int(arch.removeprefix("sm_")), 32)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
     return triton.compile(
-        Source(fn, signature, constexprs),
+        Source(fn, signature, constexprs, attrs),
         target=target,
         options={"num_warps": num_warps, "num_stages": num_stages},
     )
