@@ -24,7 +24,6 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from grading import compile_ahead
 from grading.protocol import (
     EXIT_CONTEXT_LOST,
     Attempt,
@@ -74,9 +73,8 @@ IN_GRADER = "grading process: inputs, references, judging"
 
 def _grade_in_worker(worker: WorkerProcess, lab: dict, spec, todo, done: dict, seed: int,
                      opts: Options, unreadable: str | None, folder: Path,
-                     clean: CleanWorker | None = None, memory=None, ahead=None) -> None:
-    """Grade the functions not done yet in this worker; raises WorkerGone if it dies. `ahead`
-    (grading/compile_ahead.py) is stopped before the first timed round and after the cases."""
+                     clean: CleanWorker | None = None, memory=None) -> None:
+    """Grade the functions not done yet in this worker; raises WorkerGone if it dies."""
     from grading import harness
     from grading.diagnosis import Limits
     from kernels import runtime
@@ -96,13 +94,8 @@ def _grade_in_worker(worker: WorkerProcess, lab: dict, spec, todo, done: dict, s
                         f"({', '.join(map(str, changed[:3]))}): not graded")
     if import_error:
         lab["import_error"] = str(import_error)
-    def on_step(function: str | None, step: str, kind: str = "call") -> None:
-        if kind == "perf" and ahead is not None:
-            ahead.stop()  # no GPU work of the student's beside a timing
-        worker.set_step(function, step, kind)
-
     context = harness.GradingContext(Limits(limits.get("host_memory_gib"),
-                                            limits.get("gpu_memory_gib")), on_step)
+                                            limits.get("gpu_memory_gib")), worker.set_step)
     for fn_spec in todo:
         if fn_spec.name in done:
             continue
@@ -242,14 +235,9 @@ def grade_lab(notebook: Path, lab_id: str, seed: int, opts: Options,
             work = _worker_folder(folder / f"worker-{len(lab['incidents'])}", lab_id, code,
                                   seed_caches=sandboxed and not opts.cpu and runtime.ON_GPU)
             worker = WorkerProcess(cmd, work, deadline, opts, env, sandboxed)
-            ahead = None
-            if not lab["incidents"] and not unreadable and compile_ahead.worth_it(sandboxed, opts):
-                ahead = compile_ahead.CompileAhead(cmd, work, spec, seed, deadline, opts, env,
-                                                   sandboxed)
-                ahead.start()
             try:
                 _grade_in_worker(worker, lab, spec, spec.functions, done, seed, opts,
-                                 unreadable, work, clean, memory, ahead)
+                                 unreadable, work, clean, memory)
                 break
             except ContextLostInWorker:
                 continue
@@ -273,9 +261,6 @@ def grade_lab(notebook: Path, lab_id: str, seed: int, opts: Options,
                 if _record_death(gone.attempt, lab, spec, done, seed, opts):
                     break
             finally:
-                if ahead is not None:
-                    ahead.stop()
-                    lab["compiled_ahead"] = ahead.calls
                 worker.close()
                 for kind, secs in worker.seconds_by_kind.items():
                     phase = PHASES.get(kind, kind)
