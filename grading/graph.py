@@ -2,6 +2,8 @@
 CUDA graph, and the graph, replayed on new input values, must compute them right."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from grading import diagnosis as dx
@@ -23,11 +25,18 @@ def graph_inputs(spec: GradedFunction, case: Case, seed: int) -> tuple[tuple, tu
     return make_inputs(spec, case, gen), make_inputs(spec, case, gen)
 
 
-def replay_outputs(fn, spec: GradedFunction, case: Case, captured: tuple,
-                   replayed: tuple) -> tuple | str:
-    """The call captured in a CUDA graph on `captured`, then `replayed`'s values copied into those
-    buffers and the graph replayed: its outputs, or why it could not be captured. A host
-    synchronization inside the call (`.item()`) makes the capture fail."""
+@dataclass
+class CapturedCall:
+    """A call captured in a CUDA graph: the graph, the input buffers it reads, its outputs."""
+
+    graph: torch.cuda.CUDAGraph
+    inputs: tuple
+    outs: tuple
+
+
+def capture(fn, spec: GradedFunction, case: Case, captured: tuple) -> CapturedCall | str:
+    """The call on `captured` (once outside, then in a CUDA graph), or why it could not be
+    captured. A host synchronization inside the call (`.item()`) makes the capture fail."""
     kw = case.kwargs
     outs = new_outputs(spec, case)
     warm_up = torch.cuda.Stream()  # compiling and autotuning happen here, outside the capture
@@ -43,13 +52,28 @@ def replay_outputs(fn, spec: GradedFunction, case: Case, captured: tuple,
         dx.check_context(f"CUDA graph {case.label}", exc)
         return (f"could not be captured in a CUDA graph ({dx.short_exception(exc)}): "
                 f"{GRAPH_SYNC_HINT}")
-    for t, fresh in zip(captured, replayed):
+    return CapturedCall(graph, captured, tuple(outs))
+
+
+def replay(call: CapturedCall, replayed: tuple) -> tuple:
+    """`replayed`'s values copied into the captured inputs, the outputs poisoned, the graph
+    replayed: its outputs. Only the copies, the poison and the graph launch run here, which is
+    what the kernel audit checks from outside (grading/kernel_audit.py)."""
+    for t, fresh in zip(call.inputs, replayed):
         t.copy_(fresh)
-    for out in outs:
+    for out in call.outs:
         poison_(out)
-    graph.replay()
+    call.graph.replay()
     torch.cuda.synchronize()
-    return tuple(outs)
+    return call.outs
+
+
+def replay_outputs(fn, spec: GradedFunction, case: Case, captured: tuple,
+                   replayed: tuple) -> tuple | str:
+    """The call captured on `captured` and replayed on `replayed`: its outputs, or why it could
+    not be captured."""
+    call = capture(fn, spec, case, captured)
+    return call if isinstance(call, str) else replay(call, replayed)
 
 
 def judge_replay(spec: GradedFunction, case: Case, replayed: tuple,

@@ -42,9 +42,15 @@ from pathlib import Path
 MARKER = "grading_audit_marker"
 # Launch metrics come from the launch itself: no counter passes, no replay, nothing that needs
 # the profiling permission some drivers restrict.
+# A CUDA graph's launch is one row named GRAPH_LAUNCH (--graph-profiling graph): the replay of a
+# captured call is seen as a graph, not as kernels launched one by one.
 NCU_ARGS = ["--target-processes", "all", "--metrics", "launch__grid_size", "--csv", "--page", "raw",
             "--print-kernel-base", "demangled", "--cache-control", "none", "--clock-control",
-            "none"]
+            "none", "--graph-profiling", "graph"]
+GRAPH_LAUNCH = "graph"
+# What the audit's worker does after each marker: a function's call, its capture in a CUDA graph
+# (where the lab asks for one), that graph's replay; the last marker ends the list.
+CALL, CAPTURE, REPLAY, END = "call", "capture", "replay", "end"
 LOG_LIMIT = 16 * 2**20  # bytes of ncu output read; more means something is writing into the pipe
 # After the last marker the worker exits, and ncu writes its list once every process it profiles
 # has: what is still running this long after is the student's code's, and is stopped.
@@ -68,10 +74,16 @@ LIBRARY_PREFIXES = {
 GRADER_KERNELS = ("FillFunctor", "copy_kernel", "spin_kernel")
 
 
+def is_grader_kernel(kernel: str) -> bool:
+    """A fill or a copy of PyTorch's: the grader's bookkeeping (poison, new input values)."""
+    name = kernel.removeprefix("void ").strip()
+    return name.startswith(("at::", "c10::")) and any(k in name for k in GRADER_KERNELS)
+
+
 def library_of(kernel: str) -> str | None:
     """The library a kernel name belongs to, or None for the student's own (or the grader's)."""
     name = kernel.removeprefix("void ").strip()
-    if name.startswith(("at::", "c10::")) and any(k in name for k in GRADER_KERNELS):
+    if is_grader_kernel(name):
         return None
     if "at::native" in name:
         return "PyTorch"
@@ -377,6 +389,7 @@ def _audit_under_ncu(report: dict, chosen: list, done: dict, seed: int, opts, wo
     from grading.correctness import run_case
 
     failure, failed_cases = None, {}
+    segments: list[tuple[str, str]] = []  # (function, CALL | CAPTURE | REPLAY) after each marker
     phases = report["phase_seconds"] = {}  # where the audit's time goes: start, import, calls, exit
     clock = time.monotonic()
 
@@ -394,17 +407,29 @@ def _audit_under_ncu(report: dict, chosen: list, done: dict, seed: int, opts, wo
         if worker.request({"op": "import"}).get("import_error"):
             raise AuditError("the solution cells failed to import under the audit")
         phase_done("import")
+
+        def mark(label: tuple[str, str]) -> None:  # what ncu lists after it is `label`'s
+            worker.request({"op": "mark", "index": len(segments)})
+            segments.append(label)
+
         for k, fn_spec in enumerate(chosen):
             worker.set_step(fn_spec.name, "kernel audit")
-            worker.request({"op": "mark", "index": k})
+            mark((fn_spec.name, CALL))
             case = fn_spec.cases_for(seed)[0]
             caller = protocol.WorkerCaller(worker, work, fn_spec.name)
             outcome = run_case(caller, fn_spec, case, protocol.derived_seed(seed, "audit", k))
+            if outcome.ok and fn_spec.graph_capture:
+                worker.set_step(fn_spec.name, "kernel audit (CUDA graph)")
+                mark((fn_spec.name, CAPTURE))
+                problem = caller.graph_capture(
+                    fn_spec, case, protocol.derived_seed(seed, "audit graph", k),
+                    between=lambda name=fn_spec.name: mark((name, REPLAY)))
+                outcome = problem or outcome  # None: the replay's outputs were right
             if not outcome.ok:
                 failed_cases[fn_spec.name] = (f"case {outcome.case} failed when called again "
                                               f"under Nsight Compute: {outcome.reason}")
         worker.set_step(None, "kernel audit")
-        worker.request({"op": "mark", "index": len(chosen)})
+        mark(("", END))
         phase_done("calls")
         returncode = worker.finish(timeout=WORKER_EXIT_S)
         if returncode is None:  # ncu is waiting for processes the student's code left running
@@ -424,23 +449,63 @@ def _audit_under_ncu(report: dict, chosen: list, done: dict, seed: int, opts, wo
     finally:
         worker.close()
     reader.join(timeout=60)
-    names = [f.name for f in chosen]
     try:
         if failure:
             raise AuditError(failure)
         if reader.overflow:
             raise AuditError(f"more than {LOG_LIMIT} bytes in ncu's log")
-        seen = kernels_between_markers(parse_ncu_csv(reader.data.decode(errors="replace")), names)
+        launches = parse_ncu_csv(reader.data.decode(errors="replace"))
+        seen = kernels_between_markers(launches, segments[:-1])
     except AuditError as exc:
         _fail_all(report, chosen, done, exc)
         return
-    for name, kernels in seen.items():
+    judge_seen(report, [f.name for f in chosen], done, seen, failed_cases)
+
+
+def judge_seen(report: dict, names: list[str], done: dict, seen: dict, failed_cases: dict) -> None:
+    """Each audited function's verdict from what ncu listed after its markers (`seen`, by
+    (function, CALL | CAPTURE | REPLAY)), and the cases that failed when called again."""
+    for name in names:
+        by_kind = {kind: kernels for (fn, kind), kernels in seen.items() if fn == name}
+        kernels = [k for kind in (CALL, CAPTURE) for k in by_kind.get(kind, [])]
         foreign = sorted({k for k in kernels if library_of(k)})
-        report["functions"][name] = {"kernels": sorted(set(kernels)), "library": foreign}
-        if foreign:  # the strongest evidence: named first, whatever else failed
-            libraries = sorted({library_of(k) for k in foreign})
-            _fail(done[name], f"Nsight Compute, outside your code's process, saw kernels of "
-                              f"{', '.join(libraries)} in its call ({foreign[0][:120]}): a graded "
-                              f"function computes with its own kernels")
-        elif name in failed_cases:
-            _fail(done[name], failed_cases[name])
+        entry = report["functions"][name] = {"kernels": sorted(set(kernels)), "library": foreign}
+        if REPLAY in by_kind:
+            entry["graph_replay"] = by_kind[REPLAY]
+        why = (_library_kernels(foreign) if foreign  # the strongest evidence: named first
+               else _graph_inside(kernels) or _replay_not_a_graph(by_kind.get(REPLAY))
+               or failed_cases.get(name))
+        if why:
+            _fail(done[name], why)
+
+
+def _library_kernels(foreign: list[str]) -> str:
+    libraries = sorted({library_of(k) for k in foreign})
+    return (f"Nsight Compute, outside your code's process, saw kernels of {', '.join(libraries)} "
+            f"in its call ({foreign[0][:120]}): a graded function computes with its own kernels")
+
+
+def _graph_inside(kernels: list[str]) -> str | None:
+    """A graph launched by the call itself hides its kernels from the audit's list."""
+    if GRAPH_LAUNCH not in kernels:
+        return None
+    return ("Nsight Compute, outside your code's process, saw a CUDA graph launched inside its "
+            "call, whose kernels it does not list one by one: a graded call launches its kernels "
+            "itself (the grader captures it in a graph where the lab asks for one)")
+
+
+def _replay_not_a_graph(replay: list[str] | None) -> str | None:
+    """What ncu lists while the captured call is replayed: the grader's copies and fills, then
+    the graph; a kernel of the call there ran outside the graph, and no graph means none ran."""
+    if replay is None:
+        return None
+    launched = [k for k in replay if not is_grader_kernel(k)]
+    if GRAPH_LAUNCH not in launched:
+        return ("Nsight Compute, outside your code's process, saw no CUDA graph launched when the "
+                "captured call was replayed: its outputs were not the graph's")
+    outside = [k for k in launched if k != GRAPH_LAUNCH]
+    if outside:
+        return (f"Nsight Compute, outside your code's process, saw kernels launched outside the "
+                f"CUDA graph while it was replayed ({outside[0][:120]}): the outputs must be the "
+                f"graph's")
+    return None

@@ -706,22 +706,31 @@ class WorkerCaller:
             reply = self.worker.request(message)
         return self._record(reply, spec, with_out=False)
 
-    def graph_capture(self, spec, case, seed: int):
-        """The worker captures and replays; the replayed values are made and judged here, so a
-        worker that returns something else than the graph's outputs for them fails."""
+    def graph_capture(self, spec, case, seed: int, between=None):
+        """The worker captures, then replays on values it is sent only after the capture; the
+        replayed values are made and judged here, so a worker that returns something else than
+        the graph's outputs for them fails. `between()` runs between the two requests (the
+        kernel audit's marker, so that what ncu lists for the replay is the replay's alone)."""
         import torch
 
         from grading.graph import graph_inputs, judge_replay
 
         captured, replayed = graph_inputs(spec, case, derived_seed(seed, self.name, "graph"))
-        message = {"op": "graph", "name": self.name, "case": case.as_json(),
-                   "captured": self._send(captured), "replayed": self._send(replayed)}
+        message = {"op": "capture", "name": self.name, "case": case.as_json(),
+                   "captured": self._send(captured)}
         with self.timed(CALL_PARTS["other"]):
             reply = self.worker.request(message)
         if "context_lost" in reply:
             raise ContextLostInWorker(str(reply["context_lost"]))
         if "error" in reply:
             return judge_replay(spec, case, replayed, str(reply["error"]))
+        if between is not None:
+            between()
+        message = {"op": "replay", "replayed": self._send(replayed)}
+        with self.timed(CALL_PARTS["other"]):
+            reply = self.worker.request(message)
+        if "context_lost" in reply:
+            raise ContextLostInWorker(str(reply["context_lost"]))
         outputs = load_worker_file(self.folder, reply.get("outputs"), self.record_limit())
         if (not isinstance(outputs, tuple) or len(outputs) != spec.n_outputs
                 or not all(type(t) is torch.Tensor for t in outputs)):

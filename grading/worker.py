@@ -12,8 +12,12 @@ sent and returns what the call did (a `CallRecord`); the parent, which made the 
   {"op": "begin", "name", "case", "inputs"}       -> {}            (the case's first inputs)
   {"op": "call", "trial", "inputs", "profile"}    -> {"record"}    (new values, same buffers)
   {"op": "allocating", "name", "case", "inputs"}  -> {"record"}    (called without out=)
-  {"op": "graph", "name", "case", "captured", "replayed"} -> {"outputs"} | {"error"} (GPU: the
-                                                  graph's outputs, judged by the grader)
+  {"op": "capture", "name", "case", "captured"}   -> {} | {"error"} (GPU: the call captured in
+                                                  a CUDA graph; the replayed values are sent only
+                                                  after it, so they cannot be computed eagerly
+                                                  before the replay)
+  {"op": "replay", "replayed"}                    -> {"outputs"} (the graph replayed on those
+                                                  values: its outputs, judged by the grader)
   {"op": "perf", "name", "config", "seed", "rounds"} -> {"result"} (a timed batch: its times and
                                                   wrong elements per round)
   {"op": "wall_ready", "name", "config", "seed"}  -> {}            (inputs made, one call made)
@@ -111,6 +115,7 @@ class Worker:
         self.caller = None
         self.clean = clean  # imports no student code: times the course's kernel only
         self.wall = None  # `op_wall_ready`'s back-to-back calls
+        self.captured = None  # `op_capture`'s graph, for `op_replay`
 
     def _load(self, name: str):
         return self.torch.load(Path(name).name, weights_only=True)
@@ -175,17 +180,25 @@ class Worker:
         record = caller.call_allocating(spec, Case.from_json(req["case"]), inputs)
         return {"record": self._save(record_to_dict(record), f"record-{req['id']}.pt")}
 
-    def op_graph(self, req) -> dict:
-        from grading.graph import replay_outputs
+    def op_capture(self, req) -> dict:
+        from grading.graph import capture
         from grading.spec import Case
 
         spec = self.lab.function(req["name"])
-        found = replay_outputs(self._fn(req["name"]), spec, Case.from_json(req["case"]),
-                               tuple(self._load(req["captured"])),
-                               tuple(self._load(req["replayed"])))
-        if isinstance(found, str):
-            return {"error": found}
-        return {"outputs": self._save(found, f"graph-{req['id']}.pt")}
+        self.captured = capture(self._fn(req["name"]), spec, Case.from_json(req["case"]),
+                                tuple(self._load(req["captured"])))
+        if isinstance(self.captured, str):
+            return {"error": self.captured}
+        return {}
+
+    def op_replay(self, req) -> dict:
+        from grading.graph import CapturedCall, replay
+
+        if not isinstance(self.captured, CapturedCall):
+            return {"grader_error": "replay requested with no captured graph"}
+        call, self.captured = self.captured, None
+        outputs = replay(call, tuple(self._load(req["replayed"])))
+        return {"outputs": self._save(outputs, f"graph-{req['id']}.pt")}
 
     def op_perf(self, req) -> dict:
         from grading.performance import config_from_json, time_batch

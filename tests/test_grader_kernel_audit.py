@@ -72,6 +72,44 @@ def test_each_function_gets_the_kernels_between_its_markers():
     assert [library_of(k) for k in seen["residual_add"]] == [None, "PyTorch"]
 
 
+GRAPH = kernel_audit.GRAPH_LAUNCH
+CALL, CAPTURE, REPLAY = kernel_audit.CALL, kernel_audit.CAPTURE, kernel_audit.REPLAY
+
+
+def test_a_graph_replay_is_its_own_segment_of_the_list():
+    """A function the lab captures in a CUDA graph has three segments: its call, its capture
+    (the warm-up call: kernels; the capture: nothing), the replay (copies, fills, the graph)."""
+    m = kernel_audit.MARKER
+    log = ncu_log((m, 1), (FILL, 8), ("argmax_kernel", 4), (m, 2), ("argmax_kernel", 4), (m, 3),
+                  (COPY, 8), (FILL, 8), (GRAPH, 1), (m, 4))
+    labels = [("argmax", CALL), ("argmax", CAPTURE), ("argmax", REPLAY)]
+    seen = kernels_between_markers(parse_ncu_csv(log), labels)
+    assert seen[("argmax", REPLAY)] == [COPY, FILL, GRAPH]
+    report, done = {"functions": {}}, {"argmax": {"status": "pass", "points": 3}}
+    kernel_audit.judge_seen(report, ["argmax"], done, seen, {})
+    assert done["argmax"] == {"status": "pass", "points": 3}
+    assert report["functions"]["argmax"]["graph_replay"] == [COPY, FILL, GRAPH]
+
+
+@pytest.mark.parametrize("seen, why", [
+    # the replay's outputs computed eagerly, no graph launched
+    ({CALL: ["k"], CAPTURE: ["k"], REPLAY: [COPY, FILL, "k"]}, "saw no CUDA graph launched"),
+    # a graph launched for show, the outputs computed beside it
+    ({CALL: ["k"], CAPTURE: ["k"], REPLAY: [COPY, FILL, GRAPH, "k"]}, "outside the CUDA graph"),
+    ({CALL: ["k"], CAPTURE: ["k"], REPLAY: [COPY, "k", FILL, GRAPH]}, "outside the CUDA graph"),
+    # a graph launched inside the call hides its kernels from the list
+    ({CALL: [FILL, GRAPH]}, "CUDA graph launched inside its call"),
+    ({CALL: ["k"], CAPTURE: [GRAPH], REPLAY: [GRAPH]}, "CUDA graph launched inside its call"),
+    # PyTorch in the warm-up call before the capture
+    ({CALL: ["k"], CAPTURE: [ADD_ATEN], REPLAY: [GRAPH]}, "saw kernels of PyTorch"),
+])
+def test_a_replay_that_is_not_the_graph_fails(seen, why):
+    report, done = {"functions": {}}, {"f": {"status": "pass", "points": 3, "message": ""}}
+    kernel_audit.judge_seen(report, ["f"], done, {("f", kind): k for kind, k in seen.items()}, {})
+    assert done["f"]["status"] == "fail" and done["f"]["points"] == 0, done["f"]
+    assert why in done["f"]["message"], done["f"]["message"]
+
+
 TWO_MARKERS = ncu_log((kernel_audit.MARKER, 1), (kernel_audit.MARKER, 2))
 
 
@@ -333,22 +371,22 @@ def residual_add(x, residual, out=None):
 """
 
 
-def audit(tmp_path, code: str, sandboxed: bool):
+def audit(tmp_path, code: str, sandboxed: bool, lab: str = "01_elementwise_add"):
     from grading import runner
     from grading.protocol import Options, worker_env
 
-    spec = get_lab("01_elementwise_add")
+    spec = get_lab(lab)
     work = tmp_path / "audit"
-    work.mkdir()
+    work.mkdir(parents=True)
     (work / f"student_{spec.id}.py").write_text(code)
     done = {f.name: {"status": "pass", "points": f.points, "message": ""}
             for f in spec.functions if f.backend == "triton"}
-    lab = {}
+    result = {}
     opts = Options(sandbox="auto" if sandboxed else "off")
     cmd = [sys.executable, "-m", "grading.worker", "--lab", spec.id, *opts.worker_args()]
-    kernel_audit.audit_lab(lab, spec, done, 11, opts, worker_env(opts), cmd, work,
+    kernel_audit.audit_lab(result, spec, done, 11, opts, worker_env(opts), cmd, work,
                            sandboxed and runner.use_sandbox(opts)[0])
-    return lab["kernel_audit"], done
+    return result["kernel_audit"], done
 
 
 @pytest.mark.gpu
@@ -384,3 +422,59 @@ def test_the_solution_passes_the_audit_with_its_own_kernels(tmp_path):
     for name, seen in report["functions"].items():
         assert done[name]["status"] == "pass", done[name]["message"]
         assert seen["kernels"] and not seen["library"], seen
+
+
+@pytest.mark.gpu
+def test_a_captured_call_passes_only_as_a_graph_replayed(tmp_path):
+    """Lab 07's solution: ncu lists each graph function's replay as the grader's copies and fills
+    and one graph launch. The same code with the grader's replay made eager (the outputs right,
+    computed by the function itself, no graph launched) fails, and so does one that launches a
+    graph for show beside the eager call."""
+    from grading.notebooks import SOLUTIONS_DIR, read_notebook, solution_module
+
+    nb = read_notebook(SOLUTIONS_DIR / "07_decoder_lab.ipynb")
+    code, _ = solution_module(nb, nb)
+    report, done = audit(tmp_path / "solution", code, sandboxed=True, lab="07_decoder")
+    assert "error" not in report, report
+    for name in ("rope", "argmax"):
+        assert done[name]["status"] == "pass", done[name]["message"]
+        replay = report["functions"][name]["graph_replay"]
+        assert [k for k in replay if not kernel_audit.is_grader_kernel(k)] == [GRAPH], replay
+    for shown, why in ((False, "saw no CUDA graph launched"), (True, "outside the CUDA graph")):
+        forged = code + EAGER_REPLAY.replace("SHOW_A_GRAPH", str(shown))
+        report, done = audit(tmp_path / f"eager-{shown}", forged, sandboxed=True, lab="07_decoder")
+        for name in ("rope", "argmax"):
+            assert done[name]["status"] == "fail", (name, done[name])
+            assert why in done[name]["message"], done[name]["message"]
+
+
+# The grader's capture kept, its replay replaced by the function called eagerly on the new values.
+EAGER_REPLAY = """
+
+import torch as _torch
+import grading.graph as _graph
+
+_capture = _graph.capture
+
+
+def _keep(fn, spec, case, captured):
+    call = _capture(fn, spec, case, captured)
+    if not isinstance(call, str):
+        call.eager = (fn, case.kwargs)
+    return call
+
+
+def _eager(call, replayed):
+    for t, fresh in zip(call.inputs, replayed):
+        t.copy_(fresh)
+    fn, kw = call.eager
+    fn(*call.inputs, **kw, out=_graph.out_argument(call.outs))
+    if SHOW_A_GRAPH:
+        call.graph.replay()
+    _torch.cuda.synchronize()
+    return call.outs
+
+
+_graph.capture, _graph.replay = _keep, _eager
+"""
+
