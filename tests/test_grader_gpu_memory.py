@@ -141,6 +141,7 @@ class FakeWorker:
     def __init__(self, folder, record, nvml, rise):
         self.folder, self.record, self.nvml, self.rise = folder, record, nvml, rise
         self.proc = types.SimpleNamespace(pid=os.getpid())
+        self.call_seconds = {}  # WorkerCaller times its round trips into it
 
     def request(self, message):
         if message["op"] != "call":
