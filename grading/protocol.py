@@ -716,26 +716,25 @@ class WorkerCaller:
         from grading.graph import graph_inputs, judge_replay
 
         captured, replayed = graph_inputs(spec, case, derived_seed(seed, self.name, "graph"))
-        message = {"op": "capture", "name": self.name, "case": case.as_json(),
-                   "captured": self._send(captured)}
-        with self.timed(CALL_PARTS["other"]):
-            reply = self.worker.request(message)
-        if "context_lost" in reply:
-            raise ContextLostInWorker(str(reply["context_lost"]))
+        reply = self._graph_request({"op": "capture", "name": self.name, "case": case.as_json(),
+                                     "captured": self._send(captured)})
         if "error" in reply:
             return judge_replay(spec, case, replayed, str(reply["error"]))
         if between is not None:
             between()
-        message = {"op": "replay", "replayed": self._send(replayed)}
-        with self.timed(CALL_PARTS["other"]):
-            reply = self.worker.request(message)
-        if "context_lost" in reply:
-            raise ContextLostInWorker(str(reply["context_lost"]))
+        reply = self._graph_request({"op": "replay", "replayed": self._send(replayed)})
         outputs = load_worker_file(self.folder, reply.get("outputs"), self.record_limit())
         if (not isinstance(outputs, tuple) or len(outputs) != spec.n_outputs
                 or not all(type(t) is torch.Tensor for t in outputs)):
             raise WorkerReplyError("graph outputs that are not the function's outputs")
         return judge_replay(spec, case, replayed, outputs)
+
+    def _graph_request(self, message: dict) -> dict:
+        with self.timed(CALL_PARTS["other"]):
+            reply = self.worker.request(message)
+        if "context_lost" in reply:
+            raise ContextLostInWorker(str(reply["context_lost"]))
+        return reply
 
     def run_group(self, groups: list):
         """Process groups' runs (`GradedFunction.grade_group`'s `call`): each rank a fresh
