@@ -32,15 +32,37 @@ def test_course_kernels_pass(function):
 
 @pytest.mark.parametrize("mistake", sorted(DRAWN_CORPUS))
 def test_only_a_drawn_case_catches(mistake):
-    """Every fixed case lets the mistake through; the cases drawn for the run catch it, whatever
-    the seed."""
+    """The fixed cases let the mistake through where none reaches its class (a GPU's argmax cases
+    include 200003 columns: they catch the cap too); the cases drawn for the run catch it,
+    whatever the seed."""
     function, submission, phrase = DRAWN_CORPUS[mistake]
     spec = LAB.function(function)
     fixed = replace(LAB, functions=(replace(spec, draw_cases=None, graph_capture=False),))
-    assert check_function(fixed, function, submission, seed=7, perf=False).status == "pass"
+    reached = mistake == "columns_past_2**17_ignored" and any(
+        case.shape[1] > 2**17 for case in spec.cases)
+    fixed_status = check_function(fixed, function, submission, seed=7, perf=False).status
+    assert fixed_status == ("fail" if reached else "pass")
     result = check_function(LAB, function, submission, seed=7, perf=False)
     assert result.status == "fail" and result.points == 0
     assert phrase in result.message, result.message
+
+
+@pytest.mark.parametrize("shape", [(1, 2), (1, 200003), (3, 2**17 + 1), (4, 4097)])
+def test_the_last_row_s_one_maximum_is_in_the_last_column(shape):
+    """On the GPU the drawn 2**17-and-more columns once held every row's maximum before the 2**17th
+    (the values drawn there differ from a CPU's): a kernel capped at 2**17 columns passed. The
+    last row's maximum is now the last column, alone, for every seed and dtype."""
+    import torch
+
+    make_inputs = LAB.function("argmax").make_inputs
+    for seed, dtype in enumerate([torch.float32, torch.float16, torch.bfloat16] * 3):
+        (logits,) = make_inputs(shape, dtype, "cpu", torch.Generator().manual_seed(seed))
+        last = logits[-1].double()
+        assert int(last.argmax()) == shape[1] - 1
+        assert int((last == last.max()).sum()) == 1
+        if shape[0] > 1:  # the first row keeps its tie
+            first = logits[0].double()
+            assert int((first == first.max()).sum()) == 2
 
 
 def test_every_draw_reaches_past_the_fixed_cases():
