@@ -276,6 +276,7 @@ OFFLINE = [
     ("1b", "bfloat16", 1, {"programs_per_sm": 2, "num_warps": 4}),
     ("1b", "bfloat16", 8, {}),
     ("1b", "bfloat16", 1, {"pipelined_k": 512, "pipeline_stages": 5}),
+    ("1b", "bfloat16", 1, {"pipelined_k": 1024, "pipeline_stages": 3, "defer_reduce": True}),
 ]
 
 
