@@ -123,20 +123,33 @@ def prompt(config, batch, n, seed=7):
     return torch.randint(0, config.vocab_size, (batch, n), generator=g)
 
 
-@pytest.mark.parametrize("pipelined_k", [0, 32], ids=["one-tile-a-unit", "pipelined-k32"])
-@pytest.mark.parametrize(
-    "dtype, batch", [(torch.float32, 2), (torch.bfloat16, 1), (torch.float32, 5)]
-)
-def test_step_matches_the_decoders_step(dtype, batch, pipelined_k):
+# The GEMV phases' loops: one tile of K a unit (the default), K tiles pipelined through shared
+# memory, and the same with the sum over K made once a unit (the broadcast path only: batch <= 4)
+PIPELINES = {
+    "one-tile-a-unit": {},
+    "pipelined-k32": {"pipelined_k": 32},
+    "pipelined-k32-deferred": {"pipelined_k": 32, "defer_reduce": True},
+}
+STEP_CASES = [
+    pytest.param(dtype, batch, options, id=f"{name}-{dtype}-{batch}")
+    for name, options in PIPELINES.items()
+    for dtype, batch in [(torch.float32, 2), (torch.bfloat16, 1), (torch.float32, 5)]
+    if batch <= 4 or not options.get("defer_reduce")
+]
+
+
+@pytest.mark.parametrize("dtype, batch, pipeline", STEP_CASES)
+def test_step_matches_the_decoders_step(dtype, batch, pipeline):
     """Logits and next tokens of two steps against Decoder.decode_step on the same cache; batch 5
     takes the tl.dot path. Pipelined: K tiles of 32 split every unit of TINY's K (96, 200: 3 and
     7 tiles, the last partial) and a program's units run as one loop, so a unit accumulated over
-    the wrong tiles, stored before its last tile or not reset after it fails."""
+    the wrong tiles, stored (or, deferred, summed over K) before its last tile or not reset after
+    it fails."""
     hf = hf_reference.random_llama(TINY, seed=3, dtype=dtype)
     model = Decoder(DecoderWeights.from_hf(hf), max_batch=batch, max_seq=24)
     tokens = prompt(TINY, batch, 7).to(DEVICE)
     token = triton_ops.argmax(model.prefill(tokens))
-    step = PersistentStep(model, batch, pipelined_k=pipelined_k)
+    step = PersistentStep(model, batch, **pipeline)
     step.start(token, model.cache.length)
     for _ in range(2):
         length = model.cache.length
@@ -189,9 +202,13 @@ def test_a_program_that_never_runs_alongside_is_caught_not_waited_for():
 
 def test_refusals():
     hf = hf_reference.random_llama(TINY, seed=4)
-    model = Decoder(DecoderWeights.from_hf(hf), max_batch=2, max_seq=8)
+    model = Decoder(DecoderWeights.from_hf(hf), max_batch=5, max_seq=8)
     with pytest.raises(ValueError, match="batch must be in"):
-        PersistentStep(model, 3)
+        PersistentStep(model, 6)
+    with pytest.raises(ValueError, match="defer_reduce needs pipelined_k"):
+        PersistentStep(model, 1, defer_reduce=True)
+    with pytest.raises(ValueError, match="defer_reduce is for the broadcast product"):
+        PersistentStep(model, 5, pipelined_k=32, defer_reduce=True)
     step = PersistentStep(model, 1)
     step.start(torch.tensor([TINY.vocab_size], device=DEVICE), 8)
     step.launch()
@@ -203,15 +220,28 @@ def test_refusals():
 # GPU: greedy decoding against Hugging Face and the CUDA graph
 
 
+# K tiles of 64: TINY's K (96, 200) in 2 and 4 tiles a unit, the last partial
+GPU_PIPELINES = {
+    "one-tile-a-unit": {},
+    "pipelined-k64": {"pipelined_k": 64, "pipeline_stages": 4},
+    "pipelined-k64-deferred": {"pipelined_k": 64, "pipeline_stages": 4, "defer_reduce": True},
+}
+GPU_CASES = [
+    pytest.param(dtype, batch, options, id=f"{name}-{dtype}-{batch}")
+    for name, options in GPU_PIPELINES.items()
+    for dtype in [torch.float32, torch.bfloat16]
+    for batch in [1, 2, 8]
+    if batch <= 4 or not options.get("defer_reduce")
+]
+
+
 @gpu
-@pytest.mark.parametrize("pipelined_k", [0, 64], ids=["one-tile-a-unit", "pipelined-k64"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("batch", [1, 2, 8])
-def test_gpu_greedy_equals_hf_and_the_graph(dtype, batch, pipelined_k):
+@pytest.mark.parametrize("dtype, batch, pipeline", GPU_CASES)
+def test_gpu_greedy_equals_hf_and_the_graph(dtype, batch, pipeline):
     hf = hf_reference.random_llama(TINY, seed=5, dtype=dtype, device="cuda")
     model = Decoder(DecoderWeights.from_hf(hf), max_batch=batch, max_seq=96)
-    if pipelined_k:  # generate(persistent=True) takes the step made here
-        model.persistent_step(batch, pipelined_k=pipelined_k, pipeline_stages=4)
+    if pipeline:  # generate(persistent=True) takes the step made here
+        model.persistent_step(batch, **pipeline)
     tokens = prompt(TINY, batch, 9, seed=batch).cuda()
     theirs = hf_reference.greedy(hf, tokens, 64)
     graphed = model.generate(tokens, 64, graph=True)
@@ -246,6 +276,7 @@ OFFLINE = [
     ("1b", "bfloat16", 1, {"programs_per_sm": 2, "num_warps": 4}),
     ("1b", "bfloat16", 8, {}),
     ("1b", "bfloat16", 1, {"pipelined_k": 512, "pipeline_stages": 5}),
+    ("1b", "bfloat16", 1, {"pipelined_k": 1024, "pipeline_stages": 3, "defer_reduce": True}),
 ]
 
 

@@ -2,7 +2,7 @@
 and the weight + KV floor, at Llama-3.2-1B's shape in bf16 with random weights.
 
     python -m kernels.decoder.benchmark_persistent [--batch 1] [--contexts 512,4096] [--trace]
-        [--variants "1,8,0,1;1,8,0,1,512,5"] [--name 07_decoder_megakernel]
+        [--variants "1,8,0,1;1,8,0,1,512,5;1,8,0,1,1024,3,1"] [--name 07_decoder_megakernel]
     (adds its rows to data/results/<gpu>/<name>.json)
 
 The conventions are the decoder benchmark's: device time by events, the variants interleaved round
@@ -11,7 +11,8 @@ read once at the measured copy rate (benchmark.decode_floor_ms). Before timing, 
 step's logits are compared with the graph's on the same cache (their bf16 difference is printed
 and saved) and its status word is checked (the watchdog). A few launch configurations of the
 persistent step are timed (programs per SM, warps, K tile, stages, and the GEMV phases' K tile
-pipelined through shared memory with its stages) and each is reported. `--trace` adds
+pipelined through shared memory with its stages, and whether their product is summed over K once
+a unit instead of once a tile) and each is reported. `--trace` adds
 one step of the first configuration at the first context with each program's clock at the begin
 and end of each phase (the timeline of a step), and prints where its time went (`trace_phases`:
 each phase kind's span against its own byte floor, and the waits at the counters).
@@ -38,15 +39,15 @@ NAME = "07_decoder_megakernel"
 DTYPE = torch.bfloat16
 MAX_SEQ = 4096 + 64
 # (programs per SM, warps, K tile (0: the wrapper's default), stages[, pipelined K tile (0: none),
-# its stages]): the launch configurations timed by default; --variants "1,8,0,1;1,8,0,1,512,5"
-# sets others
+# its stages[, 1: its product summed over K once a unit (defer_reduce)]]): the launch
+# configurations timed by default; --variants "1,8,0,1;1,8,0,1,512,5;1,8,0,1,1024,3,1" sets others
 VARIANTS = ((1, 8, 0, 1), (2, 4, 0, 1))
 
 
 def persistent_step(model: Decoder, batch: int, variant, trace: bool = False):
     """(its name, the PersistentStep) of one launch configuration."""
-    pipelined = (0, 4)  # no pipelined K tile; 4 stages when one is given without them
-    per_sm, warps, block_k, stages, pipelined_k, pipeline_stages = (
+    pipelined = (0, 4, 0)  # no pipelined K tile; 4 stages when one is given without them
+    per_sm, warps, block_k, stages, pipelined_k, pipeline_stages, defer_reduce = (
         *variant,
         *pipelined[len(variant) - 4 :],
     )
@@ -59,11 +60,14 @@ def persistent_step(model: Decoder, batch: int, variant, trace: bool = False):
         num_stages=stages,
         pipelined_k=pipelined_k,
         pipeline_stages=pipeline_stages,
+        defer_reduce=bool(defer_reduce),
         trace=trace,
     )
     name = f"persistent ({per_sm}/SM, {warps} warps, K {step.block_k}, {stages} stages"
     if pipelined_k:
         name += f", GEMV K {pipelined_k} pipelined x {pipeline_stages}"
+    if defer_reduce:
+        name += ", summed over K once a unit"
     return name + ")", step
 
 

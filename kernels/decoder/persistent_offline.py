@@ -44,6 +44,12 @@ VARIANTS = [
     ("1b", "bfloat16", 1, {"pipelined_k": 1024, "pipeline_stages": 3}),
     ("1b", "bfloat16", 1, {"pipelined_k": 256, "pipeline_stages": 8}),
     ("1b", "bfloat16", 8, {"pipelined_k": 256, "pipeline_stages": 5}),
+    # ... with the product summed over K once a unit (PERFORMANCE.md 6.3): its register tile is
+    # batch x 8 rows x K tile fp32 over 256 threads, 32 a thread in each of the last three
+    ("1b", "bfloat16", 1, {"pipelined_k": 1024, "pipeline_stages": 3, "defer_reduce": True}),
+    ("1b", "bfloat16", 1, {"pipelined_k": 512, "pipeline_stages": 5, "defer_reduce": True}),
+    ("1b", "bfloat16", 2, {"pipelined_k": 512, "pipeline_stages": 5, "defer_reduce": True}),
+    ("1b", "bfloat16", 4, {"pipelined_k": 256, "pipeline_stages": 8, "defer_reduce": True}),
 ]
 TYPES = {
     torch.bfloat16: "bf16",

@@ -41,6 +41,8 @@ watchdog is for.
 `pipelined_k` (off by default) runs the o, gate_up, down and lm_head phases as one loop a program
 over its (unit, K tile) steps, the form of Triton's persistent matmul, with short K tiles that the
 software pipeliner loads into shared memory (cp.async) a few steps ahead (_pipelined_units).
+With `defer_reduce` as well (batch <= 4), a step only multiplies and adds into a register tile,
+and the sum over K across the warps is made once a unit, not once a step.
 
 Measured on an H200 (PERFORMANCE.md, section 6): correct, and slower than the CUDA graph it set out
 to beat (38.5% of the weight + KV floor at batch 1, context 512, against the graph's 61.0%). Its
@@ -182,6 +184,32 @@ def _inv_rms(x_rows, m_ok, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr)
 
 
 @triton.jit
+def _tile_and_x(
+    W, rows, row_ok, K, k0, x_rows, m_ok, rstd, NORM, HAS_NORM: tl.constexpr, BLOCK_K: tl.constexpr
+):
+    """(W[rows, k0:k0 + BLOCK_K], x[:, k0:k0 + BLOCK_K]) in W's dtype, zero past K, x the rows at
+    x_rows, RMS-normalized (times rstd, rounded, times NORM, rounded: Hugging Face's order) when
+    HAS_NORM."""
+    k = k0 + tl.arange(0, BLOCK_K)
+    k_ok = k < K
+    w_ptrs = W + rows.to(tl.int64)[:, None] * K + k[None, :]
+    w = tl.load(w_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+    x_ptrs = x_rows[:, None] + k[None, :]
+    x = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0, cache_modifier=".cg")
+    if HAS_NORM:
+        g = tl.load(NORM + k, mask=k_ok, other=0.0).to(tl.float32)
+        x = (x.to(tl.float32) * rstd[:, None]).to(x.dtype).to(tl.float32) * g[None, :]
+        x = x.to(w.dtype)
+    return w, x
+
+
+@triton.jit
+def _products(x, w):
+    """(BLOCK_M, rows, BLOCK_K) fp32: x[m, k] * w[r, k], the broadcast GEMV's terms, not summed."""
+    return x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+
+
+@triton.jit
 def _tile_times_x(
     acc,
     W,
@@ -199,19 +227,9 @@ def _tile_times_x(
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
 ):
-    """acc (BLOCK_M, rows) fp32 + x[:, k0:k0 + BLOCK_K] @ W[rows, k0:k0 + BLOCK_K].T, x the rows at
-    x_rows, RMS-normalized (times rstd, rounded, times NORM, rounded: Hugging Face's order) when
-    HAS_NORM."""
-    k = k0 + tl.arange(0, BLOCK_K)
-    k_ok = k < K
-    w_ptrs = W + rows.to(tl.int64)[:, None] * K + k[None, :]
-    w = tl.load(w_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-    x_ptrs = x_rows[:, None] + k[None, :]
-    x = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0, cache_modifier=".cg")
-    if HAS_NORM:
-        g = tl.load(NORM + k, mask=k_ok, other=0.0).to(tl.float32)
-        x = (x.to(tl.float32) * rstd[:, None]).to(x.dtype).to(tl.float32) * g[None, :]
-        x = x.to(w.dtype)
+    """acc (BLOCK_M, rows) fp32 + x[:, k0:k0 + BLOCK_K] @ W[rows, k0:k0 + BLOCK_K].T
+    (_tile_and_x's tiles)."""
+    w, x = _tile_and_x(W, rows, row_ok, K, k0, x_rows, m_ok, rstd, NORM, HAS_NORM, BLOCK_K)
     if USE_DOT:
         if UPCAST:
             acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc)
@@ -220,7 +238,7 @@ def _tile_times_x(
         else:
             acc = tl.dot(x, tl.trans(w), acc)
     else:
-        acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+        acc += tl.sum(_products(x, w), axis=2)
     return acc
 
 
@@ -338,6 +356,7 @@ def _pipelined_units(
     HALF: tl.constexpr,
     BLOCK_K: tl.constexpr,
     STAGES: tl.constexpr,
+    DEFER_REDUCE: tl.constexpr,
     USE_DOT: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
@@ -353,6 +372,10 @@ def _pipelined_units(
     * ARGMAX (lm_head): N = the vocabulary, a unit 2 HALF rows, the logits into OUT; returns
       the program's best logit of each sequence and its index (-inf and 0 for the others).
 
+    DEFER_REDUCE (broadcast path only): a step adds its terms x * W into a (BLOCK_M, rows,
+    BLOCK_K) fp32 register tile, and the sum over K, across the warps (shuffles, shared memory,
+    barriers), is made once a unit before the epilogue instead of once a step.
+
     The copies of x's tiles are narrower than 16 bytes at small tiles, so they go through the
     SM's L1 (cp.async.ca), not around it as `.cg` loads do: what makes them see the other
     programs' writes is the acquire of the counter before the phase."""
@@ -364,6 +387,8 @@ def _pipelined_units(
     best = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     best_idx = tl.zeros((BLOCK_M,), tl.int32)
     acc = tl.zeros((BLOCK_M, ROWS), dtype=tl.float32)
+    if DEFER_REDUCE:  # this unit's terms so far, summed over K after its last tile
+        terms = tl.zeros((BLOCK_M, ROWS, BLOCK_K), dtype=tl.float32)
     for step in tl.range(0, tl.cdiv(n_units - pid, P) * K_TILES, num_stages=STAGES):
         u = pid + (step // K_TILES) * P
         k_tile = step % K_TILES
@@ -373,11 +398,20 @@ def _pipelined_units(
         else:
             out = u * ROWS + r
             rows = tl.minimum(out, N - 1)
-        acc = _tile_times_x(
-            acc, W, rows, out < N, K, k_tile * BLOCK_K, x_rows, m_ok, rstd, NORM, HAS_NORM,
-            BLOCK_K, USE_DOT, UPCAST, IEEE,
-        )  # fmt: skip
+        if DEFER_REDUCE:
+            w, x = _tile_and_x(
+                W, rows, out < N, K, k_tile * BLOCK_K, x_rows, m_ok, rstd, NORM, HAS_NORM, BLOCK_K
+            )
+            terms += _products(x, w)
+        else:
+            acc = _tile_times_x(
+                acc, W, rows, out < N, K, k_tile * BLOCK_K, x_rows, m_ok, rstd, NORM, HAS_NORM,
+                BLOCK_K, USE_DOT, UPCAST, IEEE,
+            )  # fmt: skip
         if k_tile == K_TILES - 1:
+            if DEFER_REDUCE:  # the unit's one sum over K
+                acc = tl.sum(terms, axis=2)
+                terms = tl.zeros((BLOCK_M, ROWS, BLOCK_K), dtype=tl.float32)
             if EPILOGUE == SWIGLU:
                 _swiglu_store(acc, OUT, u * HALF + tl.arange(0, HALF), m_ok, N, BLOCK_M, HALF)
             elif EPILOGUE == RESIDUAL:
@@ -410,17 +444,19 @@ def _project_onto_residual(
     BLOCK_K: tl.constexpr,
     PIPE_K: tl.constexpr,
     STAGES: tl.constexpr,
+    DEFER_REDUCE: tl.constexpr,
     USE_DOT: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     """This program's units of a projection back onto the residual stream (the o and down phases):
     x[:, rows] = src[:, rows] + in @ W[rows].T. src is x itself, except in layer 0's o phase, whose
-    residual is the embedding rows. PIPE_K > 0: _pipelined_units, K tiles of PIPE_K."""
+    residual is the embedding rows. PIPE_K > 0: _pipelined_units, K tiles of PIPE_K (summed over
+    K once a unit with DEFER_REDUCE)."""
     if PIPE_K > 0:
         _pipelined_units(
             W, K, HIDDEN, in_rows, m_ok, None, None, False, x_rows, src_rows, src_ok, pid, P,
-            RESIDUAL, BLOCK_M, HALF, PIPE_K, STAGES, USE_DOT, UPCAST, IEEE,
+            RESIDUAL, BLOCK_M, HALF, PIPE_K, STAGES, DEFER_REDUCE, USE_DOT, UPCAST, IEEE,
         )  # fmt: skip
     else:
         ROWS: tl.constexpr = 2 * HALF
@@ -512,6 +548,7 @@ def persistent_step_kernel(
     BLOCK_K: tl.constexpr,
     PIPE_K: tl.constexpr,
     STAGES: tl.constexpr,
+    DEFER_REDUCE: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_S: tl.constexpr,
@@ -703,7 +740,8 @@ def persistent_step_kernel(
         attn_rows = ATTN + offs_m * Q_W
         _project_onto_residual(
             wo, Q_W, attn_rows, src_rows, src_ok, x_rows, m_ok, pid, P, HIDDEN, LINES_Q, LINE,
-            PREFETCH, BLOCK_M, HALF, BLOCK_K, PIPE_K, STAGES, USE_DOT, UPCAST, IEEE,
+            PREFETCH, BLOCK_M, HALF, BLOCK_K, PIPE_K, STAGES, DEFER_REDUCE, USE_DOT, UPCAST,
+            IEEE,
         )  # fmt: skip
         _arrive(COUNTERS, base + 3, trace, TRACE)
 
@@ -719,7 +757,7 @@ def persistent_step_kernel(
         if PIPE_K > 0:
             _pipelined_units(
                 wg, HIDDEN, INTER, x_rows, m_ok, rstd, norm, True, H, None, None, pid, P,
-                SWIGLU, BLOCK_M, HALF, PIPE_K, STAGES, USE_DOT, UPCAST, IEEE,
+                SWIGLU, BLOCK_M, HALF, PIPE_K, STAGES, DEFER_REDUCE, USE_DOT, UPCAST, IEEE,
             )  # fmt: skip
         else:
             for u in range(pid, tl.cdiv(INTER, HALF), P):
@@ -755,7 +793,8 @@ def persistent_step_kernel(
         h_rows = H + offs_m * INTER
         _project_onto_residual(
             wd, INTER, h_rows, x_rows, m_ok, x_rows, m_ok, pid, P, HIDDEN, LINES_I, LINE,
-            PREFETCH, BLOCK_M, HALF, BLOCK_K, PIPE_K, STAGES, USE_DOT, UPCAST, IEEE,
+            PREFETCH, BLOCK_M, HALF, BLOCK_K, PIPE_K, STAGES, DEFER_REDUCE, USE_DOT, UPCAST,
+            IEEE,
         )  # fmt: skip
         _arrive(COUNTERS, base + 5, trace, TRACE)
 
@@ -767,7 +806,7 @@ def persistent_step_kernel(
     if PIPE_K > 0:
         best, best_idx = _pipelined_units(
             LM_HEAD, HIDDEN, vocab, x_rows, m_ok, rstd, FINAL_NORM, True, LOGITS, None, None, pid,
-            P, ARGMAX, BLOCK_M, HALF, PIPE_K, STAGES, USE_DOT, UPCAST, IEEE,
+            P, ARGMAX, BLOCK_M, HALF, PIPE_K, STAGES, DEFER_REDUCE, USE_DOT, UPCAST, IEEE,
         )  # fmt: skip
     else:
         best = tl.full((BLOCK_M,), float("-inf"), tl.float32)
@@ -853,8 +892,9 @@ class PersistentStep:
     the o, gate_up, down and lm_head phases as one loop a program over its (unit, K tile) steps,
     K tiles of `pipelined_k` loaded `pipeline_stages` - 1 steps ahead into shared memory
     (_pipelined_units; 0, the default: one tile of `block_k` a unit, nothing in flight across
-    units); `prefetch` asks for the L2 prefetch of the next phase's first rows (NVIDIA GPUs; never
-    in the interpreter);
+    units); `defer_reduce` (batch <= 4, with `pipelined_k`) sums those phases' products over K
+    once a unit instead of once a K tile; `prefetch` asks for the L2 prefetch of the next phase's
+    first rows (NVIDIA GPUs; never in the interpreter);
     `trace` records each program's begin and end of each phase in `trace` (nanoseconds of the
     GPU's clock; GPU only)."""
 
@@ -869,6 +909,7 @@ class PersistentStep:
         num_stages: int = 1,
         pipelined_k: int = 0,
         pipeline_stages: int = 4,
+        defer_reduce: bool = False,
         prefetch: bool = True,
         trace: bool = False,
         spin_limit: int = SPIN_LIMIT,
@@ -897,6 +938,14 @@ class PersistentStep:
                 f"PersistentStep: pipelined_k must be 0 or a power of two, got {pipelined_k}"
             )
         self.pipelined_k, self.pipeline_stages = pipelined_k, pipeline_stages
+        if defer_reduce and not pipelined_k:
+            raise ValueError("PersistentStep: defer_reduce needs pipelined_k > 0")
+        if defer_reduce and self.use_dot:
+            raise ValueError(
+                f"PersistentStep: defer_reduce is for the broadcast product (batch <= 4), got "
+                f"batch {batch}: tl.dot already sums over K inside the product"
+            )
+        self.defer_reduce = defer_reduce
         self.prefetch = prefetch and COMPILED
         self.spin_limit = spin_limit
         self.weights = stacked_weights(model.w)
@@ -985,6 +1034,7 @@ class PersistentStep:
             HIDDEN=c.hidden_size, N_HEADS=c.n_heads, N_KV=c.n_kv_heads, D=c.head_dim,
             INTER=c.intermediate_size, HALF=self.tile.half_rows, BLOCK_M=self.block_m,
             BLOCK_K=self.block_k, PIPE_K=self.pipelined_k, STAGES=self.pipeline_stages,
+            DEFER_REDUCE=self.defer_reduce,
             BLOCK_G=triton.next_power_of_2(c.n_heads // c.n_kv_heads),
             BLOCK_T=32 if COMPILED else 16, BLOCK_S=triton.next_power_of_2(self.tile.splits),
             BLOCK_P=triton.next_power_of_2(self.programs), USE_DOT=self.use_dot,
