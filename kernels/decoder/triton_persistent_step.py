@@ -298,26 +298,27 @@ def _qkv_rows(u, pair_j, pair_set, D: tl.constexpr, HALF: tl.constexpr):
 
 
 # What qkv's epilogue needs: where a unit's rows go (q, the layer's cache slots of the sequences'
-# positions), RoPE's frequencies, the masks of the sequences, and the heads' shape (constexprs)
+# positions), RoPE's frequencies, the sequences (BLOCK_M,) and their masks, and the heads' shape
+# (constexprs)
 QkvOut = namedtuple(
     "QkvOut",
-    "q k_cache v_cache inv_freq positions q_ok pos_ok rope_scale layer cache_batch capacity "
-    "n_heads n_kv head_dim",
+    "q k_cache v_cache inv_freq offs_m positions q_ok pos_ok rope_scale layer cache_batch "
+    "capacity n_heads n_kv head_dim",
 )
 
 
 @triton.jit
-def _qkv_store(acc, head, j0, qkv_out, BLOCK_M: tl.constexpr, HALF: tl.constexpr):
+def _qkv_store(acc, head, j0, half_j, qkv_out, BLOCK_M: tl.constexpr, HALF: tl.constexpr):
     """qkv's epilogue: a unit's (BLOCK_M, 2 HALF) product rounded as F.linear rounds it, rotated
     (RoPE) for a query or key head, and stored: a query head's into Q, a key or value head's
-    into the cache at each sequence's position (qkv_out, a QkvOut)."""
-    Q, K_CACHE, V_CACHE, INV_FREQ, positions, q_ok, pos_ok, rope_scale, layer, cache_batch, \
-        capacity, N_HEADS, N_KV, D = qkv_out  # fmt: skip
+    into the cache at each sequence's position (qkv_out, a QkvOut). The unit's pairs are
+    columns j = j0 + half_j (half_j: 0 .. HALF - 1) and j + D/2 of the head."""
+    Q, K_CACHE, V_CACHE, INV_FREQ, offs_m, positions, q_ok, pos_ok, rope_scale, layer, \
+        cache_batch, capacity, N_HEADS, N_KV, D = qkv_out  # fmt: skip
     Q_W: tl.constexpr = N_HEADS * D
     dtype = Q.dtype.element_ty
-    offs_m = tl.arange(0, BLOCK_M)
     a, b = _halves(acc.to(dtype).to(tl.float32), BLOCK_M, HALF)
-    j = j0 + tl.arange(0, HALF)
+    j = j0 + half_j
     if head < N_HEADS:
         a, b = _rotate(a, b, positions, INV_FREQ, j, rope_scale)
         q_ptrs = Q + offs_m[:, None] * Q_W + head * D + j[None, :]
@@ -475,7 +476,7 @@ def _pipelined_units(
             elif EPILOGUE == RESIDUAL:
                 _residual_store(acc, out, out < N, src_rows, src_ok, OUT, m_ok)
             elif EPILOGUE == ROPE:
-                _qkv_store(acc, head, j0, OUT, BLOCK_M, HALF)
+                _qkv_store(acc, head, j0, tl.arange(0, HALF), OUT, BLOCK_M, HALF)
             else:
                 best, best_idx = _logits_and_best(
                     acc, out, out < N, OUT, m_ok, N, best, best_idx, BLOCK_M
@@ -689,8 +690,8 @@ def persistent_step_kernel(
             )
         rstd = _inv_rms(src_rows, src_ok, HIDDEN, eps, BLOCK_M, BLOCK_K)
         norm = ATTN_NORM + layer * HIDDEN
-        qkv_out = QkvOut(Q, K_CACHE, V_CACHE, INV_FREQ, positions, m_ok, pos_ok, rope_scale,
-                         layer, cache_batch, capacity, N_HEADS, N_KV, D)  # fmt: skip
+        qkv_out = QkvOut(Q, K_CACHE, V_CACHE, INV_FREQ, offs_m, positions, m_ok, pos_ok,
+                         rope_scale, layer, cache_batch, capacity, N_HEADS, N_KV, D)  # fmt: skip
         if PIPE_QKV:
             _pipelined_units(
                 wq, HIDDEN, QKV_W, src_rows, src_ok, rstd, norm, True, qkv_out, None, None, pid,
@@ -707,7 +708,7 @@ def persistent_step_kernel(
                     wq, rows, rows < QKV_W, HIDDEN, src_rows, src_ok, rstd, norm, True, BLOCK_M,
                     ROWS, BLOCK_K, USE_DOT, UPCAST, IEEE,
                 )  # fmt: skip
-                _qkv_store(acc, head, j0, qkv_out, BLOCK_M, HALF)
+                _qkv_store(acc, head, j0, half_j, qkv_out, BLOCK_M, HALF)
         _arrive(COUNTERS, base, trace, TRACE)
 
         # ---- attention: one split of the keys of one (sequence, KV head), its G query heads
