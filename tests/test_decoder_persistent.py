@@ -124,11 +124,14 @@ def prompt(config, batch, n, seed=7):
 
 
 # The GEMV phases' loops: one tile of K a unit (the default), K tiles pipelined through shared
-# memory, and the same with the sum over K made once a unit (the broadcast path only: batch <= 4)
+# memory, and the same with the sum over K made once a unit (the broadcast path only: batch <= 4);
+# then the qkv phase in that loop too, K tiles of 64 (TINY's hidden 96: a whole tile and a half)
 PIPELINES = {
     "one-tile-a-unit": {},
     "pipelined-k32": {"pipelined_k": 32},
     "pipelined-k32-deferred": {"pipelined_k": 32, "defer_reduce": True},
+    "pipelined-k64-qkv": {"pipelined_k": 64, "pipelined_qkv": True},
+    "pipelined-k64-qkv-deferred": {"pipelined_k": 64, "defer_reduce": True, "pipelined_qkv": True},
 }
 STEP_CASES = [
     pytest.param(dtype, batch, options, id=f"{name}-{dtype}-{batch}")
@@ -144,7 +147,9 @@ def test_step_matches_the_decoders_step(dtype, batch, pipeline):
     takes the tl.dot path. Pipelined: K tiles of 32 split every unit of TINY's K (96, 200: 3 and
     7 tiles, the last partial) and a program's units run as one loop, so a unit accumulated over
     the wrong tiles, stored (or, deferred, summed over K) before its last tile or not reset after
-    it fails."""
+    it fails. The new position of the cache is NaN before the step, which must write every
+    layer's K (rotated) and V there as the decoder did: a key or value left out, rotated wrongly
+    or put in another slot fails."""
     hf = hf_reference.random_llama(TINY, seed=3, dtype=dtype)
     model = Decoder(DecoderWeights.from_hf(hf), max_batch=batch, max_seq=24)
     tokens = prompt(TINY, batch, 7).to(DEVICE)
@@ -155,10 +160,16 @@ def test_step_matches_the_decoders_step(dtype, batch, pipeline):
         length = model.cache.length
         want = model.decode_step(token)  # writes the same cache position first
         model.cache.length = length
+        caches = (model.cache.k, model.cache.v)
+        appended = [cache[:, :, :, length].clone() for cache in caches]
+        for cache in caches:
+            cache[:, :, :, length] = float("nan")
         got_tokens = step.replay().clone()
         model.cache.length += 1
         step.check()
         tolerance = reference.LOGITS_TOLERANCE[dtype]
+        for cache, decoders in zip(caches, appended):
+            assert reference.logits_error(cache[:, :, :, length], decoders) < tolerance
         assert reference.logits_error(step.logits, want) < tolerance
         assert torch.equal(got_tokens, torch.argmax(step.logits, -1))
         assert int(step.positions[0]) == model.cache.length
@@ -209,6 +220,8 @@ def test_refusals():
         PersistentStep(model, 1, defer_reduce=True)
     with pytest.raises(ValueError, match="defer_reduce is for the broadcast product"):
         PersistentStep(model, 5, pipelined_k=32, defer_reduce=True)
+    with pytest.raises(ValueError, match="pipelined_qkv needs pipelined_k"):
+        PersistentStep(model, 1, pipelined_qkv=True)
     step = PersistentStep(model, 1)
     step.start(torch.tensor([TINY.vocab_size], device=DEVICE), 8)
     step.launch()
@@ -225,6 +238,13 @@ GPU_PIPELINES = {
     "one-tile-a-unit": {},
     "pipelined-k64": {"pipelined_k": 64, "pipeline_stages": 4},
     "pipelined-k64-deferred": {"pipelined_k": 64, "pipeline_stages": 4, "defer_reduce": True},
+    "pipelined-k64-qkv": {"pipelined_k": 64, "pipeline_stages": 4, "pipelined_qkv": True},
+    "pipelined-k64-qkv-deferred": {
+        "pipelined_k": 64,
+        "pipeline_stages": 4,
+        "defer_reduce": True,
+        "pipelined_qkv": True,
+    },
 }
 GPU_CASES = [
     pytest.param(dtype, batch, options, id=f"{name}-{dtype}-{batch}")
@@ -277,6 +297,12 @@ OFFLINE = [
     ("1b", "bfloat16", 8, {}),
     ("1b", "bfloat16", 1, {"pipelined_k": 512, "pipeline_stages": 5}),
     ("1b", "bfloat16", 1, {"pipelined_k": 1024, "pipeline_stages": 3, "defer_reduce": True}),
+    (
+        "1b",
+        "bfloat16",
+        1,
+        {"pipelined_k": 1024, "pipeline_stages": 3, "defer_reduce": True, "pipelined_qkv": True},
+    ),
 ]
 
 

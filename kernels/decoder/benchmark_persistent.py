@@ -11,11 +11,12 @@ read once at the measured copy rate (benchmark.decode_floor_ms). Before timing, 
 step's logits are compared with the graph's on the same cache (their bf16 difference is printed
 and saved) and its status word is checked (the watchdog). A few launch configurations of the
 persistent step are timed (programs per SM, warps, K tile, stages, and the GEMV phases' K tile
-pipelined through shared memory with its stages, and whether their product is summed over K once
-a unit instead of once a tile) and each is reported. `--trace` adds
-one step of the first configuration at the first context with each program's clock at the begin
-and end of each phase (the timeline of a step), and prints where its time went (`trace_phases`:
-each phase kind's span against its own byte floor, and the waits at the counters).
+pipelined through shared memory with its stages, whether their product is summed over K once
+a unit instead of once a tile, and whether the qkv phase is pipelined too) and each is
+reported. `--trace` adds one step of the first configuration at the first context with each
+program's clock at the begin and end of each phase (the timeline of a step), and prints where
+its time went (`trace_phases`: each phase kind's span against its own byte floor, and the waits
+at the counters).
 """
 
 from __future__ import annotations
@@ -39,15 +40,16 @@ NAME = "07_decoder_megakernel"
 DTYPE = torch.bfloat16
 MAX_SEQ = 4096 + 64
 # (programs per SM, warps, K tile (0: the wrapper's default), stages[, pipelined K tile (0: none),
-# its stages[, 1: its product summed over K once a unit (defer_reduce)]]): the launch
-# configurations timed by default; --variants "1,8,0,1;1,8,0,1,512,5;1,8,0,1,1024,3,1" sets others
+# its stages[, 1: its product summed over K once a unit (defer_reduce)[, 1: the qkv phase
+# pipelined too (pipelined_qkv)]]]): the launch configurations timed by default;
+# --variants "1,8,0,1;1,8,0,1,512,5;1,8,0,1,1024,3,1,1" sets others
 VARIANTS = ((1, 8, 0, 1), (2, 4, 0, 1))
 
 
 def persistent_step(model: Decoder, batch: int, variant, trace: bool = False):
     """(its name, the PersistentStep) of one launch configuration."""
-    pipelined = (0, 4, 0)  # no pipelined K tile; 4 stages when one is given without them
-    per_sm, warps, block_k, stages, pipelined_k, pipeline_stages, defer_reduce = (
+    pipelined = (0, 4, 0, 0)  # no pipelined K tile; 4 stages when one is given without them
+    per_sm, warps, block_k, stages, pipelined_k, pipeline_stages, defer_reduce, qkv = (
         *variant,
         *pipelined[len(variant) - 4 :],
     )
@@ -61,6 +63,7 @@ def persistent_step(model: Decoder, batch: int, variant, trace: bool = False):
         pipelined_k=pipelined_k,
         pipeline_stages=pipeline_stages,
         defer_reduce=bool(defer_reduce),
+        pipelined_qkv=bool(qkv),
         trace=trace,
     )
     name = f"persistent ({per_sm}/SM, {warps} warps, K {step.block_k}, {stages} stages"
@@ -68,6 +71,8 @@ def persistent_step(model: Decoder, batch: int, variant, trace: bool = False):
         name += f", GEMV K {pipelined_k} pipelined x {pipeline_stages}"
     if defer_reduce:
         name += ", summed over K once a unit"
+    if qkv:
+        name += ", qkv pipelined"
     return name + ")", step
 
 

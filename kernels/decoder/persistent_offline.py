@@ -50,6 +50,20 @@ VARIANTS = [
     ("1b", "bfloat16", 1, {"pipelined_k": 512, "pipeline_stages": 5, "defer_reduce": True}),
     ("1b", "bfloat16", 2, {"pipelined_k": 512, "pipeline_stages": 5, "defer_reduce": True}),
     ("1b", "bfloat16", 4, {"pipelined_k": 256, "pipeline_stages": 8, "defer_reduce": True}),
+    # ... and the qkv phase in the same loop, RoPE and the cache append its epilogue (6.4)
+    (
+        "1b",
+        "bfloat16",
+        1,
+        {"pipelined_k": 1024, "pipeline_stages": 3, "defer_reduce": True, "pipelined_qkv": True},
+    ),
+    (
+        "1b",
+        "bfloat16",
+        2,
+        {"pipelined_k": 512, "pipeline_stages": 5, "defer_reduce": True, "pipelined_qkv": True},
+    ),
+    ("1b", "bfloat16", 8, {"pipelined_k": 256, "pipeline_stages": 5, "pipelined_qkv": True}),
 ]
 TYPES = {
     torch.bfloat16: "bf16",

@@ -42,7 +42,8 @@ watchdog is for.
 over its (unit, K tile) steps, the form of Triton's persistent matmul, with short K tiles that the
 software pipeliner loads into shared memory (cp.async) a few steps ahead (_pipelined_units).
 With `defer_reduce` as well (batch <= 4), a step only multiplies and adds into a register tile,
-and the sum over K across the warps is made once a unit, not once a step.
+and the sum over K across the warps is made once a unit, not once a step. `pipelined_qkv` puts
+the qkv phase in that loop too, with its RoPE and cache append as the unit's epilogue.
 
 Measured on an H200 (PERFORMANCE.md, section 6): correct, and slower than the CUDA graph it set out
 to beat (38.5% of the weight + KV floor at batch 1, context 512, against the graph's 61.0%). Its
@@ -52,6 +53,8 @@ before it issues the next unit's.
 """
 
 from __future__ import annotations
+
+from collections import namedtuple
 
 import torch
 import triton
@@ -285,6 +288,56 @@ def _rotate(a, b, pos, INV_FREQ, j, rope_scale):
 
 
 @triton.jit
+def _qkv_rows(u, pair_j, pair_set, D: tl.constexpr, HALF: tl.constexpr):
+    """qkv unit u: (its head, its first j, its rows): rows j0 .. j0 + HALF of the head's first
+    half and the same rows of its second (RoPE's pairs j and j + D/2)."""
+    PER_HEAD: tl.constexpr = D // 2 // HALF  # qkv units per head
+    head = u // PER_HEAD
+    j0 = (u % PER_HEAD) * HALF
+    return head, j0, head * D + j0 + pair_j + pair_set * (D // 2)
+
+
+# What qkv's epilogue needs: where a unit's rows go (q, the layer's cache slots of the sequences'
+# positions), RoPE's frequencies, the sequences (BLOCK_M,) and their masks, and the heads' shape
+# (constexprs)
+QkvOut = namedtuple(
+    "QkvOut",
+    "q k_cache v_cache inv_freq offs_m positions q_ok pos_ok rope_scale layer cache_batch "
+    "capacity n_heads n_kv head_dim",
+)
+
+
+@triton.jit
+def _qkv_store(acc, head, j0, half_j, qkv_out, BLOCK_M: tl.constexpr, HALF: tl.constexpr):
+    """qkv's epilogue: a unit's (BLOCK_M, 2 HALF) product rounded as F.linear rounds it, rotated
+    (RoPE) for a query or key head, and stored: a query head's into Q, a key or value head's
+    into the cache at each sequence's position (qkv_out, a QkvOut). The unit's pairs are
+    columns j = j0 + half_j (half_j: 0 .. HALF - 1) and j + D/2 of the head."""
+    Q, K_CACHE, V_CACHE, INV_FREQ, offs_m, positions, q_ok, pos_ok, rope_scale, layer, \
+        cache_batch, capacity, N_HEADS, N_KV, D = qkv_out  # fmt: skip
+    Q_W: tl.constexpr = N_HEADS * D
+    dtype = Q.dtype.element_ty
+    a, b = _halves(acc.to(dtype).to(tl.float32), BLOCK_M, HALF)
+    j = j0 + half_j
+    if head < N_HEADS:
+        a, b = _rotate(a, b, positions, INV_FREQ, j, rope_scale)
+        q_ptrs = Q + offs_m[:, None] * Q_W + head * D + j[None, :]
+        tl.store(q_ptrs, a.to(dtype), mask=q_ok[:, None])
+        tl.store(q_ptrs + D // 2, b.to(dtype), mask=q_ok[:, None])
+    else:
+        kv = (head - N_HEADS) % N_KV
+        slot = (((layer * cache_batch + offs_m) * N_KV + kv) * capacity + positions) * D
+        offs = slot.to(tl.int64)[:, None] + j[None, :]
+        if head < N_HEADS + N_KV:
+            a, b = _rotate(a, b, positions, INV_FREQ, j, rope_scale)
+            tl.store(K_CACHE + offs, a.to(dtype), mask=pos_ok[:, None])
+            tl.store(K_CACHE + offs + D // 2, b.to(dtype), mask=pos_ok[:, None])
+        else:
+            tl.store(V_CACHE + offs, a.to(dtype), mask=pos_ok[:, None])
+            tl.store(V_CACHE + offs + D // 2, b.to(dtype), mask=pos_ok[:, None])
+
+
+@triton.jit
 def _swiglu_store(
     acc, H, cols, m_ok, INTER: tl.constexpr, BLOCK_M: tl.constexpr, HALF: tl.constexpr
 ):
@@ -334,6 +387,7 @@ def _logits_and_best(acc, rows, r_ok, LOGITS, m_ok, vocab, best, best_idx, BLOCK
 SWIGLU = tl.constexpr(0)
 RESIDUAL = tl.constexpr(1)
 ARGMAX = tl.constexpr(2)
+ROPE = tl.constexpr(3)
 
 
 @triton.jit
@@ -370,7 +424,9 @@ def _pipelined_units(
     * SWIGLU (gate_up): N outputs of H, a unit HALF gate rows and the same HALF up rows of W;
     * RESIDUAL (o, down): N outputs of x (OUT: x's rows), a unit 2 HALF rows, src the residual;
     * ARGMAX (lm_head): N = the vocabulary, a unit 2 HALF rows, the logits into OUT; returns
-      the program's best logit of each sequence and its index (-inf and 0 for the others).
+      the program's best logit of each sequence and its index (-inf and 0 for the others);
+    * ROPE (qkv): N = the q, k and v rows, a unit HALF rows j of a head and its HALF rows
+      j + D/2 (_qkv_rows), rotated and stored by _qkv_store; OUT is a QkvOut.
 
     DEFER_REDUCE (broadcast path only): a step adds its terms x * W into a (BLOCK_M, rows,
     BLOCK_K) fp32 register tile, and the sum over K, across the warps (shuffles, shared memory,
@@ -395,6 +451,9 @@ def _pipelined_units(
         if EPILOGUE == SWIGLU:  # rows j of gate (the first N rows of W) and j of up (the next N)
             out = u * HALF + r % HALF
             rows = tl.minimum(out, N - 1) + (r // HALF) * N
+        elif EPILOGUE == ROPE:  # every unit is whole: D / 2 is a multiple of HALF
+            head, j0, rows = _qkv_rows(u, r % HALF, r // HALF, OUT.head_dim, HALF)
+            out = rows
         else:
             out = u * ROWS + r
             rows = tl.minimum(out, N - 1)
@@ -416,6 +475,8 @@ def _pipelined_units(
                 _swiglu_store(acc, OUT, u * HALF + tl.arange(0, HALF), m_ok, N, BLOCK_M, HALF)
             elif EPILOGUE == RESIDUAL:
                 _residual_store(acc, out, out < N, src_rows, src_ok, OUT, m_ok)
+            elif EPILOGUE == ROPE:
+                _qkv_store(acc, head, j0, tl.arange(0, HALF), OUT, BLOCK_M, HALF)
             else:
                 best, best_idx = _logits_and_best(
                     acc, out, out < N, OUT, m_ok, N, best, best_idx, BLOCK_M
@@ -549,6 +610,7 @@ def persistent_step_kernel(
     PIPE_K: tl.constexpr,
     STAGES: tl.constexpr,
     DEFER_REDUCE: tl.constexpr,
+    PIPE_QKV: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_S: tl.constexpr,
@@ -628,49 +690,25 @@ def persistent_step_kernel(
             )
         rstd = _inv_rms(src_rows, src_ok, HIDDEN, eps, BLOCK_M, BLOCK_K)
         norm = ATTN_NORM + layer * HIDDEN
-        for u in range(pid, (N_HEADS + 2 * N_KV) * PER_HEAD, P):
-            # the next unit's rows into the L2 while this one's loads are in flight
-            after = ((u + P) // PER_HEAD) * D + ((u + P) % PER_HEAD) * HALF + pair_j
-            after += pair_set * (D // 2)
-            _prefetch_rows(wq, tl.minimum(after, QKV_W - 1), HIDDEN, LINES_H, LINE, PREFETCH)
-            head = u // PER_HEAD
-            j0 = (u % PER_HEAD) * HALF
-            rows = head * D + j0 + pair_j + pair_set * (D // 2)
-            acc = _rows_times_x(
-                wq,
-                rows,
-                rows < QKV_W,
-                HIDDEN,
-                src_rows,
-                src_ok,
-                rstd,
-                norm,
-                True,
-                BLOCK_M,
-                ROWS,
-                BLOCK_K,
-                USE_DOT,
-                UPCAST,
-                IEEE,
-            )
-            a, b = _halves(acc.to(dtype).to(tl.float32), BLOCK_M, HALF)  # rounded as F.linear
-            j = j0 + half_j
-            if head < N_HEADS:
-                a, b = _rotate(a, b, positions, INV_FREQ, j, rope_scale)
-                q_ptrs = Q + offs_m[:, None] * Q_W + head * D + j[None, :]
-                tl.store(q_ptrs, a.to(dtype), mask=m_ok[:, None])
-                tl.store(q_ptrs + D // 2, b.to(dtype), mask=m_ok[:, None])
-            else:
-                kv = (head - N_HEADS) % N_KV
-                slot = (((layer * cache_batch + offs_m) * N_KV + kv) * capacity + positions) * D
-                offs = slot.to(tl.int64)[:, None] + j[None, :]
-                if head < N_HEADS + N_KV:
-                    a, b = _rotate(a, b, positions, INV_FREQ, j, rope_scale)
-                    tl.store(K_CACHE + offs, a.to(dtype), mask=pos_ok[:, None])
-                    tl.store(K_CACHE + offs + D // 2, b.to(dtype), mask=pos_ok[:, None])
-                else:
-                    tl.store(V_CACHE + offs, a.to(dtype), mask=pos_ok[:, None])
-                    tl.store(V_CACHE + offs + D // 2, b.to(dtype), mask=pos_ok[:, None])
+        qkv_out = QkvOut(Q, K_CACHE, V_CACHE, INV_FREQ, offs_m, positions, m_ok, pos_ok,
+                         rope_scale, layer, cache_batch, capacity, N_HEADS, N_KV, D)  # fmt: skip
+        if PIPE_QKV:
+            _pipelined_units(
+                wq, HIDDEN, QKV_W, src_rows, src_ok, rstd, norm, True, qkv_out, None, None, pid,
+                P, ROPE, BLOCK_M, HALF, PIPE_K, STAGES, DEFER_REDUCE, USE_DOT, UPCAST, IEEE,
+            )  # fmt: skip
+        else:
+            for u in range(pid, (N_HEADS + 2 * N_KV) * PER_HEAD, P):
+                # the next unit's rows into the L2 while this one's loads are in flight
+                after = ((u + P) // PER_HEAD) * D + ((u + P) % PER_HEAD) * HALF + pair_j
+                after += pair_set * (D // 2)
+                _prefetch_rows(wq, tl.minimum(after, QKV_W - 1), HIDDEN, LINES_H, LINE, PREFETCH)
+                head, j0, rows = _qkv_rows(u, pair_j, pair_set, D, HALF)
+                acc = _rows_times_x(
+                    wq, rows, rows < QKV_W, HIDDEN, src_rows, src_ok, rstd, norm, True, BLOCK_M,
+                    ROWS, BLOCK_K, USE_DOT, UPCAST, IEEE,
+                )  # fmt: skip
+                _qkv_store(acc, head, j0, half_j, qkv_out, BLOCK_M, HALF)
         _arrive(COUNTERS, base, trace, TRACE)
 
         # ---- attention: one split of the keys of one (sequence, KV head), its G query heads
@@ -893,8 +931,9 @@ class PersistentStep:
     K tiles of `pipelined_k` loaded `pipeline_stages` - 1 steps ahead into shared memory
     (_pipelined_units; 0, the default: one tile of `block_k` a unit, nothing in flight across
     units); `defer_reduce` (batch <= 4, with `pipelined_k`) sums those phases' products over K
-    once a unit instead of once a K tile; `prefetch` asks for the L2 prefetch of the next phase's
-    first rows (NVIDIA GPUs; never in the interpreter);
+    once a unit instead of once a K tile; `pipelined_qkv` (with `pipelined_k`) runs the qkv
+    phase in the same loop, RoPE and the cache append as its epilogue; `prefetch` asks for the L2
+    prefetch of the next phase's first rows (NVIDIA GPUs; never in the interpreter);
     `trace` records each program's begin and end of each phase in `trace` (nanoseconds of the
     GPU's clock; GPU only)."""
 
@@ -910,6 +949,7 @@ class PersistentStep:
         pipelined_k: int = 0,
         pipeline_stages: int = 4,
         defer_reduce: bool = False,
+        pipelined_qkv: bool = False,
         prefetch: bool = True,
         trace: bool = False,
         spin_limit: int = SPIN_LIMIT,
@@ -946,6 +986,9 @@ class PersistentStep:
                 f"batch {batch}: tl.dot already sums over K inside the product"
             )
         self.defer_reduce = defer_reduce
+        if pipelined_qkv and not pipelined_k:
+            raise ValueError("PersistentStep: pipelined_qkv needs pipelined_k > 0")
+        self.pipelined_qkv = pipelined_qkv
         self.prefetch = prefetch and COMPILED
         self.spin_limit = spin_limit
         self.weights = stacked_weights(model.w)
@@ -1034,7 +1077,7 @@ class PersistentStep:
             HIDDEN=c.hidden_size, N_HEADS=c.n_heads, N_KV=c.n_kv_heads, D=c.head_dim,
             INTER=c.intermediate_size, HALF=self.tile.half_rows, BLOCK_M=self.block_m,
             BLOCK_K=self.block_k, PIPE_K=self.pipelined_k, STAGES=self.pipeline_stages,
-            DEFER_REDUCE=self.defer_reduce,
+            DEFER_REDUCE=self.defer_reduce, PIPE_QKV=self.pipelined_qkv,
             BLOCK_G=triton.next_power_of_2(c.n_heads // c.n_kv_heads),
             BLOCK_T=32 if COMPILED else 16, BLOCK_S=triton.next_power_of_2(self.tile.splits),
             BLOCK_P=triton.next_power_of_2(self.programs), USE_DOT=self.use_dot,
