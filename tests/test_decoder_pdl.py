@@ -126,3 +126,14 @@ def test_gpu_graph_with_pdl_equals_the_default_graph_and_hf(dtype, batch, gemv):
     assert torch.equal(mine, default)
     if not gemv:
         assert torch.equal(mine, theirs)
+
+
+@pytest.mark.cpu
+def test_benchmark_row_says_pdl_is_not_there():
+    """Where PDL does not exist the benchmark's row says so instead of timing two equal graphs."""
+    from kernels.decoder import benchmark
+
+    hf = hf_reference.random_llama(TINY, seed=6)
+    model = Decoder(DecoderWeights.from_hf(hf), max_batch=1, max_seq=16)
+    row = benchmark.decode_pdl(model, 1, 12, {"copy_gbps": 1.0})
+    assert row["PDL"].startswith("not available") and "graph PDL ms" not in row
