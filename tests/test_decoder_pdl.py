@@ -53,6 +53,39 @@ def test_graph_step_with_pdl_gives_the_default_logits(dtype):
     assert torch.equal(triton_ops.argmax(plain), triton_ops.argmax(with_pdl, pdl=True))
 
 
+def test_every_triton_kernel_of_the_graph_step_asks_for_pdl(monkeypatch):
+    """The chain is only as safe as its weakest link: with pdl=True every launch of the decoder's
+    own Triton kernels in the step must ask for PDL (so that it waits before touching memory), with
+    pdl=False none may. Counted per launch, bf16 with the GEMV and the fused GEMV in: per layer
+    the fused qkv, RoPE + append, the attention (one or two launches), o, the fused gate_up and
+    down; then lm_head's GEMV and the two argmax kernels' launch."""
+    from kernels.decoder import triton_attention, triton_fused_gemv, triton_gemv, triton_rope
+
+    asked = []
+
+    def recording(with_pdl):
+        asked.append(with_pdl)
+        return {}
+
+    for module in (triton_gemv, triton_fused_gemv, triton_rope, triton_attention, triton_ops):
+        monkeypatch.setattr(module, "launch_options", recording)
+    hf = hf_reference.random_llama(TINY, seed=3, dtype=torch.bfloat16)
+    model = Decoder(DecoderWeights.from_hf(hf), max_batch=1, max_seq=16)
+    model.set_decode_linears(1, PROJECTIONS)
+    model.set_decode_fused(1, ("qkv", "gate_up"))
+    model.prefill(prompt(1, 3).to(DEVICE))
+    token = torch.ones((1, 1), dtype=torch.int64, device=DEVICE)
+    positions = torch.full((1,), model.cache.length, dtype=torch.int32, device=DEVICE)
+    counts = {}
+    for with_pdl in (False, True):
+        asked.clear()
+        logits = model.forward(token, positions, None, pdl=with_pdl)
+        triton_ops.argmax(logits, pdl=with_pdl)
+        assert asked == [with_pdl] * len(asked)
+        counts[with_pdl] = len(asked)
+    assert counts[True] == counts[False] >= 6 * TINY.n_layers + 2
+
+
 def test_decoder_with_pdl_generates_the_default_tokens():
     hf = hf_reference.random_llama(TINY, seed=4)
     weights = DecoderWeights.from_hf(hf)
