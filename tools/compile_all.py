@@ -97,6 +97,7 @@ def configurations(arch: str):
     import triton.language as tl
 
     from kernels import feature_table, runtime
+    from kernels.decoder import pdl
     from kernels.flash_attention import triton_flash
     from kernels.mixed_precision import triton_fp8
     from kernels.moe import triton_grouped_gemm, triton_grouped_gemm_tma
@@ -104,6 +105,8 @@ def configurations(arch: str):
 
     found = runtime.features()
     half = "bf16" if found.bf16 else "fp16"  # sm_75: the course refuses bf16 products there
+    # the decoder's graph kernels as Decoder(pdl=True) launches them: the wait where PDL exists
+    decode_pdl = {"PDL": pdl.launch_options(True).get("PDL", False)}
     out = []
 
     def add(key, label, data, constants, types=None, **options):
@@ -324,13 +327,14 @@ def configurations(arch: str):
                 "FUSE_COMBINE": True,
                 "BLOCK_R": 16,
                 "BLOCK_S": 16,
+                **decode_pdl,
             },
         )
         add(
             "decoder.triton_attention:cache_attention_combine_kernel",
             f"d{head_dim}",
             half,
-            {"HEAD_DIM": head_dim, "SPLIT_KEYS": 128, "BLOCK_S": 16},
+            {"HEAD_DIM": head_dim, "SPLIT_KEYS": 128, "BLOCK_S": 16, **decode_pdl},
         )
 
     permute = {"E_PAD": 64, "BLOCK": 16384 // 64}  # triton_permute's GPU block for 64 experts
@@ -419,14 +423,14 @@ def configurations(arch: str):
         "decoder.triton_ops:argmax_chunk_kernel",
         half,
         half,
-        {"CHUNK": 4096},
+        {"CHUNK": 4096, **decode_pdl},
         {"VALUES": "*fp32", "INDICES": "*i32"},
     )
     add(
         "decoder.triton_ops:argmax_final_kernel",
         "fp32",
         "fp32",
-        {"BLOCK_CHUNKS": 64},
+        {"BLOCK_CHUNKS": 64, **decode_pdl},
         {"OUT": "*i64"},
     )
     add(
@@ -440,7 +444,7 @@ def configurations(arch: str):
         "decoder.triton_rope:rope_append_kernel",
         half,
         half,
-        {"BLOCK_H": 32, "BLOCK_D": 64},
+        {"BLOCK_H": 32, "BLOCK_D": 64, **decode_pdl},
         {"INV_FREQ": "*fp32"},
     )
     # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): one decode row broadcast, 16 rows by dot
@@ -461,6 +465,7 @@ def configurations(arch: str):
                 "BLOCK_N": bn,
                 "BLOCK_K": bk,
                 "USE_DOT": use_dot,
+                **decode_pdl,
             },
             {"NORM_W": "*" + half},
             num_warps=warps,
@@ -474,7 +479,14 @@ def configurations(arch: str):
             "decoder.triton_gemv:skinny_linear_kernel",
             f"dot={use_dot}",
             half,
-            {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "USE_DOT": use_dot, "UPCAST": False},
+            {
+                "BLOCK_M": bm,
+                "BLOCK_N": bn,
+                "BLOCK_K": bk,
+                "USE_DOT": use_dot,
+                "UPCAST": False,
+                **decode_pdl,
+            },
             num_warps=warps,
             num_stages=stages,
         )

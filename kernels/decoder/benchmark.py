@@ -2,7 +2,8 @@
 
 Run on a GPU: `python -m kernels.decoder.benchmark` writes data/results/<gpu>/07_decoder.json (with
 the environment fingerprint) and prints the targets (at most about 7 minutes on an H100, most of it
-torch.compile); `--quick` measures batch 1 at context 512 only.
+torch.compile); `--quick` measures batch 1 at context 512 only; `--pdl` only the graph step with
+and without programmatic dependent launch at PDL_DECODE (07_decoder_pdl.json, PERFORMANCE.md 5.1).
 
 Ours first, in this process:
 * the lab's kernels (RoPE, argmax, RoPE in CUDA C) against PyTorch's, timed as the grader does;
@@ -19,7 +20,8 @@ Ours first, in this process:
   the floor: every weight and the context's K and V read once at the measured copy bandwidth;
 * decode per token as generation pays it: the wall time of a loop of steps synchronized at its end,
   the graph with the choice and the graph on cuBLAS only interleaved round by round, then the
-  eager step (module 03's attention);
+  eager step (module 03's attention); the graph step again captured with PDL between its kernels
+  (pdl.py), checked for the same logits and timed interleaved with the default graph;
 * prefill against the GEMM floor (flops at the measured bf16 matmul rate): its latency (single calls
   synchronized on both sides) and its GPU time (device events);
 * the eager step's host time split by wrapper, the GPU time per kernel of a decode step (graph and
@@ -52,6 +54,7 @@ import torch.nn.functional as F
 from kernels import bench, runtime
 from kernels.decoder import (
     hf_reference,
+    pdl,
     triton_attention,
     triton_fused_gemv,
     triton_gemv,
@@ -68,6 +71,7 @@ DTYPE = torch.bfloat16
 DECODE = ((1, 512), (1, 4096), (8, 512), (32, 512))  # (batch, context)
 PREFILL = ((1, 2048), (8, 512))
 MEMORY = (32, 4096)
+PDL_DECODE = ((1, 512), (1, 4096), (8, 512))  # (batch, context): the graph with and without PDL
 STEPS = 16  # decode steps per timed loop
 ROUNDS = 5
 MAX_SEQ = 4096 + 2 * STEPS + 16
@@ -244,6 +248,39 @@ def decode_ours(model: Decoder, batch: int, context: int, ceilings: dict) -> dic
         "linears": linears_label(model, batch),
         "ours % of floor": 100 * floor_ms / mine,
         "tokens/s (graph)": batch / mine * 1e3,
+    }
+
+
+def decode_pdl(model: Decoder, batch: int, context: int, ceilings: dict) -> dict:
+    """The graph step with the model's choice of projections, captured without and with
+    programmatic dependent launch (pdl.py, PERFORMANCE.md 5.1): one replay of each from the same
+    tokens must give the same logits bit for bit, then both are timed interleaved (device time of
+    one replay, wall time per token of a loop). The model keeps its default graph."""
+    row = {"batch": batch, "context": context, "linears": linears_label(model, batch)}
+    if not pdl.available():
+        return row | {"PDL": "not available on this GPU (sm_90 and newer): not timed"}
+    with_pdl = model.capture_decode_graph(batch, pdl=True)
+    graphs = {"default": model.capture_decode_graph(batch, pdl=False), "PDL": with_pdl}
+    start_graphs({"default": graphs["default"]}, context)
+    graphs["PDL"].start(graphs["default"].tokens, context)
+    for step in graphs.values():
+        step.replay()
+    same = torch.equal(graphs["default"].logits, graphs["PDL"].logits)
+    gpu = graphs_gpu_ms(graphs, context)
+    ms = wall_per_call_ms(
+        {name: step.replay for name, step in graphs.items()},
+        {name: (lambda step=step: step.positions.fill_(context)) for name, step in graphs.items()},
+    )
+    floor_ms = decode_floor_ms(batch, context, ceilings)
+    return row | {
+        "same logits": same,
+        "graph GPU ms": gpu["default"],
+        "graph PDL GPU ms": gpu["PDL"],
+        "PDL saving GPU us": (gpu["default"] - gpu["PDL"]) * 1e3,
+        "graph ms": ms["default"],
+        "graph PDL ms": ms["PDL"],
+        "PDL speedup": ms["default"] / ms["PDL"],
+        "PDL % of floor": 100 * floor_ms / ms["PDL"],
     }
 
 
@@ -574,12 +611,15 @@ def main() -> int:
         return 1
     args = sys.argv[1:]
     quick = "--quick" in args
-    name = "07_decoder_quick" if quick else "07_decoder"
+    only_pdl = "--pdl" in args
+    name = "07_decoder_pdl" if only_pdl else "07_decoder_quick" if quick else "07_decoder"
     t_start = time.perf_counter()
     ceilings = bench.ceilings()
     hf = hf_reference.random_llama(CONFIG, seed=0, dtype=DTYPE, device=DEVICE)
     model = Decoder(
-        DecoderWeights.from_hf(hf), max_batch=1 if quick else MEMORY[0], max_seq=MAX_SEQ
+        DecoderWeights.from_hf(hf),
+        max_batch=1 if quick else max(b for b, _ in PDL_DECODE) if only_pdl else MEMORY[0],
+        max_seq=MAX_SEQ,
     )
     del hf  # the decoder keeps what it shares (the embedding, the norms); the child builds its own
     model.cache.k.normal_()
@@ -622,6 +662,13 @@ def main() -> int:
 
     prompt = torch.randint(0, CONFIG.vocab_size, (1, 2048), device=DEVICE)
     configs = DECODE[:1] if quick else DECODE
+    pdl_configs = [(b, c) for b, c in PDL_DECODE if (b, c) in configs]
+    if only_pdl:  # the choice at PDL_DECODE's batches, then the PDL rows; nothing else
+        section("decode_linears", lambda: choose_linears(model, [b for b, _ in PDL_DECODE]))
+        section("decode_fused", lambda: choose_fused(model, [b for b, _ in PDL_DECODE]))
+        section("decode_pdl", lambda: [decode_pdl(model, b, c, ceilings) for b, c in PDL_DECODE])
+        print(f"wrote {name}.json in {results['elapsed_s']:.0f} s; errors: {results['errors']}")
+        return 0
     # the graph first: a fault in an eager path (which launches many more kernels from Python)
     # cannot then cost the graph's numbers, and Hugging Face runs in a process of its own
     section("lab_kernels", lambda: lab_kernels(ceilings))
@@ -633,6 +680,7 @@ def main() -> int:
     section("decode_fused", lambda: choose_fused(model, [b for b, _ in configs]))
     section("sweep", lambda: sweep(model, ceilings))
     section("decode", lambda: [decode_ours(model, b, c, ceilings) for b, c in configs])
+    section("decode_pdl", lambda: [decode_pdl(model, b, c, ceilings) for b, c in pdl_configs])
 
     def graph_step():
         step = graph_for(model, 1)

@@ -26,7 +26,9 @@ hand with `set_decode_fused`).
 
 `generate(..., persistent=True)` runs the decode steps as one persistent kernel each instead
 (triton_persistent_step.py: no kernel boundaries inside the step); the graph stays the default
-(the persistent step is slower on the H200: PERFORMANCE.md, section 6).
+(the persistent step is slower on the H200: PERFORMANCE.md, section 6). `Decoder(..., pdl=True)`
+captures the graph with programmatic dependent launch between its Triton kernels (pdl.py; Hopper
+and newer, the plain kernels elsewhere; PERFORMANCE.md, section 5.1).
 
 Loading real weights: build the Hugging Face model from its folder and hand it over,
 
@@ -219,10 +221,14 @@ class Decoder:
 
     `prefill(tokens)` fills the cache from position 0 and returns the last position's logits;
     `decode_step(tokens)` feeds one token per sequence; `generate(prompt, n)` is greedy decoding,
-    with the decode step replayed from a CUDA graph on a GPU (`graph=True`)."""
+    with the decode step replayed from a CUDA graph on a GPU (`graph=True`). `pdl=True` captures
+    that graph with the course's Triton kernels launched with programmatic dependent launch
+    (pdl.py: each may start while the one before it ends; the same tokens), where the GPU has it
+    (Hopper and newer; elsewhere the plain kernels, `pdl.available()` says which)."""
 
-    def __init__(self, weights: DecoderWeights, max_batch: int, max_seq: int):
+    def __init__(self, weights: DecoderWeights, max_batch: int, max_seq: int, *, pdl: bool = False):
         self.w, self.c = weights, weights.config
+        self.pdl = pdl
         self.dtype, self.device = weights.dtype, weights.device
         self.max_batch, self.max_seq = max_batch, max_seq
         self.cache = KVCache(self.c, max_batch, max_seq, self.dtype, self.device)
@@ -356,9 +362,16 @@ class Decoder:
         self.set_decode_fused(batch, () if best == "none" else best.split("+"))
         return measured
 
-    def _linear(self, projection: str, x: torch.Tensor, weight: torch.Tensor, gemv: frozenset):
+    def _linear(
+        self,
+        projection: str,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        gemv: frozenset,
+        pdl: bool = False,
+    ):
         if projection in gemv:
-            return triton_gemv.linear(x, weight)
+            return triton_gemv.linear(x, weight, pdl=pdl)
         return F.linear(x, weight)
 
     def _normed_linear(
@@ -372,6 +385,7 @@ class Decoder:
         *,
         swiglu: bool = False,
         sequence_length: int = 1,
+        pdl: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(rmsnorm(delta + x) * norm @ weight.T, then SwiGLU if asked; delta + x): the residual
         add (none where delta is None), the norm and the projection, as one triton_fused_gemv launch
@@ -382,14 +396,16 @@ class Decoder:
         fused, gemv = choice
         eps = self.c.rms_eps
         if projection in fused:
-            return triton_fused_gemv.add_rms_norm_linear(delta, x, norm, weight, eps, swiglu=swiglu)
+            return triton_fused_gemv.add_rms_norm_linear(
+                delta, x, norm, weight, eps, swiglu=swiglu, pdl=pdl
+            )
         if delta is None:
             y = triton_rmsnorm.rms_norm(x, norm, eps)
         else:
             y, x = triton_rmsnorm.fused_add_rms_norm(delta, x, norm, eps)
         if sequence_length > 1:
             y = y.view(-1, sequence_length, y.shape[-1])[:, -1]
-        out = self._linear(projection, y, weight, gemv)
+        out = self._linear(projection, y, weight, gemv, pdl)
         return (triton_ops.swiglu(out) if swiglu else out), x
 
     # ----------------------------------------------------------------------------------------------
@@ -403,7 +419,7 @@ class Decoder:
             )
         return self._workspaces[key]
 
-    def _attention(self, layer: int, q, positions, n_keys: int | None, out):
+    def _attention(self, layer: int, q, positions, n_keys: int | None, out, pdl: bool = False):
         """out (B, Hq, T, D) for q (B, Hq, T, D). `n_keys` is the cache length after this step when
         the host knows it (eager), None inside a graph: then the positions on the device decide."""
         batch, _, n_q, _ = q.shape
@@ -425,7 +441,7 @@ class Decoder:
         else:
             workspace = self.attention_workspace(batch, n_q)
             triton_attention.cache_attention(
-                q, k_cache, v_cache, positions, out, workspace, self.scale
+                q, k_cache, v_cache, positions, out, workspace, self.scale, pdl=pdl
             )
         return out
 
@@ -435,10 +451,13 @@ class Decoder:
         positions: torch.Tensor,
         n_keys: int | None = None,
         hidden_states: list | None = None,
+        *,
+        pdl: bool = False,
     ) -> torch.Tensor:
         """Logits (B, vocab) of the last of T new tokens per sequence; tokens (B, T), positions
         (B T,) on the device. Appends each layer's output (B, T, hidden) to `hidden_states` if
-        given."""
+        given. `pdl`: the course's Triton kernels launched with programmatic dependent launch
+        where the GPU has it (pdl.py; the same results)."""
         c, w = self.c, self.w
         batch, n_q = tokens.shape
         rows = batch * n_q
@@ -454,7 +473,9 @@ class Decoder:
         choice = (fused, gemv)
         for i, layer in enumerate(w.layers):
             # (rows, (Hq + 2 Hkv) D); x becomes the previous layer's output
-            qkv, x = self._normed_linear("qkv", delta, x, layer.attn_norm, layer.qkv, choice)
+            qkv, x = self._normed_linear(
+                "qkv", delta, x, layer.attn_norm, layer.qkv, choice, pdl=pdl
+            )
             if delta is not None and hidden_states is not None:
                 hidden_states.append(x.view(batch, n_q, -1).clone())
             triton_rope.rope_append(
@@ -468,16 +489,17 @@ class Decoder:
                 n_kv_heads=c.n_kv_heads,
                 batch=batch,
                 scale=w.rope_scale,
+                pdl=pdl,
             )
             q = qkv.view(batch, n_q, -1, c.head_dim)[:, :, : c.n_heads].transpose(1, 2)
-            self._attention(i, q, positions, n_keys, attn.transpose(1, 2))
-            o = self._linear("o", attn.view(rows, -1), layer.o, gemv)
+            self._attention(i, q, positions, n_keys, attn.transpose(1, 2), pdl)
+            o = self._linear("o", attn.view(rows, -1), layer.o, gemv, pdl)
             h, x = self._normed_linear(
-                "gate_up", o, x, layer.mlp_norm, layer.gate_up, choice, swiglu=True
+                "gate_up", o, x, layer.mlp_norm, layer.gate_up, choice, swiglu=True, pdl=pdl
             )
-            delta = self._linear("down", h, layer.down, gemv)
+            delta = self._linear("down", h, layer.down, gemv, pdl)
         logits, x = self._normed_linear(
-            "lm_head", delta, x, w.norm, w.lm_head, choice, sequence_length=n_q
+            "lm_head", delta, x, w.norm, w.lm_head, choice, sequence_length=n_q, pdl=pdl
         )
         if hidden_states is not None:  # the last layer's output
             hidden_states.append(x.view(batch, n_q, -1).clone())
@@ -564,10 +586,12 @@ class Decoder:
     # ----------------------------------------------------------------------------------------------
     # The decode step in a CUDA graph: tokens and positions live in device buffers the graph reads
 
-    def capture_decode_graph(self, batch: int) -> "DecodeGraph":
+    def capture_decode_graph(self, batch: int, *, pdl: bool | None = None) -> "DecodeGraph":
+        """The decode step of `batch` captured (the graph generate() replays); `pdl` overrides
+        the decoder's own choice for this graph."""
         if not runtime.ON_GPU:
             raise RuntimeError("Decoder.capture_decode_graph: CUDA graphs need a GPU")
-        self._graph = DecodeGraph(self, batch)
+        self._graph = DecodeGraph(self, batch, pdl=pdl)
         return self._graph
 
     def persistent_step(self, batch: int, **options) -> "triton_persistent_step.PersistentStep":
@@ -626,10 +650,12 @@ class Decoder:
 class DecodeGraph:
     """The decode step captured once: replay() reads `tokens` and `positions` from device buffers,
     writes the next tokens (greedy) back into `tokens` and advances `positions`, so the same graph
-    serves every step with no host-to-device copy in between."""
+    serves every step with no host-to-device copy in between. `pdl` (the model's choice by
+    default): the step's Triton kernels launched with programmatic dependent launch."""
 
-    def __init__(self, model: Decoder, batch: int):
+    def __init__(self, model: Decoder, batch: int, *, pdl: bool | None = None):
         self.model, self.batch = model, batch
+        self.pdl = model.pdl if pdl is None else pdl
         self.tokens = torch.zeros(batch, dtype=torch.int64, device=model.device)
         self.positions = torch.zeros(batch, dtype=torch.int32, device=model.device)
         saved = model.cache.length
@@ -658,8 +684,10 @@ class DecodeGraph:
         model.cache.length = saved
 
     def _step(self) -> None:
-        self.logits = self.model.forward(self.tokens.view(-1, 1), self.positions, None)
-        triton_ops.argmax(self.logits, out=self.tokens)
+        self.logits = self.model.forward(
+            self.tokens.view(-1, 1), self.positions, None, pdl=self.pdl
+        )
+        triton_ops.argmax(self.logits, out=self.tokens, pdl=self.pdl)
         self.positions.add_(1)
 
     def start(self, tokens: torch.Tensor, length: int) -> None:

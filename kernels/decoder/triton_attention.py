@@ -45,6 +45,7 @@ import triton
 import triton.language as tl
 
 from kernels import runtime
+from kernels.decoder.pdl import launch_options, wait_then_release
 from kernels.flash_attention.triton_flash import LOG2E, UPCAST
 
 BLOCK_N = runtime.pick(gpu=64, cpu=32)  # keys per tile
@@ -159,7 +160,9 @@ def cache_attention_split_kernel(
     FUSE_COMBINE: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    wait_then_release(PDL)  # launched with PDL: nothing is read before the previous kernel ends
     split = tl.program_id(0)
     tile = tl.program_id(1)  # (batch, KV head, row block): one output tile, one arrival counter
     b = tile // (n_kv_heads * row_blocks)
@@ -284,9 +287,11 @@ def cache_attention_combine_kernel(
     HEAD_DIM: tl.constexpr,
     SPLIT_KEYS: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """One program per (batch, head, query) row: out = sum_s 2^(lse_s - lse) out_s over the splits
     that hold keys of this row (the others were not written by this call)."""
+    wait_then_release(PDL)  # launched with PDL: nothing is read before the previous kernel ends
     row = tl.program_id(0).to(tl.int64)
     b = row // (n_heads * n_q)
     h = (row // n_q) % n_heads
@@ -360,6 +365,7 @@ def cache_attention(
     workspace: AttentionWorkspace,
     scale: float,
     fuse_combine: bool | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """softmax(scale q k^T) v where query (b, h, i) sees cache keys 0 ... positions[b * n_q + i].
 
@@ -369,7 +375,8 @@ def cache_attention(
     these sizes. The caller (the decoder) checks shapes once; this wrapper only launches, to keep
     the eager step's host time low. `fuse_combine` (default FUSE_COMBINE): combine the splits in
     the same launch (True) or in a second kernel (False). Calls sharing a workspace must run one
-    after another (one stream), as a decoder's layers do.
+    after another (one stream), as a decoder's layers do. `pdl`: both kernels launched with
+    programmatic dependent launch where the GPU has it (pdl.py).
     """
     batch, n_heads, n_q, head_dim = q.shape
     n_kv_heads, capacity = k_cache.shape[1], k_cache.shape[2]
@@ -411,6 +418,7 @@ def cache_attention(
         BLOCK_R=block_r,
         BLOCK_S=block_s,
         num_warps=NUM_WARPS,
+        **launch_options(pdl),
     )
     if not fuse:
         cache_attention_combine_kernel[(batch * n_heads * n_q,)](
@@ -427,6 +435,7 @@ def cache_attention(
             SPLIT_KEYS=split_keys,
             BLOCK_S=min(32, triton.next_power_of_2(n_splits)),
             num_warps=runtime.pick(gpu=2, cpu=1),
+            **launch_options(pdl),
         )
     return out
 

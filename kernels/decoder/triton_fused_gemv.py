@@ -54,6 +54,7 @@ import triton.language as tl
 
 from kernels import runtime
 from kernels.decoder import triton_gemv
+from kernels.decoder.pdl import launch_options, wait_then_release
 from kernels.testing import TINY, ULP, Comparison, compare
 from kernels.validate import check_operands, check_rows_contiguous
 
@@ -138,7 +139,9 @@ def add_norm_linear_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     USE_DOT: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    wait_then_release(PDL)  # launched with PDL: nothing is read before the previous kernel ends
     pid = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -352,6 +355,7 @@ def add_rms_norm_linear(
     out: torch.Tensor | None = None,
     residual_out: torch.Tensor | None = None,
     config: triton.Config | None = None,
+    pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, r) with r = delta + residual and out = rmsnorm(r) * norm_weight @ weight.T, in one
     launch, for M <= 32 rows of K; or, with `swiglu=True` and weight = [gate; up] (2 I, K),
@@ -361,7 +365,8 @@ def add_rms_norm_linear(
     bf16 or fp16; delta, residual, out and residual_out may be row-strided views (last stride 1);
     weight and norm_weight contiguous. r goes to `residual_out` (allocated if None), never in place.
     `config` runs one configuration (tests); otherwise the GPU's autotuned choice (its first call
-    per shape synchronizes: make it before a CUDA graph capture), or the interpreter's on a CPU."""
+    per shape synchronizes: make it before a CUDA graph capture), or the interpreter's on a CPU.
+    `pdl`: launched with programmatic dependent launch where the GPU has it (pdl.py)."""
     _check(delta, residual, norm_weight, weight, eps, residual_out, out, swiglu)
     (m, k), n = residual.shape, weight.shape[0] // (2 if swiglu else 1)
     if out is None:
@@ -399,6 +404,7 @@ def add_rms_norm_linear(
             SWIGLU=swiglu,
             STATISTICS_FIRST=statistics_first,
             UPCAST=False,
+            **launch_options(pdl),
         )
         return out, residual_out
     if config is None:
@@ -414,6 +420,7 @@ def add_rms_norm_linear(
         **kw,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
+        **launch_options(pdl),
     )
     return out, residual_out
 

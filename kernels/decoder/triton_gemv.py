@@ -48,6 +48,7 @@ import triton
 import triton.language as tl
 
 from kernels import runtime
+from kernels.decoder.pdl import launch_options, wait_then_release
 from kernels.testing import TINY, ULP, Comparison, compare
 from kernels.validate import check_operands, check_rows_contiguous
 
@@ -72,8 +73,10 @@ def skinny_linear_kernel(
     BLOCK_K: tl.constexpr,
     USE_DOT: tl.constexpr,
     UPCAST: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """One program: y[:, n0 : n0 + BLOCK_N] = x @ W[n0 : n0 + BLOCK_N].T, in fp32, over all of K."""
+    wait_then_release(PDL)  # launched with PDL: nothing is read before the previous kernel ends
     n0 = tl.program_id(0) * BLOCK_N
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -218,6 +221,7 @@ def linear(
     out: torch.Tensor | None = None,
     *,
     config: triton.Config | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """x @ weight.T, as F.linear without bias, for x (M, K) with M <= 32 and weight (N, K).
 
@@ -225,7 +229,8 @@ def linear(
     be any 2-D view whose rows are contiguous; weight must be contiguous. `config` runs one
     configuration (tests); otherwise the GPU's autotuned choice, or on the CPU the interpreter's
     configuration for this M. The first GPU call of a shape autotunes, which synchronizes: make
-    it before capturing a CUDA graph (DecodeGraph's warm-up does)."""
+    it before capturing a CUDA graph (DecodeGraph's warm-up does). `pdl`: launched with
+    programmatic dependent launch where the GPU has it (pdl.py), the same result."""
     _check(x, weight, out)
     (m, k), n = x.shape, weight.shape[0]
     if out is None:
@@ -233,9 +238,10 @@ def linear(
     if m == 0 or n == 0:
         return out
     args = (x, weight, out, m, n, k, x.stride(0), out.stride(0))
+    pdl_options = launch_options(pdl)
     if config is None and runtime.ON_GPU:
         grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
-        tuned_kernel[grid](*args, UPCAST=False)
+        tuned_kernel[grid](*args, UPCAST=False, **pdl_options)
         return out
     if config is None:
         config = CPU_CONFIGS["broadcast" if m <= 4 else "dot"]
@@ -247,6 +253,7 @@ def linear(
         UPCAST=runtime.UPCAST,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
+        **pdl_options,
     )
     return out
 

@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from kernels import runtime
+from kernels.decoder.pdl import launch_options, wait_then_release
 from kernels.validate import FLOAT_DTYPES
 
 TOKEN_DTYPES = (torch.int32, torch.int64)
@@ -147,8 +148,11 @@ def swiglu(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
 
 
 @triton.jit
-def argmax_chunk_kernel(X, VALUES, INDICES, width, stride_x, n_chunks, CHUNK: tl.constexpr):
+def argmax_chunk_kernel(
+    X, VALUES, INDICES, width, stride_x, n_chunks, CHUNK: tl.constexpr, PDL: tl.constexpr = False
+):
     """Program (chunk, row): the maximum of one chunk of a row, and the first index holding it."""
+    wait_then_release(PDL)  # launched with PDL: nothing is read before the previous kernel ends
     chunk = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     col = chunk * CHUNK + tl.arange(0, CHUNK)
@@ -160,8 +164,11 @@ def argmax_chunk_kernel(X, VALUES, INDICES, width, stride_x, n_chunks, CHUNK: tl
 
 
 @triton.jit
-def argmax_final_kernel(VALUES, INDICES, OUT, n_chunks, BLOCK_CHUNKS: tl.constexpr):
+def argmax_final_kernel(
+    VALUES, INDICES, OUT, n_chunks, BLOCK_CHUNKS: tl.constexpr, PDL: tl.constexpr = False
+):
     """One program per row: the best chunk, the first among equals (chunks are in index order)."""
+    wait_then_release(PDL)  # launched with PDL: nothing is read before the previous kernel ends
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK_CHUNKS)
     v = tl.load(VALUES + row * n_chunks + c, mask=c < n_chunks, other=float("-inf"))
@@ -170,10 +177,13 @@ def argmax_final_kernel(VALUES, INDICES, OUT, n_chunks, BLOCK_CHUNKS: tl.constex
     tl.store(OUT + row, index.to(OUT.dtype.element_ty))
 
 
-def argmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def argmax(
+    logits: torch.Tensor, out: torch.Tensor | None = None, *, pdl: bool = False
+) -> torch.Tensor:
     """torch.argmax(logits, dim=-1) for logits (rows, vocab): int64 (rows,), ties to the lowest
     index. NaN ranks with +inf (torch ranks it above; finite logits hold neither). Two launches: the
-    maxima of chunks of each row, then one program per row picks the first best chunk."""
+    maxima of chunks of each row, then one program per row picks the first best chunk. `pdl`:
+    launched with programmatic dependent launch where the GPU has it (pdl.py)."""
     _on_device("argmax", logits=logits)
     if logits.dim() != 2 or logits.stride(1) != 1 or logits.shape[1] == 0:
         raise ValueError(
@@ -201,6 +211,7 @@ def argmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tenso
             n_chunks,
             CHUNK=chunk,
             num_warps=runtime.pick(gpu=8, cpu=1),
+            **launch_options(pdl),
         )
         argmax_final_kernel[(rows,)](
             values,
@@ -209,5 +220,6 @@ def argmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tenso
             n_chunks,
             BLOCK_CHUNKS=triton.next_power_of_2(n_chunks),
             num_warps=1,
+            **launch_options(pdl),
         )
     return out

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from kernels import runtime
+from kernels.decoder.pdl import launch_options, wait_then_release
 from kernels.validate import FLOAT_DTYPES
 
 POSITION_DTYPES = (torch.int32, torch.int64)
@@ -189,9 +190,11 @@ def rope_append_kernel(
     stride_cs,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Program (token, head block): heads [0, n_q_heads) are q (rotated in place), then the KV
     heads."""
+    wait_then_release(PDL)  # launched with PDL: nothing is read before the previous kernel ends
     token = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     pos, j, cos, sin = _angles(POS, INV_FREQ, token, half, scale, BLOCK_D)
@@ -247,6 +250,7 @@ def rope_append(
     n_kv_heads: int,
     batch: int,
     scale: float = 1.0,
+    pdl: bool = False,
 ) -> None:
     """RoPE on q in place and the append of rotated k and of v to the cache, in one launch.
 
@@ -255,7 +259,8 @@ def rope_append(
     device; k_cache, v_cache: (batch, n_kv_heads, capacity, head_dim) views of one layer's cache
     (contiguous last two dimensions); status: an int32 flag word, OR-ed with 1 where a position is
     outside [0, capacity). Shapes are the caller's (the decoder's) responsibility: checked once
-    there, not per layer."""
+    there, not per layer. `pdl`: launched with programmatic dependent launch where the GPU has it
+    (pdl.py)."""
     tokens, width = qkv.shape
     head_dim = k_cache.shape[-1]
     heads = n_q_heads + n_kv_heads  # v needs no program of its own: the k program copies it
@@ -280,4 +285,5 @@ def rope_append(
         BLOCK_H=block_h,
         BLOCK_D=triton.next_power_of_2(head_dim // 2),
         num_warps=runtime.pick(gpu=4, cpu=1),
+        **launch_options(pdl),
     )
