@@ -13,14 +13,10 @@ from kernels import runtime
 from kernels.decoder import hf_reference, pdl, triton_ops
 from kernels.decoder.config import PROJECTIONS, TINY
 from kernels.decoder.model import Decoder, DecoderWeights
+from tests.test_decoder import prompt
 
 DEVICE = runtime.DEVICE
 gpu = pytest.mark.gpu
-
-
-def prompt(batch, n, seed=7):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, TINY.vocab_size, (batch, n), generator=g)
 
 
 @pytest.mark.cpu
@@ -43,7 +39,7 @@ def test_graph_step_with_pdl_gives_the_default_logits(dtype):
     if dtype == torch.bfloat16:
         model.set_decode_linears(1, PROJECTIONS)
         model.set_decode_fused(1, ("qkv", "gate_up"))
-    logits = model.prefill(prompt(1, 5).to(DEVICE))
+    logits = model.prefill(prompt(TINY, 1, 5).to(DEVICE))
     token = triton_ops.argmax(logits).view(-1, 1)
     positions = torch.full((1,), model.cache.length, dtype=torch.int32, device=DEVICE)
     plain = model.forward(token, positions, None)
@@ -73,7 +69,7 @@ def test_every_triton_kernel_of_the_graph_step_asks_for_pdl(monkeypatch):
     model = Decoder(DecoderWeights.from_hf(hf), max_batch=1, max_seq=16)
     model.set_decode_linears(1, PROJECTIONS)
     model.set_decode_fused(1, ("qkv", "gate_up"))
-    model.prefill(prompt(1, 3).to(DEVICE))
+    model.prefill(prompt(TINY, 1, 3).to(DEVICE))
     token = torch.ones((1, 1), dtype=torch.int64, device=DEVICE)
     positions = torch.full((1,), model.cache.length, dtype=torch.int32, device=DEVICE)
     counts = {}
@@ -89,7 +85,7 @@ def test_every_triton_kernel_of_the_graph_step_asks_for_pdl(monkeypatch):
 def test_decoder_with_pdl_generates_the_default_tokens():
     hf = hf_reference.random_llama(TINY, seed=4)
     weights = DecoderWeights.from_hf(hf)
-    tokens = prompt(1, 4, seed=5).to(DEVICE)
+    tokens = prompt(TINY, 1, 4, seed=5).to(DEVICE)
     plain = Decoder(weights, max_batch=1, max_seq=16).generate(tokens, 6)
     with_pdl = Decoder(weights, max_batch=1, max_seq=16, pdl=True).generate(tokens, 6)
     assert torch.equal(plain, with_pdl)
@@ -149,7 +145,7 @@ def test_gpu_graph_with_pdl_equals_the_default_graph_and_hf(dtype, batch, gemv):
         if gemv:
             model.set_decode_linears(batch, PROJECTIONS)
             model.set_decode_fused(batch, ("qkv", "gate_up"))
-    tokens = prompt(batch, 9, seed=batch).cuda()
+    tokens = prompt(TINY, batch, 9, seed=batch).cuda()
     theirs = hf_reference.greedy(hf, tokens, 64)
     default = models["default"].generate(tokens, 64, graph=True)
     mine = models["pdl"].generate(tokens, 64, graph=True)
