@@ -50,8 +50,9 @@ to beat (38.5% of the weight + KV floor at batch 1, context 512, against the gra
 clock trace says why: the counters cost 9% of the step, while the GEMV phases stream at 47% of the
 copy rate, below the same GEMVs launched alone: one program an SM waits for each unit's loads
 before it issues the next unit's. With `pipelined_k=1024, pipeline_stages=3, defer_reduce=True`
-the step reaches 48.3% (1.211 ms against the graph's 0.944 in the same run; section 6.3): still
-slower than the graph, held back by qkv, attention and the waits at the counters.
+the step reaches 48.3% (1.211 ms against the graph's 0.944 in the same run; section 6.3), and
+with `pipelined_qkv=True` too 50.7% (1.146 ms against the graph's 0.987; section 6.4): still
+slower than the graph, held back by attention and the waits at the counters.
 """
 
 from __future__ import annotations
