@@ -28,11 +28,11 @@ the loop, which needs the activation from its first iteration on. So the saving 
 launch of the programs (PERFORMANCE.md, 5.1, has the prediction and the measurement).
 
 `pdl="prefetch"` adds one thing before the GEMVs' wait (PERFORMANCE.md, 5.2): each program asks the
-L2 for its rows of the weight (`prefetch.global.L2`, one per 128-byte line), so the bytes the
-kernel is there to stream start moving while the kernel before it still runs, and its loop finds
-them in the L2. This is the one exception to "nothing before the wait", and a safe one: the
-weights are never written during a step, and a prefetch is a hint that returns nothing and
-changes no memory, so no result can differ.
+L2 for the first two tiles of its rows of the weight (`prefetch.global.L2`, one per 128-byte
+line), so the first bytes the kernel streams start moving while the kernel before it still runs.
+This is the one exception to "nothing before the wait", and a safe one: the weights are never
+written during a step, and a prefetch is a hint that returns nothing and changes no memory, so no
+result can differ.
 
 `griddepcontrol` exists from sm_90 on and the interpreter cannot run it: `launch_options` gives
 the plain launch where `runtime.has("pdl")` is False (CPU mode, before Hopper,
@@ -80,13 +80,15 @@ def wait_then_release(PDL: tl.constexpr):
 
 
 @triton.jit
-def prefetch_rows(W, rows, K, BLOCK_K: tl.constexpr):
-    """Ask the L2 for rows `rows` (int64) of the row-major weight W (N, K): one
-    `prefetch.global.L2` a 128-byte line, nothing waited for and nothing returned."""
+def prefetch_rows(W, rows, K, BLOCK_K: tl.constexpr, TILES: tl.constexpr = 2):
+    """Ask the L2 for the first TILES tiles of K (what the loop reads first) of rows `rows`
+    (int64) of the row-major weight W (N, K): one `prefetch.global.L2` a 128-byte line, nothing
+    waited for and nothing returned. Not the whole rows: that was measured 0.39 ms slower a step
+    (PERFORMANCE.md 5.2)."""
     LINE: tl.constexpr = 1024 // W.dtype.element_ty.primitive_bitwidth  # elements in 128 bytes
     lines = tl.arange(0, BLOCK_K // LINE) * LINE
-    for k0 in range(0, K, BLOCK_K):
-        k = tl.minimum(k0 + lines, K - 1)  # an inline asm takes no mask: clamp the last tile
+    for tile in tl.static_range(TILES):
+        k = tl.minimum(tile * BLOCK_K + lines, K - 1)  # an inline asm takes no mask: clamp
         tl.inline_asm_elementwise(
             "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;",
             "=r,l",
