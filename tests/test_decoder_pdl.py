@@ -1,12 +1,10 @@
 """Programmatic dependent launch inside the decoder's graph step (kernels/decoder/pdl.py): opt-in,
-the same tokens and logits as the default step, compiled in only where the GPU has it; with
-pdl="prefetch" the GEMVs also ask the L2 for their weights before the wait.
+the same tokens and logits as the default step, compiled in only where the GPU has it.
 
 CPU: the flag is accepted and the interpreter runs the plain kernels (the same logits bit for bit,
 GEMVs and fused GEMVs included); offline compiles for sm_90 (the PDL variants wait, the default
-ones do not, the prefetch before the wait in the GEMVs' prefetch variants) and for sm_80 (the PDL
-request compiles to the plain kernel). GPU: 64 greedy tokens of the graph with PDL, and with the
-prefetch, equal the default graph's and Hugging Face's, fp32 and bf16, batch 1 and 2."""
+ones do not) and for sm_80 (the PDL request compiles to the plain kernel). GPU: 64 greedy tokens of
+the graph with PDL equal the default graph's and Hugging Face's, fp32 and bf16, batch 1 and 2."""
 
 import pytest
 import torch
@@ -26,32 +24,15 @@ def test_pdl_is_compiled_out_in_cpu_mode():
     """The interpreter can run neither griddepcontrol nor the launch attribute: pdl=True must
     give the plain launch, not the PDL constexpr."""
     assert not pdl.available()
-    for mode in (False, True, pdl.PREFETCH):
-        assert pdl.launch_options(mode) == pdl.launch_options(mode, weights=True) == {}
+    assert pdl.launch_options(True) == {}
+    assert pdl.launch_options(False) == {}
 
 
-@pytest.mark.parametrize("mode", ["yes", 1, None, "PDL"])
-def test_a_pdl_that_is_no_mode_is_refused(mode):
+@pytest.mark.parametrize("pdl_flag", ["yes", 1, None, "prefetch"])
+def test_a_pdl_that_is_not_a_bool_is_refused(pdl_flag):
     hf = hf_reference.random_llama(TINY, seed=3)
-    with pytest.raises(ValueError, match="pdl must be False, True or 'prefetch'"):
-        Decoder(DecoderWeights.from_hf(hf), max_batch=1, max_seq=16, pdl=mode)
-
-
-def test_only_the_gemvs_take_the_prefetch_and_only_when_asked(monkeypatch):
-    """On a GPU with PDL: every kernel gets the wait; PREFETCH goes to the GEMVs alone (the other
-    kernels have no such constexpr), set for pdl="prefetch" only."""
-    monkeypatch.setattr(pdl, "available", lambda: True)
-    assert (
-        pdl.launch_options(True)
-        == pdl.launch_options(pdl.PREFETCH)
-        == {
-            "PDL": True,
-            "launch_pdl": True,
-        }
-    )
-    assert pdl.launch_options(True, weights=True)["PREFETCH"] is False
-    assert pdl.launch_options(pdl.PREFETCH, weights=True)["PREFETCH"] is True
-    assert pdl.launch_options(False, weights=True) == {}
+    with pytest.raises(ValueError, match="pdl must be True or False"):
+        Decoder(DecoderWeights.from_hf(hf), max_batch=1, max_seq=16, pdl=pdl_flag)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -69,33 +50,28 @@ def test_graph_step_with_pdl_gives_the_default_logits(dtype):
     token = triton_ops.argmax(logits).view(-1, 1)
     positions = torch.full((1,), model.cache.length, dtype=torch.int32, device=DEVICE)
     plain = model.forward(token, positions, None)
+    with_pdl = model.forward(token, positions, None, pdl=True)
     assert not torch.isnan(plain).any()
-    for mode in (True, pdl.PREFETCH):
-        with_pdl = model.forward(token, positions, None, pdl=mode)
-        assert torch.equal(plain, with_pdl)
-        assert torch.equal(triton_ops.argmax(plain), triton_ops.argmax(with_pdl, pdl=mode))
+    assert torch.equal(plain, with_pdl)
+    assert torch.equal(triton_ops.argmax(plain), triton_ops.argmax(with_pdl, pdl=True))
 
 
 def test_every_triton_kernel_of_the_graph_step_asks_for_pdl(monkeypatch):
-    """The chain is only as safe as its weakest link: with pdl set every launch of the decoder's
-    own Triton kernels in the step must ask for it (so that it waits before touching memory), with
-    pdl=False none may; and the GEMVs, and only they, say that they take the prefetch. Counted per
-    launch, bf16 with the GEMV and the fused GEMV in: per layer the fused qkv, RoPE + append, the
-    attention (one or two launches), o, the fused gate_up and down; then lm_head's GEMV and the
-    two argmax kernels' launch."""
+    """The chain is only as safe as its weakest link: with pdl=True every launch of the decoder's
+    own Triton kernels in the step must ask for PDL (so that it waits before touching memory), with
+    pdl=False none may. Counted per launch, bf16 with the GEMV and the fused GEMV in: per layer
+    the fused qkv, RoPE + append, the attention (one or two launches), o, the fused gate_up and
+    down; then lm_head's GEMV and the two argmax kernels' launch."""
     from kernels.decoder import triton_attention, triton_fused_gemv, triton_gemv, triton_rope
 
     asked = []
 
-    def recording(module):
-        def launch_options(with_pdl, weights=False):
-            asked.append((module.__name__.rsplit(".", 1)[1], with_pdl, weights))
-            return {}
-
-        return launch_options
+    def recording(with_pdl):
+        asked.append(with_pdl)
+        return {}
 
     for module in (triton_gemv, triton_fused_gemv, triton_rope, triton_attention, triton_ops):
-        monkeypatch.setattr(module, "launch_options", recording(module))
+        monkeypatch.setattr(module, "launch_options", recording)
     hf = hf_reference.random_llama(TINY, seed=3, dtype=torch.bfloat16)
     model = Decoder(DecoderWeights.from_hf(hf), max_batch=1, max_seq=16)
     model.set_decode_linears(1, PROJECTIONS)
@@ -104,17 +80,13 @@ def test_every_triton_kernel_of_the_graph_step_asks_for_pdl(monkeypatch):
     token = torch.ones((1, 1), dtype=torch.int64, device=DEVICE)
     positions = torch.full((1,), model.cache.length, dtype=torch.int32, device=DEVICE)
     counts = {}
-    for mode in (False, True, pdl.PREFETCH):
+    for with_pdl in (False, True):
         asked.clear()
-        logits = model.forward(token, positions, None, pdl=mode)
-        triton_ops.argmax(logits, pdl=mode)
-        assert {with_pdl for _, with_pdl, _ in asked} == {mode}
-        gemvs = [name for name, _, weights in asked if weights]
-        assert set(gemvs) == {"triton_gemv", "triton_fused_gemv"}
-        assert all(weights for name, _, weights in asked if name in gemvs)
-        assert len(gemvs) == 4 * TINY.n_layers + 1  # qkv, o, gate_up, down a layer; lm_head
-        counts[mode] = len(asked)
-    assert counts[True] == counts[pdl.PREFETCH] == counts[False] >= 6 * TINY.n_layers + 2
+        logits = model.forward(token, positions, None, pdl=with_pdl)
+        triton_ops.argmax(logits, pdl=with_pdl)
+        assert asked == [with_pdl] * len(asked)
+        counts[with_pdl] = len(asked)
+    assert counts[True] == counts[False] >= 6 * TINY.n_layers + 2
 
 
 def test_decoder_with_pdl_generates_the_default_tokens():
@@ -132,18 +104,13 @@ def test_decoder_with_pdl_generates_the_default_tokens():
 
 @pytest.mark.cpu
 def test_pdl_variants_wait_on_hopper_and_default_ones_do_not():
-    """And the GEMVs' prefetch variants prefetch (once a weight, twice for gate and up), before
-    the wait; nothing else does."""
-    from kernels.decoder.pdl_offline import GEMVS, KERNELS, compile_offline
+    from kernels.decoder.pdl_offline import KERNELS, compile_offline
 
     made = compile_offline("sm_90")
     assert {kernel for kernel, _ in made} == set(KERNELS)
-    assert {kernel for kernel, mode in made if mode == pdl.PREFETCH} == set(GEMVS)
-    for (kernel, mode), one in made.items():
-        assert one["wait"] == int(bool(mode)), (kernel, mode, one)
-        assert one["launch_dependents"] == int(bool(mode)), (kernel, mode, one)
-        assert (one["prefetch"] > 0) == (mode == pdl.PREFETCH), (kernel, mode, one)
-        assert one["prefetch_before_wait"] == (mode == pdl.PREFETCH), (kernel, mode, one)
+    for (kernel, with_pdl), one in made.items():
+        assert one["wait"] == int(with_pdl), (kernel, with_pdl, one)
+        assert one["launch_dependents"] == int(with_pdl), (kernel, with_pdl, one)
 
 
 @pytest.mark.cpu
@@ -151,10 +118,9 @@ def test_pdl_request_compiles_to_the_plain_kernel_for_an_a100():
     from kernels.decoder.pdl_offline import compile_offline
 
     made = compile_offline("sm_80", kernels=("skinny_linear_kernel", "rope_append_kernel"))
-    assert ("skinny_linear_kernel", pdl.PREFETCH) in made
-    for (kernel, mode), one in made.items():
+    for (kernel, with_pdl), one in made.items():
         assert one["target"] == "sm_80"
-        assert one["wait"] == one["launch_dependents"] == one["prefetch"] == 0, (kernel, mode, one)
+        assert one["wait"] == one["launch_dependents"] == 0, (kernel, with_pdl, one)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -178,10 +144,9 @@ def test_gpu_graph_with_pdl_equals_the_default_graph_and_hf(dtype, batch, gemv):
     projections are cuBLAS's."""
     hf = hf_reference.random_llama(TINY, seed=5, dtype=dtype, device="cuda")
     weights = DecoderWeights.from_hf(hf)
-    modes = {"default": False, "pdl": True, "prefetch": pdl.PREFETCH}
     models = {
-        name: Decoder(weights, max_batch=batch, max_seq=96, pdl=mode)
-        for name, mode in modes.items()
+        name: Decoder(weights, max_batch=batch, max_seq=96, pdl=name == "pdl")
+        for name in ("default", "pdl")
     }
     for model in models.values():
         if gemv:
@@ -189,14 +154,14 @@ def test_gpu_graph_with_pdl_equals_the_default_graph_and_hf(dtype, batch, gemv):
             model.set_decode_fused(batch, ("qkv", "gate_up"))
     tokens = prompt(TINY, batch, 9, seed=batch).cuda()
     theirs = hf_reference.greedy(hf, tokens, 64)
-    made = {name: model.generate(tokens, 64, graph=True) for name, model in models.items()}
-    assert {name: model._graph.pdl for name, model in models.items()} == modes
-    for name in ("pdl", "prefetch"):
-        agree = float((made[name] == theirs).float().mean())
-        print(f"{dtype} batch {batch} gemv {gemv}: {name} graph = HF on {agree:.1%} of tokens")
-        assert torch.equal(made[name], made["default"])
-        if not gemv:
-            assert torch.equal(made[name], theirs)
+    default = models["default"].generate(tokens, 64, graph=True)
+    mine = models["pdl"].generate(tokens, 64, graph=True)
+    assert models["pdl"]._graph.pdl and not models["default"]._graph.pdl
+    agree = float((mine == theirs).float().mean())
+    print(f"{dtype} batch {batch} gemv {gemv}: PDL graph = HF on {agree:.1%} of tokens")
+    assert torch.equal(mine, default)
+    if not gemv:
+        assert torch.equal(mine, theirs)
 
 
 @pytest.mark.cpu

@@ -107,9 +107,6 @@ def configurations(arch: str):
     half = "bf16" if found.bf16 else "fp16"  # sm_75: the course refuses bf16 products there
     # the decoder's graph kernels as Decoder(pdl=True) launches them: the wait where PDL exists
     decode_pdl = {"PDL": pdl.launch_options(True).get("PDL", False)}
-    # and the GEMVs as Decoder(pdl="prefetch") launches them: the weight prefetch before the wait
-    prefetch = pdl.launch_options(pdl.PREFETCH, weights=True).get("PREFETCH", False)
-    decode_gemv = decode_pdl | {"PREFETCH": prefetch}
     out = []
 
     def add(key, label, data, constants, types=None, **options):
@@ -468,7 +465,7 @@ def configurations(arch: str):
                 "BLOCK_N": bn,
                 "BLOCK_K": bk,
                 "USE_DOT": use_dot,
-                **decode_gemv,
+                **decode_pdl,
             },
             {"NORM_W": "*" + half},
             num_warps=warps,
@@ -488,7 +485,7 @@ def configurations(arch: str):
                 "BLOCK_K": bk,
                 "USE_DOT": use_dot,
                 "UPCAST": False,
-                **decode_gemv,
+                **decode_pdl,
             },
             num_warps=warps,
             num_stages=stages,

@@ -3,9 +3,7 @@
 Run on a GPU: `python -m kernels.decoder.benchmark` writes data/results/<gpu>/07_decoder.json (with
 the environment fingerprint) and prints the targets (at most about 7 minutes on an H100, most of it
 torch.compile); `--quick` measures batch 1 at context 512 only; `--pdl` only the graph step with
-and without programmatic dependent launch at PDL_DECODE (07_decoder_pdl.json, PERFORMANCE.md 5.1);
-`--pdl-prefetch` the same with a third graph whose GEMVs also prefetch their weights before the
-wait (07_decoder_pdl_prefetch.json, PERFORMANCE.md 5.2).
+and without programmatic dependent launch at PDL_DECODE (07_decoder_pdl.json, PERFORMANCE.md 5.1).
 
 Ours first, in this process:
 * the lab's kernels (RoPE, argmax, RoPE in CUDA C) against PyTorch's, timed as the grader does;
@@ -253,48 +251,37 @@ def decode_ours(model: Decoder, batch: int, context: int, ceilings: dict) -> dic
     }
 
 
-PDL_LABELS = {True: "PDL", pdl.PREFETCH: "PDL+prefetch"}  # a pdl mode's name in the rows
-
-
-def decode_pdl(
-    model: Decoder, batch: int, context: int, ceilings: dict, modes: tuple = (True,)
-) -> dict:
+def decode_pdl(model: Decoder, batch: int, context: int, ceilings: dict) -> dict:
     """The graph step with the model's choice of projections, captured without and with
-    programmatic dependent launch (pdl.py, PERFORMANCE.md 5.1; `modes` may add pdl.PREFETCH, 5.2):
-    one replay of each from the same tokens must give the same logits bit for bit, then all are
-    timed interleaved (device time of one replay, wall time per token of a loop). The model keeps
-    its default graph."""
+    programmatic dependent launch (pdl.py, PERFORMANCE.md 5.1): one replay of each from the same
+    tokens must give the same logits bit for bit, then both are timed interleaved (device time of
+    one replay, wall time per token of a loop). The model keeps its default graph."""
     row = {"batch": batch, "context": context, "linears": linears_label(model, batch)}
     if not pdl.available():
         return row | {"PDL": "not available on this GPU (sm_90 and newer): not timed"}
-    variants = {PDL_LABELS[mode]: model.capture_decode_graph(batch, pdl=mode) for mode in modes}
-    graphs = {"default": model.capture_decode_graph(batch, pdl=False)} | variants
+    with_pdl = model.capture_decode_graph(batch, pdl=True)
+    graphs = {"default": model.capture_decode_graph(batch, pdl=False), "PDL": with_pdl}
     start_graphs({"default": graphs["default"]}, context)
-    for step in variants.values():
-        step.start(graphs["default"].tokens, context)
+    graphs["PDL"].start(graphs["default"].tokens, context)
     for step in graphs.values():
         step.replay()
-    same = all(torch.equal(graphs["default"].logits, step.logits) for step in variants.values())
+    same = torch.equal(graphs["default"].logits, graphs["PDL"].logits)
     gpu = graphs_gpu_ms(graphs, context)
     ms = wall_per_call_ms(
         {name: step.replay for name, step in graphs.items()},
         {name: (lambda step=step: step.positions.fill_(context)) for name, step in graphs.items()},
     )
     floor_ms = decode_floor_ms(batch, context, ceilings)
-    row |= {"same logits": same, "graph GPU ms": gpu["default"]}
-    for label in variants:
-        row |= {
-            f"graph {label} GPU ms": gpu[label],
-            f"{label} saving GPU us": (gpu["default"] - gpu[label]) * 1e3,
-        }
-    row["graph ms"] = ms["default"]
-    for label in variants:
-        row |= {
-            f"graph {label} ms": ms[label],
-            f"{label} speedup": ms["default"] / ms[label],
-            f"{label} % of floor": 100 * floor_ms / ms[label],
-        }
-    return row
+    return row | {
+        "same logits": same,
+        "graph GPU ms": gpu["default"],
+        "graph PDL GPU ms": gpu["PDL"],
+        "PDL saving GPU us": (gpu["default"] - gpu["PDL"]) * 1e3,
+        "graph ms": ms["default"],
+        "graph PDL ms": ms["PDL"],
+        "PDL speedup": ms["default"] / ms["PDL"],
+        "PDL % of floor": 100 * floor_ms / ms["PDL"],
+    }
 
 
 def decode_eager(model: Decoder, batch: int, context: int) -> dict:
@@ -624,15 +611,8 @@ def main() -> int:
         return 1
     args = sys.argv[1:]
     quick = "--quick" in args
-    prefetch = "--pdl-prefetch" in args
-    only_pdl = "--pdl" in args or prefetch
-    pdl_modes = (True, pdl.PREFETCH) if prefetch else (True,)
-    if prefetch:
-        name = "07_decoder_pdl_prefetch"
-    elif only_pdl:
-        name = "07_decoder_pdl"
-    else:
-        name = "07_decoder_quick" if quick else "07_decoder"
+    only_pdl = "--pdl" in args
+    name = "07_decoder_pdl" if only_pdl else "07_decoder_quick" if quick else "07_decoder"
     t_start = time.perf_counter()
     ceilings = bench.ceilings()
     hf = hf_reference.random_llama(CONFIG, seed=0, dtype=DTYPE, device=DEVICE)
@@ -686,10 +666,7 @@ def main() -> int:
     if only_pdl:  # the choice at PDL_DECODE's batches, then the PDL rows; nothing else
         section("decode_linears", lambda: choose_linears(model, [b for b, _ in PDL_DECODE]))
         section("decode_fused", lambda: choose_fused(model, [b for b, _ in PDL_DECODE]))
-        section(
-            "decode_pdl",
-            lambda: [decode_pdl(model, b, c, ceilings, pdl_modes) for b, c in PDL_DECODE],
-        )
+        section("decode_pdl", lambda: [decode_pdl(model, b, c, ceilings) for b, c in PDL_DECODE])
         print(f"wrote {name}.json in {results['elapsed_s']:.0f} s; errors: {results['errors']}")
         return 0
     # the graph first: a fault in an eager path (which launches many more kernels from Python)

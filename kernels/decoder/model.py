@@ -49,7 +49,6 @@ import torch
 import torch.nn.functional as F
 
 from kernels import bench, runtime
-from kernels.decoder import pdl as pdl_module
 from kernels.decoder import (
     triton_attention,
     triton_fused_gemv,
@@ -226,13 +225,11 @@ class Decoder:
     with the decode step replayed from a CUDA graph on a GPU (`graph=True`). `pdl=True` captures
     that graph with the course's Triton kernels launched with programmatic dependent launch
     (pdl.py: each may start while the one before it ends; the same tokens), where the GPU has it
-    (Hopper and newer; elsewhere the plain kernels, `pdl.available()` says which); `pdl="prefetch"`
-    also has each GEMV ask the L2 for its weight before it waits (pdl.py)."""
+    (Hopper and newer; elsewhere the plain kernels, `pdl.available()` says which)."""
 
-    def __init__(
-        self, weights: DecoderWeights, max_batch: int, max_seq: int, *, pdl: bool | str = False
-    ):
-        pdl_module.check_mode("Decoder", pdl)
+    def __init__(self, weights: DecoderWeights, max_batch: int, max_seq: int, *, pdl: bool = False):
+        if not isinstance(pdl, bool):
+            raise ValueError(f"Decoder: pdl must be True or False, got {pdl!r}")
         self.w, self.c = weights, weights.config
         self.pdl = pdl
         self.dtype, self.device = weights.dtype, weights.device
@@ -374,7 +371,7 @@ class Decoder:
         x: torch.Tensor,
         weight: torch.Tensor,
         gemv: frozenset,
-        pdl: bool | str = False,
+        pdl: bool = False,
     ):
         if projection in gemv:
             return triton_gemv.linear(x, weight, pdl=pdl)
@@ -391,7 +388,7 @@ class Decoder:
         *,
         swiglu: bool = False,
         sequence_length: int = 1,
-        pdl: bool | str = False,
+        pdl: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(rmsnorm(delta + x) * norm @ weight.T, then SwiGLU if asked; delta + x): the residual
         add (none where delta is None), the norm and the projection, as one triton_fused_gemv launch
@@ -425,9 +422,7 @@ class Decoder:
             )
         return self._workspaces[key]
 
-    def _attention(
-        self, layer: int, q, positions, n_keys: int | None, out, pdl: bool | str = False
-    ):
+    def _attention(self, layer: int, q, positions, n_keys: int | None, out, pdl: bool = False):
         """out (B, Hq, T, D) for q (B, Hq, T, D). `n_keys` is the cache length after this step when
         the host knows it (eager), None inside a graph: then the positions on the device decide."""
         batch, _, n_q, _ = q.shape
@@ -460,7 +455,7 @@ class Decoder:
         n_keys: int | None = None,
         hidden_states: list | None = None,
         *,
-        pdl: bool | str = False,
+        pdl: bool = False,
     ) -> torch.Tensor:
         """Logits (B, vocab) of the last of T new tokens per sequence; tokens (B, T), positions
         (B T,) on the device. Appends each layer's output (B, T, hidden) to `hidden_states` if
@@ -594,7 +589,7 @@ class Decoder:
     # ----------------------------------------------------------------------------------------------
     # The decode step in a CUDA graph: tokens and positions live in device buffers the graph reads
 
-    def capture_decode_graph(self, batch: int, *, pdl: bool | str | None = None) -> "DecodeGraph":
+    def capture_decode_graph(self, batch: int, *, pdl: bool | None = None) -> "DecodeGraph":
         """The decode step of `batch` captured (the graph generate() replays); `pdl` overrides
         the decoder's own choice for this graph."""
         if not runtime.ON_GPU:
@@ -661,10 +656,13 @@ class DecodeGraph:
     serves every step with no host-to-device copy in between. `pdl` (the model's choice by
     default): the step's Triton kernels launched with programmatic dependent launch."""
 
-    def __init__(self, model: Decoder, batch: int, *, pdl: bool | str | None = None):
+    def __init__(self, model: Decoder, batch: int, *, pdl: bool | None = None):
+        if pdl is not None and not isinstance(pdl, bool):
+            raise ValueError(
+                f"Decoder.capture_decode_graph: pdl must be True, False or None, got {pdl!r}"
+            )
         self.model, self.batch = model, batch
         self.pdl = model.pdl if pdl is None else pdl
-        pdl_module.check_mode("Decoder.capture_decode_graph", self.pdl)
         self.tokens = torch.zeros(batch, dtype=torch.int64, device=model.device)
         self.positions = torch.zeros(batch, dtype=torch.int32, device=model.device)
         saved = model.cache.length

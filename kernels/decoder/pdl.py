@@ -23,16 +23,12 @@ runs, and the step's grids would pile onto the SMs behind it). A kernel launched
 PyTorch kernel, module 02's norm, cuBLAS) waits for everything before it as always; the PDL kernel
 after it starts when its programs have exited, an early start of nothing.
 
-With `pdl=True` what comes before the wait is index arithmetic only: the weights are streamed in
-the loop, which needs the activation from its first iteration on. So the saving is the gap and the
-launch of the programs (PERFORMANCE.md, 5.1, has the prediction and the measurement).
-
-`pdl="prefetch"` adds one thing before the GEMVs' wait (PERFORMANCE.md, 5.2): each program asks the
-L2 for the first two tiles of its rows of the weight (`prefetch.global.L2`, one per 128-byte
-line), so the first bytes the kernel streams start moving while the kernel before it still runs.
-This is the one exception to "nothing before the wait", and a safe one: the weights are never
-written during a step, and a prefetch is a hint that returns nothing and changes no memory, so no
-result can differ.
+What comes before the wait is index arithmetic only: the weights are streamed in the loop, which
+needs the activation from its first iteration on. So the saving is the gap and the launch of the
+programs (PERFORMANCE.md, 5.1, has the prediction and the measurement). Asking the L2 for the
+GEMVs' weights before the wait (`prefetch.global.L2`; the weights are read-only, so it is safe)
+was tried and measured slower on an H200, 0.39 ms a step for whole rows and 0.13-0.15 ms for each
+program's first two tiles (PERFORMANCE.md, 5.2).
 
 `griddepcontrol` exists from sm_90 on and the interpreter cannot run it: `launch_options` gives
 the plain launch where `runtime.has("pdl")` is False (CPU mode, before Hopper,
@@ -47,27 +43,16 @@ import triton.language as tl
 
 from kernels import runtime
 
-PREFETCH = "prefetch"  # pdl=PREFETCH: PDL, and the GEMVs' weights prefetched before the wait
-
-
-def check_mode(op: str, pdl) -> None:
-    """A clear error for a `pdl` that is none of False, True and PREFETCH."""
-    if pdl is not False and pdl is not True and pdl != PREFETCH:
-        raise ValueError(f"{op}: pdl must be False, True or {PREFETCH!r}, got {pdl!r}")
-
 
 def available() -> bool:
     """Whether this GPU (or the offline compile target) runs PDL: Hopper or newer."""
     return runtime.has("pdl")
 
 
-def launch_options(pdl: bool | str, weights: bool = False) -> dict:
+def launch_options(pdl: bool) -> dict:
     """The keyword arguments a decoder kernel's launch takes for `pdl`: the wait compiled in and
-    the PDL launch attribute where PDL exists, nothing otherwise (the plain kernel). `weights`: a
-    GEMV kernel, which also takes PREFETCH (set for pdl=PREFETCH)."""
-    if not (pdl and available()):
-        return {}
-    return {"PDL": True, "launch_pdl": True} | ({"PREFETCH": pdl == PREFETCH} if weights else {})
+    the PDL launch attribute where PDL exists, nothing otherwise (the plain kernel)."""
+    return {"PDL": True, "launch_pdl": True} if pdl and available() else {}
 
 
 @triton.jit
@@ -77,23 +62,3 @@ def wait_then_release(PDL: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
-def prefetch_rows(W, rows, K, BLOCK_K: tl.constexpr, TILES: tl.constexpr = 2):
-    """Ask the L2 for the first TILES tiles of K (what the loop reads first) of rows `rows`
-    (int64) of the row-major weight W (N, K): one `prefetch.global.L2` a 128-byte line, nothing
-    waited for and nothing returned. Not the whole rows: that was measured 0.39 ms slower a step
-    (PERFORMANCE.md 5.2)."""
-    LINE: tl.constexpr = 1024 // W.dtype.element_ty.primitive_bitwidth  # elements in 128 bytes
-    lines = tl.arange(0, BLOCK_K // LINE) * LINE
-    for tile in tl.static_range(TILES):
-        k = tl.minimum(tile * BLOCK_K + lines, K - 1)  # an inline asm takes no mask: clamp
-        tl.inline_asm_elementwise(
-            "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;",
-            "=r,l",
-            [W + rows[:, None] * K + k[None, :]],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )

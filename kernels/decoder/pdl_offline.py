@@ -4,12 +4,10 @@ programmatic dependent launch: the PTX says whether the wait made it in.
     python -m kernels.decoder.pdl_offline [sm_90|sm_80]
 
 compiles each kernel the way its wrapper launches it at batch 1 (bf16, Llama-3.2-1B's shapes),
-once with `pdl=False` and once with `pdl=True` (the GEMVs also with `pdl="prefetch"`), and prints
-the `griddepcontrol` and `prefetch.global.L2` instructions in each. For sm_90 the PDL variants
-carry `griddepcontrol.wait` and `.launch_dependents`, the prefetch variants a prefetch as well, and
-the default ones none of them; for sm_80 the PDL request compiles to the plain kernel
-(`launch_options` asks `runtime.has("pdl")`, which answers for the compile target), so an A100
-never sees it.
+once with `pdl=False` and once with `pdl=True`, and prints the `griddepcontrol` instructions in
+each. For sm_90 the PDL variants carry `griddepcontrol.wait` and `.launch_dependents` and the
+default ones carry neither; for sm_80 the PDL request compiles to the plain kernel (`launch_options`
+asks `runtime.has("pdl")`, which answers for the compile target), so an A100 never sees it.
 tests/test_decoder_pdl.py checks both, through `compile_offline` (a process of its own).
 """
 
@@ -19,7 +17,7 @@ import json
 import sys
 
 from kernels.compile_report import run_compile_script
-from kernels.decoder.pdl import PREFETCH, launch_options
+from kernels.decoder.pdl import launch_options
 
 # kernel name -> (module, pointer types by argument, float arguments, constexprs, warps): a batch-1
 # launch at the Llama-3.2-1B shape, as the wrapper makes it on a GPU
@@ -110,8 +108,6 @@ KERNELS = {
     ),
 }
 
-GEMVS = ("skinny_linear_kernel", "add_norm_linear_kernel")  # they take PREFETCH as well
-
 _SCRIPT = """
 import json, sys
 from kernels.decoder import pdl_offline
@@ -119,16 +115,13 @@ for options in json.loads(sys.argv[1]):
     ptx = pdl_offline.compile_for(sys.argv[2], **options).asm["ptx"]
     sys.stdout.flush()
     print(json.dumps({
-        "prefetch": ptx.count("prefetch.global.L2"),
-        "prefetch_before_wait":
-            0 <= ptx.find("prefetch.global.L2") < ptx.find("griddepcontrol.wait"),
         "wait": ptx.count("griddepcontrol.wait"),
         "launch_dependents": ptx.count("griddepcontrol.launch_dependents"),
         "target": ptx.split(".target", 1)[1].split()[0]}), flush=True)
 """
 
 
-def compile_for(arch: str, kernel: str, pdl: bool | str):
+def compile_for(arch: str, kernel: str, pdl: bool):
     """`kernel` compiled for `arch` with the constexprs its wrapper passes for `pdl` (in a process
     with KERNELS_COMPILE_ONLY=1, so that `launch_options` answers for `arch`)."""
     import importlib
@@ -137,9 +130,7 @@ def compile_for(arch: str, kernel: str, pdl: bool | str):
 
     module, pointers, floats, constants, num_warps = KERNELS[kernel]
     fn = getattr(importlib.import_module(f"kernels.decoder.{module}"), kernel)
-    options = launch_options(pdl, weights=kernel in GEMVS)
-    flags = ("PDL", "PREFETCH") if kernel in GEMVS else ("PDL",)
-    constants = constants | {flag: options.get(flag, False) for flag in flags}
+    constants = constants | {"PDL": launch_options(pdl).get("PDL", False)}
     signature = {}
     for name in fn.arg_names:
         if name in constants:
@@ -151,15 +142,10 @@ def compile_for(arch: str, kernel: str, pdl: bool | str):
     return compile_triton(fn, signature, constants, arch, num_warps, num_stages=3)
 
 
-def compile_offline(arch: str = "sm_90", kernels=tuple(KERNELS)) -> dict[tuple, dict]:
-    """{(kernel, pdl): {"prefetch", "prefetch_before_wait", "wait", "launch_dependents",
-    "target"}} for each kernel and each `pdl` (False, True, and "prefetch" for the GEMVs),
-    compiled for `arch` in one process."""
-    variants = [
-        {"kernel": k, "pdl": p}
-        for k in kernels
-        for p in (False, True) + ((PREFETCH,) if k in GEMVS else ())
-    ]
+def compile_offline(arch: str = "sm_90", kernels=tuple(KERNELS)) -> dict[tuple[str, bool], dict]:
+    """{(kernel, pdl): {"wait", "launch_dependents", "target", ...}} for each kernel, compiled
+    for `arch` in one fresh process."""
+    variants = [{"kernel": k, "pdl": p} for k in kernels for p in (False, True)]
     made = run_compile_script(
         _SCRIPT, [json.dumps(variants), arch], f"compiling the decoder's kernels for {arch}", arch
     )
@@ -170,9 +156,8 @@ def main() -> int:
     arch = sys.argv[1] if len(sys.argv) > 1 else "sm_90"
     for (kernel, pdl), made in compile_offline(arch).items():
         print(
-            f"{arch} {kernel:32} pdl={pdl!s:8}: {made['wait']} griddepcontrol.wait, "
-            f"{made['launch_dependents']} launch_dependents, {made['prefetch']} "
-            f"prefetch.global.L2 ({made['target']})"
+            f"{arch} {kernel:32} pdl={pdl!s:5}: {made['wait']} griddepcontrol.wait, "
+            f"{made['launch_dependents']} launch_dependents ({made['target']})"
         )
     return 0
 

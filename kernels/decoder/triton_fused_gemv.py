@@ -54,7 +54,7 @@ import triton.language as tl
 
 from kernels import runtime
 from kernels.decoder import triton_gemv
-from kernels.decoder.pdl import launch_options, prefetch_rows, wait_then_release
+from kernels.decoder.pdl import launch_options, wait_then_release
 from kernels.testing import TINY, ULP, Comparison, compare
 from kernels.validate import check_operands, check_rows_contiguous
 
@@ -140,8 +140,8 @@ def add_norm_linear_kernel(
     BLOCK_K: tl.constexpr,
     USE_DOT: tl.constexpr,
     PDL: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False,
 ):
+    wait_then_release(PDL)  # launched with PDL: nothing is read before the previous kernel ends
     pid = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -152,11 +152,6 @@ def add_norm_linear_kernel(
     # As in triton_gemv.py: rows past N read row N - 1 again (never stored), so W's loads stay
     # unmasked along N.
     rows = tl.minimum(offs_n, N - 1).to(tl.int64)
-    if PREFETCH:  # the weight is read-only: its bytes may move while the kernel before still runs
-        prefetch_rows(W, rows, K, BLOCK_K)
-        if SWIGLU:
-            prefetch_rows(W, rows + N, K, BLOCK_K)  # up's rows
-    wait_then_release(PDL)  # launched with PDL: nothing is read before the previous kernel ends
     if USE_DOT:
         w_ptrs = W + rows[:, None] * K + offs_k[None, :]
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -360,7 +355,7 @@ def add_rms_norm_linear(
     out: torch.Tensor | None = None,
     residual_out: torch.Tensor | None = None,
     config: triton.Config | None = None,
-    pdl: bool | str = False,
+    pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, r) with r = delta + residual and out = rmsnorm(r) * norm_weight @ weight.T, in one
     launch, for M <= 32 rows of K; or, with `swiglu=True` and weight = [gate; up] (2 I, K),
@@ -371,8 +366,7 @@ def add_rms_norm_linear(
     weight and norm_weight contiguous. r goes to `residual_out` (allocated if None), never in place.
     `config` runs one configuration (tests); otherwise the GPU's autotuned choice (its first call
     per shape synchronizes: make it before a CUDA graph capture), or the interpreter's on a CPU.
-    `pdl`: launched with programmatic dependent launch where the GPU has it (pdl.py); "prefetch"
-    also asks the L2 for the weight before waiting."""
+    `pdl`: launched with programmatic dependent launch where the GPU has it (pdl.py)."""
     _check(delta, residual, norm_weight, weight, eps, residual_out, out, swiglu)
     (m, k), n = residual.shape, weight.shape[0] // (2 if swiglu else 1)
     if out is None:
@@ -410,7 +404,7 @@ def add_rms_norm_linear(
             SWIGLU=swiglu,
             STATISTICS_FIRST=statistics_first,
             UPCAST=False,
-            **launch_options(pdl, weights=True),
+            **launch_options(pdl),
         )
         return out, residual_out
     if config is None:
@@ -426,7 +420,7 @@ def add_rms_norm_linear(
         **kw,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
-        **launch_options(pdl, weights=True),
+        **launch_options(pdl),
     )
     return out, residual_out
 

@@ -48,7 +48,7 @@ import triton
 import triton.language as tl
 
 from kernels import runtime
-from kernels.decoder.pdl import launch_options, prefetch_rows, wait_then_release
+from kernels.decoder.pdl import launch_options, wait_then_release
 from kernels.testing import TINY, ULP, Comparison, compare
 from kernels.validate import check_operands, check_rows_contiguous
 
@@ -74,9 +74,9 @@ def skinny_linear_kernel(
     USE_DOT: tl.constexpr,
     UPCAST: tl.constexpr,
     PDL: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False,
 ):
     """One program: y[:, n0 : n0 + BLOCK_N] = x @ W[n0 : n0 + BLOCK_N].T, in fp32, over all of K."""
+    wait_then_release(PDL)  # launched with PDL: nothing is read before the previous kernel ends
     n0 = tl.program_id(0) * BLOCK_N
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -84,9 +84,6 @@ def skinny_linear_kernel(
     # The last program's rows past N read row N - 1 again instead of being masked: every load of W
     # stays unmasked along N, and those columns are never stored.
     rows = tl.minimum(offs_n, N - 1).to(tl.int64)
-    if PREFETCH:  # the weight is read-only: its bytes may move while the kernel before still runs
-        prefetch_rows(W, rows, K, BLOCK_K)
-    wait_then_release(PDL)  # launched with PDL: nothing is read before the previous kernel ends
     if USE_DOT:
         w_ptrs = W + rows[:, None] * K + offs_k[None, :]  # (BLOCK_N, BLOCK_K)
         x_ptrs = X + offs_m[:, None] * stride_xm + offs_k[None, :]  # (BLOCK_M, BLOCK_K)
@@ -224,7 +221,7 @@ def linear(
     out: torch.Tensor | None = None,
     *,
     config: triton.Config | None = None,
-    pdl: bool | str = False,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """x @ weight.T, as F.linear without bias, for x (M, K) with M <= 32 and weight (N, K).
 
@@ -233,8 +230,7 @@ def linear(
     configuration (tests); otherwise the GPU's autotuned choice, or on the CPU the interpreter's
     configuration for this M. The first GPU call of a shape autotunes, which synchronizes: make
     it before capturing a CUDA graph (DecodeGraph's warm-up does). `pdl`: launched with
-    programmatic dependent launch where the GPU has it (pdl.py), the same result; `pdl="prefetch"`
-    also asks the L2 for the weight before waiting."""
+    programmatic dependent launch where the GPU has it (pdl.py), the same result."""
     _check(x, weight, out)
     (m, k), n = x.shape, weight.shape[0]
     if out is None:
@@ -242,7 +238,7 @@ def linear(
     if m == 0 or n == 0:
         return out
     args = (x, weight, out, m, n, k, x.stride(0), out.stride(0))
-    pdl_options = launch_options(pdl, weights=True)
+    pdl_options = launch_options(pdl)
     if config is None and runtime.ON_GPU:
         grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
         tuned_kernel[grid](*args, UPCAST=False, **pdl_options)
