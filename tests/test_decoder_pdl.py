@@ -1,10 +1,10 @@
-"""Programmatic dependent launch inside the decoder's graph step (kernels/decoder/pdl.py): opt-in,
-the same tokens and logits as the default step, compiled in only where the GPU has it.
+"""Programmatic dependent launch inside the decoder's graph step (kernels/decoder/pdl.py): the
+default where the GPU has it, the same tokens and logits as the plain step, compiled in only there.
 
 CPU: the flag is accepted and the interpreter runs the plain kernels (the same logits bit for bit,
 GEMVs and fused GEMVs included); offline compiles for sm_90 (the PDL variants wait, the default
 ones do not) and for sm_80 (the PDL request compiles to the plain kernel). GPU: 64 greedy tokens of
-the graph with PDL equal the default graph's and Hugging Face's, fp32 and bf16, batch 1 and 2."""
+the graph with PDL equal the plain graph's and Hugging Face's, fp32 and bf16, batch 1 and 2."""
 
 import pytest
 import torch
@@ -28,11 +28,22 @@ def test_pdl_is_compiled_out_in_cpu_mode():
     assert pdl.launch_options(False) == {}
 
 
-@pytest.mark.parametrize("pdl_flag", ["yes", 1, None, "prefetch"])
+@pytest.mark.parametrize("pdl_flag", ["yes", 1, 0, "prefetch"])
 def test_a_pdl_that_is_not_a_bool_is_refused(pdl_flag):
     hf = hf_reference.random_llama(TINY, seed=3)
-    with pytest.raises(ValueError, match="pdl must be True or False"):
+    with pytest.raises(ValueError, match="pdl must be True, False or None"):
         Decoder(DecoderWeights.from_hf(hf), max_batch=1, max_seq=16, pdl=pdl_flag)
+
+
+def test_the_graph_takes_pdl_by_default_where_the_gpu_has_it(monkeypatch):
+    """pdl=None (the default) asks the GPU; False turns it off everywhere."""
+    weights = DecoderWeights.from_hf(hf_reference.random_llama(TINY, seed=3))
+    assert Decoder(weights, max_batch=1, max_seq=16).pdl is pdl.available()
+    monkeypatch.setattr(pdl, "available", lambda: True)
+    assert Decoder(weights, max_batch=1, max_seq=16).pdl is True
+    assert Decoder(weights, max_batch=1, max_seq=16, pdl=False).pdl is False
+    monkeypatch.setattr(pdl, "available", lambda: False)
+    assert Decoder(weights, max_batch=1, max_seq=16).pdl is False
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -26,10 +26,10 @@ hand with `set_decode_fused`).
 
 `generate(..., persistent=True)` runs the decode steps as one persistent kernel each instead
 (triton_persistent_step.py: no kernel boundaries inside the step); the graph stays the default
-(the persistent step is slower on the H200: PERFORMANCE.md, section 6). `Decoder(..., pdl=True)`
-captures the graph with programmatic dependent launch between its Triton kernels (pdl.py; Hopper
-and newer, the plain kernels elsewhere): 0.947 -> 0.903 ms a step at batch 1, context 512, on an
-H200, the same logits (PERFORMANCE.md, section 5.1).
+(the persistent step is slower on the H200: PERFORMANCE.md, section 6). Where the GPU has it
+(Hopper and newer) the graph launches its Triton kernels with programmatic dependent launch
+(pdl.py; `Decoder(..., pdl=False)` turns it off): 0.947 -> 0.903 ms a step at batch 1, context
+512, on an H200, the same logits (PERFORMANCE.md, section 5.1).
 
 Loading real weights: build the Hugging Face model from its folder and hand it over,
 
@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import bench, runtime
+from kernels.decoder import pdl as dependent_launch
 from kernels.decoder import (
     triton_attention,
     triton_fused_gemv,
@@ -222,16 +223,18 @@ class Decoder:
 
     `prefill(tokens)` fills the cache from position 0 and returns the last position's logits;
     `decode_step(tokens)` feeds one token per sequence; `generate(prompt, n)` is greedy decoding,
-    with the decode step replayed from a CUDA graph on a GPU (`graph=True`). `pdl=True` captures
-    that graph with the course's Triton kernels launched with programmatic dependent launch
-    (pdl.py: each may start while the one before it ends; the same tokens), where the GPU has it
-    (Hopper and newer; elsewhere the plain kernels, `pdl.available()` says which)."""
+    with the decode step replayed from a CUDA graph on a GPU (`graph=True`). That graph launches
+    the course's Triton kernels with programmatic dependent launch (pdl.py: each may start while
+    the one before it ends; the same tokens) where the GPU has it (Hopper and newer: `pdl=None`,
+    the default, asks `pdl.available()`); `pdl=False` captures the plain launches everywhere."""
 
-    def __init__(self, weights: DecoderWeights, max_batch: int, max_seq: int, *, pdl: bool = False):
-        if not isinstance(pdl, bool):
-            raise ValueError(f"Decoder: pdl must be True or False, got {pdl!r}")
+    def __init__(
+        self, weights: DecoderWeights, max_batch: int, max_seq: int, *, pdl: bool | None = None
+    ):
+        if pdl is not None and not isinstance(pdl, bool):
+            raise ValueError(f"Decoder: pdl must be True, False or None, got {pdl!r}")
         self.w, self.c = weights, weights.config
-        self.pdl = pdl
+        self.pdl = dependent_launch.available() if pdl is None else pdl
         self.dtype, self.device = weights.dtype, weights.device
         self.max_batch, self.max_seq = max_batch, max_seq
         self.cache = KVCache(self.c, max_batch, max_seq, self.dtype, self.device)

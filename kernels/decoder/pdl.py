@@ -1,4 +1,4 @@
-"""Programmatic dependent launch (PDL) between the decode step's kernels, opt-in.
+"""Programmatic dependent launch (PDL) between the decode step's kernels, where the GPU has it.
 
 Inside the CUDA graph a step is about 119 kernels at batch 1, and each boundary costs the gap
 between two kernels plus the next kernel's ramp-up behind the previous one's tail
