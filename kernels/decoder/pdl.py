@@ -27,8 +27,8 @@ What comes before the wait is index arithmetic only: the weights are streamed in
 needs the activation from its first iteration on. So the saving is the gap and the launch of the
 programs (PERFORMANCE.md, 5.1, has the prediction and the measurement). Asking the L2 for the
 GEMVs' weights before the wait (`prefetch.global.L2`; the weights are read-only, so it is safe)
-was tried and measured slower on an H200, 0.39 ms a step for whole rows and 0.13-0.15 ms for each
-program's first two tiles (PERFORMANCE.md, 5.2).
+was tried and measured slower on an H200 than PDL alone, 0.45 ms a step for whole rows and
+0.20 ms for each program's first two tiles (PERFORMANCE.md, 5.2).
 
 `griddepcontrol` exists from sm_90 on and the interpreter cannot run it: `launch_options` gives
 the plain launch where `runtime.has("pdl")` is False (CPU mode, before Hopper,
