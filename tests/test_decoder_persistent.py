@@ -125,13 +125,16 @@ def prompt(config, batch, n, seed=7):
 
 # The GEMV phases' loops: one tile of K a unit (the default), K tiles pipelined through shared
 # memory, and the same with the sum over K made once a unit (the broadcast path only: batch <= 4);
-# then the qkv phase in that loop too, K tiles of 64 (TINY's hidden 96: a whole tile and a half)
+# then the qkv phase in that loop too, K tiles of 64 (TINY's hidden 96: a whole tile and a half);
+# and the attention phase's two products on the tensor cores (TINY's 3 query heads a KV head
+# padded to 16 rows; keys in tiles of 16 in the interpreter, so a split's last tile is partial)
 PIPELINES = {
     "one-tile-a-unit": {},
     "pipelined-k32": {"pipelined_k": 32},
     "pipelined-k32-deferred": {"pipelined_k": 32, "defer_reduce": True},
     "pipelined-k64-qkv": {"pipelined_k": 64, "pipelined_qkv": True},
     "pipelined-k64-qkv-deferred": {"pipelined_k": 64, "defer_reduce": True, "pipelined_qkv": True},
+    "attention-dot": {"attention_dot": True},
 }
 STEP_CASES = [
     pytest.param(dtype, batch, options, id=f"{name}-{dtype}-{batch}")
@@ -245,6 +248,13 @@ GPU_PIPELINES = {
         "defer_reduce": True,
         "pipelined_qkv": True,
     },
+    "pipelined-k64-qkv-deferred-attention-dot": {
+        "pipelined_k": 64,
+        "pipeline_stages": 4,
+        "defer_reduce": True,
+        "pipelined_qkv": True,
+        "attention_dot": True,
+    },
 }
 GPU_CASES = [
     pytest.param(dtype, batch, options, id=f"{name}-{dtype}-{batch}")
@@ -302,6 +312,18 @@ OFFLINE = [
         "bfloat16",
         1,
         {"pipelined_k": 1024, "pipeline_stages": 3, "defer_reduce": True, "pipelined_qkv": True},
+    ),
+    (
+        "1b",
+        "bfloat16",
+        1,
+        {
+            "pipelined_k": 1024,
+            "pipeline_stages": 3,
+            "defer_reduce": True,
+            "pipelined_qkv": True,
+            "attention_dot": True,
+        },
     ),
 ]
 

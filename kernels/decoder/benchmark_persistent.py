@@ -41,15 +41,16 @@ DTYPE = torch.bfloat16
 MAX_SEQ = 4096 + 64
 # (programs per SM, warps, K tile (0: the wrapper's default), stages[, pipelined K tile (0: none),
 # its stages[, 1: its product summed over K once a unit (defer_reduce)[, 1: the qkv phase
-# pipelined too (pipelined_qkv)]]]): the launch configurations timed by default;
-# --variants "1,8,0,1;1,8,0,1,512,5;1,8,0,1,1024,3,1,1" sets others
+# pipelined too (pipelined_qkv)[, 1: the attention phase's products as tl.dot
+# (attention_dot)]]]]): the launch configurations timed by default;
+# --variants "1,8,0,1;1,8,0,1,512,5;1,8,0,1,1024,3,1,1,1" sets others
 VARIANTS = ((1, 8, 0, 1), (2, 4, 0, 1))
 
 
 def persistent_step(model: Decoder, batch: int, variant, trace: bool = False):
     """(its name, the PersistentStep) of one launch configuration."""
-    pipelined = (0, 4, 0, 0)  # no pipelined K tile; 4 stages when one is given without them
-    per_sm, warps, block_k, stages, pipelined_k, pipeline_stages, defer_reduce, qkv = (
+    pipelined = (0, 4, 0, 0, 0)  # no pipelined K tile; 4 stages when one is given without them
+    per_sm, warps, block_k, stages, pipelined_k, pipeline_stages, defer_reduce, qkv, attn_dot = (
         *variant,
         *pipelined[len(variant) - 4 :],
     )
@@ -64,6 +65,7 @@ def persistent_step(model: Decoder, batch: int, variant, trace: bool = False):
         pipeline_stages=pipeline_stages,
         defer_reduce=bool(defer_reduce),
         pipelined_qkv=bool(qkv),
+        attention_dot=bool(attn_dot),
         trace=trace,
     )
     name = f"persistent ({per_sm}/SM, {warps} warps, K {step.block_k}, {stages} stages"
@@ -73,6 +75,8 @@ def persistent_step(model: Decoder, batch: int, variant, trace: bool = False):
         name += ", summed over K once a unit"
     if qkv:
         name += ", qkv pipelined"
+    if attn_dot:
+        name += ", attention on tensor cores"
     return name + ")", step
 
 

@@ -64,6 +64,22 @@ VARIANTS = [
         {"pipelined_k": 512, "pipeline_stages": 5, "defer_reduce": True, "pipelined_qkv": True},
     ),
     ("1b", "bfloat16", 8, {"pipelined_k": 256, "pipeline_stages": 5, "pipelined_qkv": True}),
+    # ... and the attention phase's products on the tensor cores (6.5)
+    ("tiny", "float32", 2, {"attention_dot": True}),
+    ("tiny", "bfloat16", 1, {"attention_dot": True}),
+    (
+        "1b",
+        "bfloat16",
+        1,
+        {
+            "pipelined_k": 1024,
+            "pipeline_stages": 3,
+            "defer_reduce": True,
+            "pipelined_qkv": True,
+            "attention_dot": True,
+        },
+    ),
+    ("1b", "bfloat16", 8, {"pipelined_k": 256, "pipeline_stages": 5, "attention_dot": True}),
 ]
 TYPES = {
     torch.bfloat16: "bf16",

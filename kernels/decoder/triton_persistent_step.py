@@ -44,6 +44,8 @@ software pipeliner loads into shared memory (cp.async) a few steps ahead (_pipel
 With `defer_reduce` as well (batch <= 4), a step only multiplies and adds into a register tile,
 and the sum over K across the warps is made once a unit, not once a step. `pipelined_qkv` puts
 the qkv phase in that loop too, with its RoPE and cache append as the unit's epilogue.
+`attention_dot` computes the attention phase's q k^T and p v with tl.dot instead of broadcast
+products summed across the warps (PERFORMANCE.md, section 6.5: built, not yet timed).
 
 Measured on an H200 (PERFORMANCE.md, section 6): correct, and slower than the CUDA graph it set out
 to beat (38.5% of the weight + KV floor at batch 1, context 512, against the graph's 61.0%). Its
@@ -216,6 +218,18 @@ def _products(x, w):
 
 
 @triton.jit
+def _mma(a, b, acc, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """acc + a @ b on the tensor cores: fp32 operands as IEEE fp32 (no TF32 rounding), and in
+    fp32 in the interpreter, whose tl.dot is wrong on bf16 tiles."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    elif IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
 def _tile_times_x(
     acc,
     W,
@@ -237,12 +251,7 @@ def _tile_times_x(
     (_tile_and_x's tiles)."""
     w, x = _tile_and_x(W, rows, row_ok, K, k0, x_rows, m_ok, rstd, NORM, HAS_NORM, BLOCK_K)
     if USE_DOT:
-        if UPCAST:
-            acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc)
-        elif IEEE:  # fp32 weights: no TF32 rounding of the operands
-            acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(x, tl.trans(w), acc)
+        acc = _mma(x, tl.trans(w), acc, UPCAST, IEEE)
     else:
         acc += tl.sum(_products(x, w), axis=2)
     return acc
@@ -614,6 +623,7 @@ def persistent_step_kernel(
     STAGES: tl.constexpr,
     DEFER_REDUCE: tl.constexpr,
     PIPE_QKV: tl.constexpr,
+    ATTN_DOT: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_S: tl.constexpr,
@@ -725,8 +735,9 @@ def persistent_step_kernel(
                 mask=g_ok[:, None],
                 other=0.0,
                 cache_modifier=".cg",
-            ).to(tl.float32)
-            q = q * (sm_scale * LOG2E_C)
+            )
+            if not ATTN_DOT:
+                q = q.to(tl.float32) * (sm_scale * LOG2E_C)
             m_i = tl.full((BLOCK_G,), float("-inf"), tl.float32)
             l_i = tl.zeros((BLOCK_G,), tl.float32)
             acc = tl.zeros((BLOCK_G, D), tl.float32)
@@ -737,14 +748,21 @@ def persistent_step_kernel(
                 offs = kv_base + t[:, None] * D + offs_d[None, :]
                 k = tl.load(K_CACHE + offs, mask=t_ok[:, None], other=0.0, cache_modifier=".cg")
                 v = tl.load(V_CACHE + offs, mask=t_ok[:, None], other=0.0, cache_modifier=".cg")
-                scores = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
+                if ATTN_DOT:  # the G query heads padded to 16 rows (BLOCK_G): tensor cores
+                    scores = tl.zeros((BLOCK_G, BLOCK_T), tl.float32)
+                    scores = _mma(q, tl.trans(k), scores, UPCAST, IEEE) * (sm_scale * LOG2E_C)
+                else:  # broadcast products summed across the warps
+                    scores = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
                 scores = tl.where(t_ok[None, :], scores, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(scores, axis=1))
                 p = tl.exp2(scores - m_new[:, None])
                 alpha = tl.exp2(m_i - m_new)
                 l_i = l_i * alpha + tl.sum(p, axis=1)
-                pv = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
-                acc = acc * alpha[:, None] + pv
+                if ATTN_DOT:  # p rounded to the cache's dtype, as flash attention does
+                    acc = _mma(p.to(v.dtype), v, acc * alpha[:, None], UPCAST, IEEE)
+                else:
+                    pv = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+                    acc = acc * alpha[:, None] + pv
                 m_i = m_new
             part = (bi * N_HEADS + heads) * splits + s
             tl.store(PART_O + part[:, None] * D + offs_d[None, :], acc, mask=g_ok[:, None])
@@ -935,7 +953,9 @@ class PersistentStep:
     (_pipelined_units; 0, the default: one tile of `block_k` a unit, nothing in flight across
     units); `defer_reduce` (batch <= 4, with `pipelined_k`) sums those phases' products over K
     once a unit instead of once a K tile; `pipelined_qkv` (with `pipelined_k`) runs the qkv
-    phase in the same loop, RoPE and the cache append as its epilogue; `prefetch` asks for the L2
+    phase in the same loop, RoPE and the cache append as its epilogue; `attention_dot` computes
+    the attention phase's q k^T and p v with tl.dot (the query heads of a KV head padded to 16
+    rows) instead of broadcast products summed across the warps; `prefetch` asks for the L2
     prefetch of the next phase's first rows (NVIDIA GPUs; never in the interpreter);
     `trace` records each program's begin and end of each phase in `trace` (nanoseconds of the
     GPU's clock; GPU only)."""
@@ -953,6 +973,7 @@ class PersistentStep:
         pipeline_stages: int = 4,
         defer_reduce: bool = False,
         pipelined_qkv: bool = False,
+        attention_dot: bool = False,
         prefetch: bool = True,
         trace: bool = False,
         spin_limit: int = SPIN_LIMIT,
@@ -992,6 +1013,7 @@ class PersistentStep:
         if pipelined_qkv and not pipelined_k:
             raise ValueError("PersistentStep: pipelined_qkv needs pipelined_k > 0")
         self.pipelined_qkv = pipelined_qkv
+        self.attention_dot = attention_dot
         self.prefetch = prefetch and COMPILED
         self.spin_limit = spin_limit
         self.weights = stacked_weights(model.w)
@@ -1076,12 +1098,16 @@ class PersistentStep:
             self.batch, cache.batch, c.n_layers, cache.capacity, c.vocab_size, c.rms_eps,
             w.rope_scale, m.scale, self.tile.splits, self.spin_limit, bad_counter,
         ]  # fmt: skip
+        # the query heads of a KV head; tl.dot's tiles are at least 16 on a side
+        block_g = triton.next_power_of_2(c.n_heads // c.n_kv_heads)
+        if self.attention_dot:
+            block_g = max(16, block_g)
         constants = dict(
             HIDDEN=c.hidden_size, N_HEADS=c.n_heads, N_KV=c.n_kv_heads, D=c.head_dim,
             INTER=c.intermediate_size, HALF=self.tile.half_rows, BLOCK_M=self.block_m,
             BLOCK_K=self.block_k, PIPE_K=self.pipelined_k, STAGES=self.pipeline_stages,
             DEFER_REDUCE=self.defer_reduce, PIPE_QKV=self.pipelined_qkv,
-            BLOCK_G=triton.next_power_of_2(c.n_heads // c.n_kv_heads),
+            ATTN_DOT=self.attention_dot, BLOCK_G=block_g,
             BLOCK_T=32 if COMPILED else 16, BLOCK_S=triton.next_power_of_2(self.tile.splits),
             BLOCK_P=triton.next_power_of_2(self.programs), USE_DOT=self.use_dot,
             UPCAST=not COMPILED, IEEE=m.dtype == torch.float32, PREFETCH=self.prefetch,
