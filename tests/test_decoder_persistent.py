@@ -301,30 +301,16 @@ def test_gpu_watchdog_instead_of_a_hang():
 # ------------------------------------------------------------------------------------------------
 # Compiled for sm_90 without a GPU: every program of the launch fits on the SMs at once
 
+# the 6.4 launch, the fastest persistent step measured, with and without attention_dot (6.5)
+FASTEST = {"pipelined_k": 1024, "pipeline_stages": 3, "defer_reduce": True, "pipelined_qkv": True}
 OFFLINE = [
     ("1b", "bfloat16", 1, {}),
     ("1b", "bfloat16", 1, {"programs_per_sm": 2, "num_warps": 4}),
     ("1b", "bfloat16", 8, {}),
     ("1b", "bfloat16", 1, {"pipelined_k": 512, "pipeline_stages": 5}),
     ("1b", "bfloat16", 1, {"pipelined_k": 1024, "pipeline_stages": 3, "defer_reduce": True}),
-    (
-        "1b",
-        "bfloat16",
-        1,
-        {"pipelined_k": 1024, "pipeline_stages": 3, "defer_reduce": True, "pipelined_qkv": True},
-    ),
-    (
-        "1b",
-        "bfloat16",
-        1,
-        {
-            "pipelined_k": 1024,
-            "pipeline_stages": 3,
-            "defer_reduce": True,
-            "pipelined_qkv": True,
-            "attention_dot": True,
-        },
-    ),
+    ("1b", "bfloat16", 1, FASTEST),
+    ("1b", "bfloat16", 1, FASTEST | {"attention_dot": True}),
 ]
 
 
