@@ -218,6 +218,12 @@ class KVCache:
         return 2 * self.k[:, :, :, :n].numel() * self.k.element_size()
 
 
+def _check_pdl(op: str, pdl) -> None:
+    """`pdl` is True, False, or None (the GPU decides: pdl.available())."""
+    if pdl is not None and not isinstance(pdl, bool):
+        raise ValueError(f"{op}: pdl must be True, False or None, got {pdl!r}")
+
+
 class Decoder:
     """The model with its cache for up to `max_batch` sequences of `max_seq` tokens.
 
@@ -231,8 +237,7 @@ class Decoder:
     def __init__(
         self, weights: DecoderWeights, max_batch: int, max_seq: int, *, pdl: bool | None = None
     ):
-        if pdl is not None and not isinstance(pdl, bool):
-            raise ValueError(f"Decoder: pdl must be True, False or None, got {pdl!r}")
+        _check_pdl("Decoder", pdl)
         self.w, self.c = weights, weights.config
         self.pdl = dependent_launch.available() if pdl is None else pdl
         self.dtype, self.device = weights.dtype, weights.device
@@ -660,10 +665,7 @@ class DecodeGraph:
     default): the step's Triton kernels launched with programmatic dependent launch."""
 
     def __init__(self, model: Decoder, batch: int, *, pdl: bool | None = None):
-        if pdl is not None and not isinstance(pdl, bool):
-            raise ValueError(
-                f"Decoder.capture_decode_graph: pdl must be True, False or None, got {pdl!r}"
-            )
+        _check_pdl("Decoder.capture_decode_graph", pdl)
         self.model, self.batch = model, batch
         self.pdl = model.pdl if pdl is None else pdl
         self.tokens = torch.zeros(batch, dtype=torch.int64, device=model.device)
