@@ -612,15 +612,16 @@ def main() -> int:
     args = sys.argv[1:]
     quick = "--quick" in args
     only_pdl = "--pdl" in args
-    name = "07_decoder_pdl" if only_pdl else "07_decoder_quick" if quick else "07_decoder"
+    if only_pdl:
+        name, max_batch = "07_decoder_pdl", max(b for b, _ in PDL_DECODE)
+    elif quick:
+        name, max_batch = "07_decoder_quick", 1
+    else:
+        name, max_batch = "07_decoder", MEMORY[0]
     t_start = time.perf_counter()
     ceilings = bench.ceilings()
     hf = hf_reference.random_llama(CONFIG, seed=0, dtype=DTYPE, device=DEVICE)
-    model = Decoder(
-        DecoderWeights.from_hf(hf),
-        max_batch=1 if quick else max(b for b, _ in PDL_DECODE) if only_pdl else MEMORY[0],
-        max_seq=MAX_SEQ,
-    )
+    model = Decoder(DecoderWeights.from_hf(hf), max_batch=max_batch, max_seq=MAX_SEQ)
     del hf  # the decoder keeps what it shares (the embedding, the norms); the child builds its own
     model.cache.k.normal_()
     model.cache.v.normal_()
