@@ -237,24 +237,15 @@ def test_refusals():
 
 
 # K tiles of 64: TINY's K (96, 200) in 2 and 4 tiles a unit, the last partial
+K64 = {"pipelined_k": 64, "pipeline_stages": 4}
+QKV_DEFERRED = K64 | {"defer_reduce": True, "pipelined_qkv": True}
 GPU_PIPELINES = {
     "one-tile-a-unit": {},
-    "pipelined-k64": {"pipelined_k": 64, "pipeline_stages": 4},
-    "pipelined-k64-deferred": {"pipelined_k": 64, "pipeline_stages": 4, "defer_reduce": True},
-    "pipelined-k64-qkv": {"pipelined_k": 64, "pipeline_stages": 4, "pipelined_qkv": True},
-    "pipelined-k64-qkv-deferred": {
-        "pipelined_k": 64,
-        "pipeline_stages": 4,
-        "defer_reduce": True,
-        "pipelined_qkv": True,
-    },
-    "pipelined-k64-qkv-deferred-attention-dot": {
-        "pipelined_k": 64,
-        "pipeline_stages": 4,
-        "defer_reduce": True,
-        "pipelined_qkv": True,
-        "attention_dot": True,
-    },
+    "pipelined-k64": K64,
+    "pipelined-k64-deferred": K64 | {"defer_reduce": True},
+    "pipelined-k64-qkv": K64 | {"pipelined_qkv": True},
+    "pipelined-k64-qkv-deferred": QKV_DEFERRED,
+    "pipelined-k64-qkv-deferred-attention-dot": QKV_DEFERRED | {"attention_dot": True},
 }
 GPU_CASES = [
     pytest.param(dtype, batch, options, id=f"{name}-{dtype}-{batch}")
